@@ -1,0 +1,356 @@
+"""Painting passes: decide which (node, type-attr) vertices become half precision.
+
+Pure analysis: every pass reads the graph index and writes only the paint arrays of a
+`Paint`. `_casts.py` turns the paint into GraphDef edits.
+
+Vocabulary: a *vertex* is a (node, type-attr) pair; *allow* paint means "runs in half",
+*deny* paint means "must stay float32"; a vertex already of the half dtype counts as allow.
+A vertex is a *candidate* when its node may be changed (not fetched, not opted out, a known
+op), the attr is float32, not tied to a reference port, and the OpDef and a registered kernel
+on the node's device accept the half dtype.
+"""
+
+from tf_mpt import _type_attrs as ta
+
+_LOOP_BACK_EDGE_OPS = ("NextIteration", "RefNextIteration")
+_MERGE_OPS = ("Merge", "RefMerge")
+
+
+class Paint:
+    """Vertices, their type graph, and the paint.
+
+    Attributes:
+        allow, deny: per vertex paint.
+        reason: per vertex, why it has its paint (None until a rule decides).
+        converted: per vertex, True when the rewrite changes its dtype to half.
+    """
+
+    def __init__(self, view, types, target, lists, node_skip_reason, default_device):
+        self.view = view
+        self.types = types
+        self.target = target
+        self.target_name = "bfloat16" if target == ta.DT_BFLOAT16 else "float16"
+        self.lists = lists
+        self.node_skip_reason = node_skip_reason
+        self.default_device = default_device
+        nodes = view.nodes
+        self.v_node, self.v_key, self.node_vertex = [], [], []
+        for i, nt in enumerate(types):
+            keys = {}
+            for key in nt.dtypes:
+                keys[key] = len(self.v_node)
+                self.v_node.append(i)
+                self.v_key.append(key)
+            self.node_vertex.append(keys)
+        n = len(self.v_node)
+        self.v_list = [lists.list_of(nodes[i].op) for i in self.v_node]
+        self.v_dtype = [types[i].dtypes[k] for i, k in zip(self.v_node, self.v_key)]
+        self.fanin = [[] for _ in range(n)]
+        self.fanout = [[] for _ in range(n)]
+        self.reads_ref = [False] * n
+        for i, ports in enumerate(view.fanin):
+            in_keys = types[i].in_keys
+            dst_vertices = self.node_vertex[i]
+            for port, (src, src_port) in enumerate(ports):
+                key = in_keys[port]
+                if key is None:
+                    continue
+                src_types = types[src]
+                if not src_types.known:
+                    continue
+                if src_port >= len(src_types.out_keys):
+                    raise ta.GraphDefError(
+                        f"Node {nodes[i].name!r} reads output {src_port} of node "
+                        f"{nodes[src].name!r} (op {nodes[src].op}), which has only "
+                        f"{len(src_types.out_keys)} output(s). Fix the input name.")
+                src_key = src_types.out_keys[src_port]
+                if src_key is None:
+                    continue
+                sv = self.node_vertex[src][src_key]
+                dv = dst_vertices[key]
+                self.fanout[sv].append(dv)
+                self.fanin[dv].append(sv)
+                if src_port in src_types.ref_out_ports:
+                    self.reads_ref[dv] = True
+        self.allow = [d == target for d in self.v_dtype]
+        self.deny = [False] * n
+        self.converted = [False] * n
+        self.reason = [f"already {self.target_name}" if a else None for a in self.allow]
+        self._candidate = [None] * n
+        self._why_not = [None] * n
+
+    # --- vertex facts ----------------------------------------------------------------------
+
+    def node_name(self, v):
+        return self.view.nodes[self.v_node[v]].name
+
+    def op(self, v):
+        return self.view.nodes[self.v_node[v]].op
+
+    def candidate(self, v):
+        """True if v may be painted half; the reason it may not is kept for the report."""
+        result = self._candidate[v]
+        if result is None:
+            why = self._why_not_candidate(v)
+            self._why_not[v] = why
+            result = self._candidate[v] = why is None
+        return result
+
+    def why_not(self, v):
+        self.candidate(v)
+        return self._why_not[v]
+
+    def _why_not_candidate(self, v):
+        i, key = self.v_node[v], self.v_key[v]
+        skip = self.node_skip_reason[i]
+        if skip is not None:
+            return skip
+        if self.v_dtype[v] != ta.DT_FLOAT:
+            return "not float32"
+        nt = self.types[i]
+        attr = key[0] if isinstance(key, tuple) else key
+        if key in nt.ref_keys:
+            return f"attr {attr} types a reference port (variables are never cast in place)"
+        node = self.view.nodes[i]
+        if self.reads_ref[v] and self.v_list[v] != "allow":
+            return "reads a reference variable directly (the Cast goes after the read)"
+        if not ta.op_def_allows(nt.op_def, key, self.target):
+            return f"the OpDef of {node.op} does not allow {self.target_name} for attr {attr}"
+        device = ta.device_type_of(node.device, self.default_device)
+        if not ta.kernel_allows(node.op, device, attr, self.target):
+            return f"no {self.target_name} kernel for {node.op} on {device}"
+        return None
+
+    def paint_allow(self, v, reason):
+        self.allow[v] = True
+        self.converted[v] = True
+        self.reason[v] = reason
+
+    def unpaint(self, v, reason):
+        self.allow[v] = False
+        self.converted[v] = False
+        self.reason[v] = reason
+
+    def consumers_of_output(self, i, port):
+        """Consumer vertices (None for a fixed-type or unknown port) of one output port."""
+        out = []
+        for dst, dst_port in self.view.fanout_of(i).get(port, ()):
+            key = self.types[dst].in_keys[dst_port]
+            out.append(None if key is None else self.node_vertex[dst][key])
+        return out
+
+
+def _dfs(roots, neighbours, enter):
+    """Iterative DFS; yields (vertex, root) for each vertex entered from a root."""
+    seen = set()
+    for root in roots:
+        if root in seen:
+            continue
+        seen.add(root)
+        stack = [root]
+        while stack:
+            v = stack.pop()
+            yield v, root
+            for w in neighbours[v]:
+                if w not in seen and enter(w):
+                    seen.add(w)
+                    stack.append(w)
+
+
+# --- pass 1 ----------------------------------------------------------------------------------
+
+def add_allowlist_ops(p):
+    """Allow ops go half.
+
+    x -> MatMul -> y   becomes   x -> [MatMul] -> y   ([ ] = half).
+    """
+    for v, lst in enumerate(p.v_list):
+        if lst == "allow" and not p.allow[v] and p.candidate(v):
+            p.paint_allow(v, f"op {p.op(v)} is on the allow list")
+
+
+# --- pass 2 ----------------------------------------------------------------------------------
+
+def propagate_deny_forward_through_clear_and_infer(p):
+    """Deny flows forward from a deny op through clear/infer ops that lead to a deny/infer op.
+
+    Exp -> Relu -> Tanh -> Relu -> MatMul   becomes   Exp* -> Relu* -> Tanh* -> Relu -> MatMul
+    (* = deny): the last Relu leads to no deny/infer op, so it stays free.
+    """
+    lists = p.v_list
+    roots = [v for v, lst in enumerate(lists) if lst in ("deny", "infer")]
+    upstream_of_deny_or_infer = {v for v, _ in _dfs(roots, p.fanin, lambda w: lists[w] == "clear")}
+    for v, lst in enumerate(lists):
+        if lst == "deny" and not p.allow[v]:
+            p.deny[v] = True
+            p.reason[v] = f"op {p.op(v)} is on the deny list"
+    deny_roots = [v for v, lst in enumerate(lists) if lst == "deny"]
+
+    def enter(w):
+        return w in upstream_of_deny_or_infer and not p.deny[w] and not p.allow[w]
+
+    for v, root in _dfs(deny_roots, p.fanout, enter):
+        if v != root and not p.deny[v]:
+            p.deny[v] = True
+            p.reason[v] = (f"downstream of deny op {p.node_name(root)!r} through "
+                           "clear/infer ops")
+
+
+# --- pass 3 ----------------------------------------------------------------------------------
+
+def add_clear_and_infer_to_allow_if_between_allow(p):
+    """Clear and infer ops with an allow op both upstream and downstream go half.
+
+    MatMul -> Add -> Relu -> MatMul   becomes   [MatMul] -> [Add] -> [Relu] -> [MatMul].
+    """
+    allow_roots = [v for v in range(len(p.allow))
+                   if p.allow[v] and (p.v_list[v] == "allow" or not p.converted[v])]
+
+    def enter_downstream(w):
+        return (p.v_list[w] in ("clear", "infer") and not p.deny[w] and not p.allow[w]
+                and p.candidate(w))
+
+    downstream_of = {}
+    for v, root in _dfs(allow_roots, p.fanout, enter_downstream):
+        if v != root:
+            downstream_of[v] = root
+    for v, root in _dfs(allow_roots, p.fanin, lambda w: w in downstream_of):
+        if v != root and not p.allow[v]:
+            p.paint_allow(v, f"{p.v_list[v]} op between allow ops "
+                             f"{p.node_name(downstream_of[v])!r} and {p.node_name(root)!r}")
+
+
+# --- pass 4 ----------------------------------------------------------------------------------
+
+def add_infer_to_allow_if_following_allow(p):
+    """An infer op whose inputs include an allow op and no deny op goes half.
+
+    MatMul -> Tanh -> Sigmoid   becomes   [MatMul] -> [Tanh] -> [Sigmoid].
+    Computed as a fixpoint, so the result does not depend on node order.
+    """
+    def ready(w):
+        if p.allow[w] or p.deny[w] or p.v_list[w] != "infer" or not p.candidate(w):
+            return None
+        source = None
+        for u in p.fanin[w]:
+            if p.deny[u]:
+                return None
+            if p.allow[u] and source is None:
+                source = u
+        return source
+
+    work = [w for v in range(len(p.allow)) if p.allow[v] for w in p.fanout[v]]
+    while work:
+        w = work.pop()
+        source = ready(w)
+        if source is not None:
+            p.paint_allow(w, f"infer op follows allow op {p.node_name(source)!r}")
+            work.extend(p.fanout[w])
+
+
+# --- pass 5 ----------------------------------------------------------------------------------
+
+def propagate_allow_through_clear(p):
+    """Clear ops touching an allow op, upstream or downstream, go half (transitively).
+
+    x -> Reshape -> MatMul -> Relu -> MaxPool   becomes   x -> [Reshape] -> [MatMul] -> [Relu]
+    -> [MaxPool].
+    """
+    roots = [v for v in range(len(p.allow)) if p.allow[v]]
+    neighbours = [p.fanin[v] + p.fanout[v] for v in range(len(p.allow))]
+
+    def enter(w):
+        return (p.v_list[w] == "clear" and not p.allow[w] and not p.deny[w]
+                and p.candidate(w))
+
+    for v, root in _dfs(roots, neighbours, enter):
+        if v != root:
+            p.paint_allow(v, f"clear op next to allow op {p.node_name(root)!r}")
+
+
+# --- control-flow fix-up ---------------------------------------------------------------------
+
+def force_colour_match_on_loop_back_edges(p):
+    """A loop-carried value has one colour around the back edge (NextIteration -> Merge).
+
+    If the NextIteration or any Merge it feeds is not half, none of them is.
+    """
+    nodes = p.view.nodes
+    for i, node in enumerate(nodes):
+        if node.op not in _LOOP_BACK_EDGE_OPS:
+            continue
+        group = [p.node_vertex[i].get("T")]
+        ok = group[0] is not None and p.allow[group[0]]
+        for dst_list in p.view.fanout_of(i).values():
+            for dst, _ in dst_list:
+                v = p.node_vertex[dst].get("T")
+                group.append(v)
+                if nodes[dst].op not in _MERGE_OPS or v is None or not p.allow[v]:
+                    ok = False
+        if ok:
+            continue
+        for v in group:
+            if v is not None and p.converted[v]:
+                p.unpaint(v, f"loop back edge at {node.name!r} must keep one colour and "
+                             "a Merge or NextIteration on it stays float32")
+
+
+# --- reuse of what the graph already has -----------------------------------------------------
+
+def _all_consumers_half(p, i, port):
+    consumers = p.consumers_of_output(i, port)
+    return bool(consumers) and all(c is not None and p.allow[c] for c in consumers)
+
+
+def let_existing_casts_read_and_emit_half(p):
+    """Casts already in the graph take half inputs and emit half outputs where that saves a Cast.
+
+    MatMul -> Cast(f32->i32)   becomes   [MatMul] -> Cast(half->i32)  (no Cast added), and
+    Cast(i32->f32) -> MatMul   becomes   Cast(i32->half) -> [MatMul].
+    """
+    for i, node in enumerate(p.view.nodes):
+        if node.op != "Cast" or p.node_skip_reason[i] is not None:
+            continue
+        vertices = p.node_vertex[i]
+        dst_v, src_v = vertices.get("DstT"), vertices.get("SrcT")
+        if dst_v is not None and not p.allow[dst_v] and p.candidate(dst_v):
+            if _all_consumers_half(p, i, 0):
+                p.paint_allow(dst_v, "existing Cast emits half directly (all consumers are half)")
+        if src_v is not None and not p.allow[src_v] and p.candidate(src_v):
+            producers = p.fanin[src_v]
+            if producers and all(p.allow[u] for u in producers):
+                p.paint_allow(src_v, "existing Cast reads its half input directly")
+
+
+def store_constants_in_half(p):
+    """A float32 Const whose every consumer is half is stored in half: no Cast at run time.
+
+    Const -> [MatMul]   becomes   [Const] -> [MatMul].
+    """
+    for i, node in enumerate(p.view.nodes):
+        if node.op != "Const" or p.node_skip_reason[i] is not None:
+            continue
+        v = p.node_vertex[i].get("dtype")
+        if v is None or p.allow[v] or p.deny[v] or not p.candidate(v):
+            continue
+        if _all_consumers_half(p, i, 0):
+            p.paint_allow(v, "constant stored in half (all consumers are half)")
+
+
+def explain_unpainted(p, v):
+    """The reason a vertex that no rule painted stays as it is."""
+    if p.reason[v] is not None:
+        return p.reason[v]
+    why = p.why_not(v)
+    if why is not None:
+        return why
+    lst = p.v_list[v]
+    if lst is None:
+        return f"op {p.op(v)} is on no list"
+    if lst == "infer":
+        if any(p.deny[u] for u in p.fanin[v]):
+            return "infer op with a deny input"
+        return "infer op not fed by an allow op"
+    if lst == "clear":
+        return "clear op not next to an allow op"
+    return f"{lst} op left float32"

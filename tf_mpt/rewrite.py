@@ -1,0 +1,281 @@
+"""rewrite_graph_def / rewrite_graph: the orchestrator.
+
+Algorithm (each step one function, see `_paint.py` and `_casts.py`):
+
+    index the graph; map every node's ports to (node, type-attr) vertices
+    keep fetched, opted-out (_tf_mpt_keep_fp32), unknown and function-call nodes float32
+    1. allow ops go half
+    2. deny propagates forward through clear/infer ops that lead to deny/infer ops
+    3. clear/infer ops between allow ops go half
+    4. infer ops fed by allow ops (and no deny op) go half, to a fixpoint
+    5. clear ops touching allow ops go half, transitively
+    6. loop back edges (NextIteration -> Merge) keep one colour
+    7. existing Casts read and emit half where that saves a Cast
+    8. float32 constants whose consumers are all half are stored in half
+    then: set the painted dtypes and insert one shared Cast per (tensor, dtype) mismatch
+
+Example:
+    >>> result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype="bfloat16")
+    >>> result.report.summary()
+    'Converted 18/40 nodes to bfloat16 using 6 cast(s)'
+"""
+
+import contextlib
+import dataclasses
+import itertools
+import logging
+import os
+
+from tensorflow.core.framework import attr_value_pb2
+from tensorflow.core.framework import graph_pb2
+
+from tf_mpt import _casts
+from tf_mpt import _graph_view
+from tf_mpt import _paint
+from tf_mpt import _type_attrs as ta
+from tf_mpt import config as _config
+from tf_mpt import lists as _lists
+from tf_mpt import report as _report
+
+_log = logging.getLogger(__name__)
+
+GraphDefError = _graph_view.GraphDefError
+
+_PASSES = (
+    ("add_allowlist_ops", _paint.add_allowlist_ops),
+    ("propagate_deny_forward_through_clear_and_infer",
+     _paint.propagate_deny_forward_through_clear_and_infer),
+    ("add_clear_and_infer_to_allow_if_between_allow",
+     _paint.add_clear_and_infer_to_allow_if_between_allow),
+    ("add_infer_to_allow_if_following_allow", _paint.add_infer_to_allow_if_following_allow),
+    ("propagate_allow_through_clear", _paint.propagate_allow_through_clear),
+    ("force_colour_match_on_loop_back_edges", _paint.force_colour_match_on_loop_back_edges),
+    ("let_existing_casts_read_and_emit_half", _paint.let_existing_casts_read_and_emit_half),
+    ("store_constants_in_half", _paint.store_constants_in_half),
+)
+
+_DTYPE_ENUM = {"float16": ta.DT_HALF, "bfloat16": ta.DT_BFLOAT16}
+_dump_counter = itertools.count()
+
+
+class RewriteError(RuntimeError):
+    """An internal error in a rewrite pass (raised only with strict=True)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RewriteResult:
+    """What a rewrite returns.
+
+    Attributes:
+        graph_def: a new GraphDef (the input is never modified).
+        report: the RewriteReport.
+        modified: True if graph_def differs from the input.
+    """
+    graph_def: graph_pb2.GraphDef
+    report: _report.RewriteReport
+    modified: bool
+
+
+def _check_graph_def(graph_def):
+    if isinstance(graph_def, graph_pb2.GraphDef):
+        return
+    hint = ""
+    if hasattr(graph_def, "as_graph_def"):
+        hint = " For a tf.Graph call tf_mpt.rewrite_graph(graph) or pass graph.as_graph_def()."
+    raise TypeError(
+        "graph_def must be a GraphDef protocol buffer (tf.compat.v1.GraphDef). "
+        f"Received: graph_def={_short_repr(graph_def)} (of type {type(graph_def).__name__}).{hint}")
+
+
+def _short_repr(value):
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_lists(lists):
+    if not isinstance(lists, _lists.OpLists):
+        raise TypeError(
+            "lists must be a tf_mpt.OpLists (e.g. tf_mpt.default_lists('float16').edited(...))"
+            f" or None. Received: lists={_short_repr(lists)} (of type {type(lists).__name__})")
+
+
+def _fetch_node_names(fetches, view):
+    """Node names whose outputs keep their dtype."""
+    if fetches is None:
+        return {node.name for i, node in enumerate(view.nodes) if not view.has_data_fanout(i)}
+    if isinstance(fetches, (str, bytes)) or hasattr(fetches, "name"):
+        fetches = [fetches]
+    names = set()
+    for fetch in fetches:
+        text = fetch.decode() if isinstance(fetch, bytes) else getattr(fetch, "name", fetch)
+        if not isinstance(text, str):
+            raise TypeError(
+                "fetches must be node or tensor names (e.g. 'loss' or 'loss:0'), tensors or "
+                f"operations. Received an entry {_short_repr(fetch)} of type {type(fetch).__name__}")
+        name, _ = _graph_view.parse_input(text)
+        if name not in view.index:
+            raise ValueError(
+                f"fetches names {text!r}, but the graph has no node {name!r}. Pass names of "
+                "nodes in the graph (e.g. 'loss' or 'loss:0').")
+        names.add(name)
+    return names
+
+
+def _node_skip_reasons(view, types, fetched):
+    reasons = []
+    for node, nt in zip(view.nodes, types):
+        if node.name in fetched:
+            reason = "fetched: its outputs keep their dtype"
+        elif ta.KEEP_FP32_ATTR in node.attr and node.attr[ta.KEEP_FP32_ATTR].b:
+            reason = f"opted out with attr {ta.KEEP_FP32_ATTR}"
+        elif not nt.known:
+            reason = f"unknown op {node.op} (not registered): kept float32"
+        elif nt.is_function:
+            reason = f"call of library function {node.op}: kept float32"
+        else:
+            reason = None
+        reasons.append(reason)
+    return reasons
+
+
+def rewrite_graph_def(graph_def, *, dtype="float16", fetches=None, lists=None, strict=False):
+    """Rewrites a GraphDef to mixed precision.
+
+    Args:
+        graph_def: a GraphDef; never modified.
+        dtype: 'float16' or 'bfloat16' (or tf.float16 / tf.bfloat16).
+        fetches: node or tensor names whose outputs must keep their dtype. None: every node
+            with no data consumers is treated as fetched.
+        lists: an OpLists; None uses the defaults for `dtype` with TF_MPT_*LIST_* edits.
+        strict: raise RewriteError on an internal error instead of returning the input.
+
+    Returns:
+        RewriteResult(graph_def, report, modified).
+
+    Raises:
+        TypeError, ValueError (GraphDefError): malformed input, in both modes.
+        RewriteError: an internal error, with strict=True.
+    """
+    dtype_name = _lists._dtype_name(dtype)  # pylint: disable=protected-access
+    _check_graph_def(graph_def)
+    config = _config.Config.from_env(os.environ)
+    if lists is None:
+        lists = config.lists_for(dtype_name)
+    _check_lists(lists)
+    view = _graph_view.GraphView(graph_def)
+    signatures = {f.signature.name: f.signature for f in graph_def.library.function}
+    types = [ta.node_types(node, signatures) for node in view.nodes]
+    fetched = _fetch_node_names(fetches, view)
+    skip = _node_skip_reasons(view, types, fetched)
+    paint = _paint.Paint(view, types, _DTYPE_ENUM[dtype_name], lists, skip,
+                         ta.default_device_type())
+    step = "build"
+    try:
+        for step, run_pass in _PASSES:
+            run_pass(paint)
+        step = "insert_casts"
+        new_graph_def, cast_names = _casts.apply_paint(graph_def, view, types, paint)
+        step = "build_report"
+        report = _report.build_report(paint, cast_names, _paint.explain_unpainted)
+    except Exception as error:  # pylint: disable=broad-except
+        if strict:
+            raise RewriteError(f"tf_mpt rewrite failed in pass {step}: "
+                               f"{type(error).__name__}: {error}") from error
+        _log.warning("tf_mpt rewrite failed in pass %s (%s: %s); the graph is left unchanged "
+                     "in float32.", step, type(error).__name__, error)
+        unchanged = graph_pb2.GraphDef()
+        unchanged.CopyFrom(graph_def)
+        report = _report.RewriteReport(dtype=dtype_name, total_nodes=len(view.nodes),
+                                       converted_nodes=0, casts_added=0,
+                                       error=f"pass {step}: {type(error).__name__}: {error}")
+        return RewriteResult(unchanged, report, False)
+    modified = any(paint.converted) or bool(cast_names)
+    if _log.isEnabledFor(logging.DEBUG):
+        for decision in report.decisions.values():
+            _log.debug("%s", decision)
+    _log.info("%s", report.summary())
+    if config.dump_dir:
+        _dump(config.dump_dir, graph_def, new_graph_def, lists, report)
+    return RewriteResult(new_graph_def, report, modified)
+
+
+def _dump(directory, before, after, lists, report):
+    """Writes the graphs before/after, the effective lists and the report to `directory`."""
+    from google.protobuf import text_format  # pylint: disable=g-import-not-at-top
+    stem = os.path.join(directory, f"tf_mpt_{os.getpid()}_{next(_dump_counter):04d}")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        for tag, graph_def in (("before", before), ("after", after)):
+            with open(f"{stem}_{tag}.pb", "wb") as f:
+                f.write(graph_def.SerializeToString())
+            with open(f"{stem}_{tag}.pbtxt", "w") as f:
+                f.write(text_format.MessageToString(graph_def))
+        with open(f"{stem}_lists.txt", "w") as f:
+            f.write(str(lists) + "\n")
+        with open(f"{stem}_report.json", "w") as f:
+            f.write(report.to_json(indent=1))
+        _log.info("tf_mpt dump written to %s_*", stem)
+    except OSError as error:
+        _log.warning("tf_mpt could not write the dump to %r (%s); set %s to a writable "
+                     "directory.", directory, error, _config.TF_MPT_DUMP_DIR)
+
+
+def rewrite_graph(graph, *, dtype="float16", fetches=None):
+    """Returns a new tf.Graph: `graph` rewritten to mixed precision.
+
+    Every original node name still exists, so existing tensor names can be fed and fetched;
+    collections (variables, train ops, ...) are carried over. On an internal error the new
+    graph is a copy of the original (one warning is logged).
+
+    Args:
+        graph: a tf.Graph; not modified.
+        dtype: 'float16' or 'bfloat16'.
+        fetches: node or tensor names whose outputs keep their dtype (see rewrite_graph_def).
+    """
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    if not isinstance(graph, tf.Graph):
+        raise TypeError(
+            f"graph must be a tf.Graph. Received: graph={_short_repr(graph)} (of type "
+            f"{type(graph).__name__}). For a GraphDef use tf_mpt.rewrite_graph_def.")
+    try:
+        meta_graph = tf.compat.v1.train.export_meta_graph(graph=graph)
+    except Exception as error:  # pylint: disable=broad-except
+        _log.debug("export_meta_graph failed (%s); collections are not carried over", error)
+        meta_graph = None
+    graph_def = meta_graph.graph_def if meta_graph is not None else graph.as_graph_def()
+    result = rewrite_graph_def(graph_def, dtype=dtype, fetches=fetches)
+    new_graph = tf.Graph()
+    with new_graph.as_default():
+        if meta_graph is not None:
+            meta_graph.graph_def.CopyFrom(result.graph_def)
+            try:
+                tf.compat.v1.train.import_meta_graph(meta_graph)
+                return new_graph
+            except Exception as error:  # pylint: disable=broad-except
+                _log.debug("import_meta_graph failed (%s); importing the GraphDef only", error)
+                new_graph = tf.Graph()
+    with new_graph.as_default():
+        tf.graph_util.import_graph_def(result.graph_def, name="")
+    return new_graph
+
+
+@contextlib.contextmanager
+def keep_fp32(name=None):
+    """Context manager: ops created inside keep float32 (attr `_tf_mpt_keep_fp32`).
+
+    Works while building a graph (TF1 graph mode or a tf.function being traced); opens
+    `tf.name_scope(name)` too when a name is given.
+
+    Example:
+        >>> with tf_mpt.keep_fp32("loss"):
+        ...     loss = tf.reduce_mean(tf.square(y - y_hat))
+    """
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    graph = tf.compat.v1.get_default_graph()
+    attr = {ta.KEEP_FP32_ATTR: attr_value_pb2.AttrValue(b=True)}
+    with contextlib.ExitStack() as stack:
+        if name is not None:
+            stack.enter_context(tf.name_scope(name))
+        if not tf.executing_eagerly():
+            stack.enter_context(graph._attr_scope(attr))  # pylint: disable=protected-access
+        yield
