@@ -12,6 +12,7 @@ on the node's device accept the half dtype.
 
 from tf_mpt import _type_attrs as ta
 
+FETCHED = "fetched: its outputs keep their dtype"
 _LOOP_BACK_EDGE_OPS = ("NextIteration", "RefNextIteration")
 _MERGE_OPS = ("Merge", "RefMerge")
 
@@ -100,10 +101,16 @@ class Paint:
         self.candidate(v)
         return self._why_not[v]
 
-    def _why_not_candidate(self, v):
+    def input_side_candidate(self, v):
+        """Like `candidate`, but a fetched node counts (for attrs typing only its inputs)."""
+        if self.node_skip_reason[self.v_node[v]] == FETCHED:
+            return self._why_not_candidate(v, ignore_fetch=True) is None
+        return self.candidate(v)
+
+    def _why_not_candidate(self, v, ignore_fetch=False):
         i, key = self.v_node[v], self.v_key[v]
         skip = self.node_skip_reason[i]
-        if skip is not None:
+        if skip is not None and not (ignore_fetch and skip == FETCHED):
             return skip
         if self.v_dtype[v] != ta.DT_FLOAT:
             return "not float32"
@@ -309,14 +316,14 @@ def let_existing_casts_read_and_emit_half(p):
     Cast(i32->f32) -> MatMul   becomes   Cast(i32->half) -> [MatMul].
     """
     for i, node in enumerate(p.view.nodes):
-        if node.op != "Cast" or p.node_skip_reason[i] is not None:
+        if node.op != "Cast" or p.node_skip_reason[i] not in (None, FETCHED):
             continue
         vertices = p.node_vertex[i]
         dst_v, src_v = vertices.get("DstT"), vertices.get("SrcT")
         if dst_v is not None and not p.allow[dst_v] and p.candidate(dst_v):
             if _all_consumers_half(p, i, 0):
                 p.paint_allow(dst_v, "existing Cast emits half directly (all consumers are half)")
-        if src_v is not None and not p.allow[src_v] and p.candidate(src_v):
+        if src_v is not None and not p.allow[src_v] and p.input_side_candidate(src_v):
             producers = p.fanin[src_v]
             if producers and all(p.allow[u] for u in producers):
                 p.paint_allow(src_v, "existing Cast reads its half input directly")

@@ -124,14 +124,14 @@ def _fetch_node_names(fetches, view):
 def _node_skip_reasons(view, types, fetched):
     reasons = []
     for node, nt in zip(view.nodes, types):
-        if node.name in fetched:
-            reason = "fetched: its outputs keep their dtype"
-        elif ta.KEEP_FP32_ATTR in node.attr and node.attr[ta.KEEP_FP32_ATTR].b:
-            reason = f"opted out with attr {ta.KEEP_FP32_ATTR}"
-        elif not nt.known:
+        if not nt.known:
             reason = f"unknown op {node.op} (not registered): kept float32"
         elif nt.is_function:
             reason = f"call of library function {node.op}: kept float32"
+        elif node.name in fetched:
+            reason = _paint.FETCHED
+        elif ta.KEEP_FP32_ATTR in node.attr and node.attr[ta.KEEP_FP32_ATTR].b:
+            reason = f"opted out with attr {ta.KEEP_FP32_ATTR}"
         else:
             reason = None
         reasons.append(reason)
@@ -238,7 +238,8 @@ def rewrite_graph(graph, *, dtype="float16", fetches=None):
             f"graph must be a tf.Graph. Received: graph={_short_repr(graph)} (of type "
             f"{type(graph).__name__}). For a GraphDef use tf_mpt.rewrite_graph_def.")
     try:
-        meta_graph = tf.compat.v1.train.export_meta_graph(graph=graph)
+        with graph.as_default():  # export_meta_graph refuses to run eagerly
+            meta_graph = tf.compat.v1.train.export_meta_graph(graph=graph)
     except Exception as error:  # pylint: disable=broad-except
         _log.debug("export_meta_graph failed (%s); collections are not carried over", error)
         meta_graph = None

@@ -1,0 +1,50 @@
+"""Helpers for tests: build graphs, read dtypes and Casts out of rewritten GraphDefs."""
+
+import numpy as np
+import tensorflow as tf
+
+import tf_mpt
+
+tf1 = tf.compat.v1
+
+
+def node_map(graph_def):
+    return {node.name: node for node in graph_def.node}
+
+
+def type_attr(graph_def, name, attr="T"):
+    """The dtype name ('float32', 'float16', ...) of a node's type attr."""
+    node = node_map(graph_def)[name]
+    return tf.as_dtype(node.attr[attr].type).name
+
+
+def added_casts(graph_def):
+    """Names of the Casts added by tf_mpt, sorted."""
+    return sorted(n.name for n in graph_def.node if n.op == "Cast" and n.name.endswith("-TfMpt"))
+
+
+def inputs_of(graph_def, name):
+    return list(node_map(graph_def)[name].input)
+
+
+def half_tag(dtype):
+    return {"float16": "Fp16", "bfloat16": "Bf16"}[dtype]
+
+
+def rewrite(graph, dtype, **kwargs):
+    return tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype=dtype, **kwargs)
+
+
+def run(graph_def, fetches, feeds=None, init=None):
+    """Imports a GraphDef into a new graph and runs `fetches` in a Session."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    with tf1.Session(graph=graph) as sess:
+        if init is not None:
+            sess.run(init)
+        return sess.run(fetches, feeds or {})
+
+
+def random_feed(shape, seed=0, low=-1.0, high=1.0):
+    return np.random.RandomState(seed).uniform(low, high, shape).astype(np.float32)
