@@ -97,7 +97,7 @@ def main():
     per_op = collections.defaultdict(collections.Counter)
     for decision in result.report.decisions.values():
         per_op[decision.op][decision.colour] += 1
-    print(f"{"op":36} " + " ".join(f"{c:>6}" for c in ("allow", "deny", "fp32")))
+    print(f"{'op':36} " + " ".join(f"{c:>6}" for c in ("allow", "deny", "fp32")))
     for op, counts in sorted(per_op.items()):
         if counts["allow"] or counts["deny"]:
             print(f"{op:36} " + " ".join(f"{counts[c]:6d}" for c in ("allow", "deny", "fp32")))
