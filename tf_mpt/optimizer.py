@@ -66,6 +66,9 @@ class LossScaleOptimizer(tf1.train.Optimizer):
                          name=name or "LossScale" + optimizer.get_name())
         self._optimizer = optimizer
         self._loss_scale = scale
+        # tf.train.Checkpoint(optimizer=this) saves the inner optimizer and the scale state.
+        self._track_trackable(optimizer, "base_optimizer")
+        self._track_trackable(scale, "loss_scale")
 
     @property
     def inner_optimizer(self):
@@ -104,6 +107,13 @@ class LossScaleOptimizer(tf1.train.Optimizer):
         grads_and_vars = list(grads_and_vars)
         if not self._loss_scale.is_dynamic:
             return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
+        if tf.distribute.has_strategy():
+            if tf.distribute.in_cross_replica_context():
+                raise ValueError(
+                    "apply_gradients() must be called in a replica context (inside "
+                    "strategy.run or call_for_each_replica), like the wrapped optimizer's.")
+            return tf.distribute.get_replica_context().merge_call(
+                self._distributed_apply, args=(grads_and_vars, global_step, name))
         is_finite = _loss_scale.all_finite([g for g, _ in grads_and_vars])
         update_scale, should_apply = self._loss_scale.update_from_finite(is_finite)
         self._create_inner_slots(grads_and_vars)
@@ -113,6 +123,60 @@ class LossScaleOptimizer(tf1.train.Optimizer):
 
         maybe_apply = _cond_v1(should_apply, apply, tf.no_op)
         return tf.group(maybe_apply, update_scale, name=name or self.get_name())
+
+    def _distributed_apply(self, distribution, grads_and_vars, global_step, name):
+        """Cross-replica: all-reduce, agree on finiteness, then maybe apply (in that order).
+
+        The all-reduce runs unconditionally, before the conditional: a collective inside a
+        branch deadlocks when workers disagree (tensorflow#46863, horovod#3384). The finite
+        flag is computed from the reduced gradients, which are the same on every replica, so
+        every replica takes the same branch and gets the same new scale; a NaN on one replica
+        reaches all of them through the sum.
+        """
+        variables = [v for _, v in grads_and_vars]
+        reduced = distribution.extended.batch_reduce_to(
+            tf.distribute.ReduceOp.SUM, grads_and_vars)
+        first_copies = [None if g is None else distribution.experimental_local_results(g)[0]
+                        for g in reduced]
+        is_finite = _loss_scale.all_finite(first_copies)
+        update_scale, should_apply = self._loss_scale.update_from_finite(is_finite)
+        self._create_inner_slots(grads_and_vars)
+
+        def apply():
+            return self._apply_reduced(distribution, list(zip(reduced, variables)),
+                                       global_step, name)
+
+        maybe_apply = _cond_v1(should_apply, apply, tf.no_op)
+        return tf.group(maybe_apply, update_scale, name=name or self.get_name())
+
+    def _apply_reduced(self, distribution, reduced_grads_and_vars, global_step, name):
+        """The inner optimizer's per-variable updates on already reduced gradients."""
+        from tensorflow.python.training import optimizer as tf1_optimizer  # pylint: disable=g-import-not-at-top
+        inner = self._optimizer
+        pairs = [(g, v) for g, v in reduced_grads_and_vars if g is not None]
+
+        def update(variable, grad):
+            processor = tf1_optimizer._get_processor(variable)  # pylint: disable=protected-access
+            with tf.name_scope("update_" + variable.name.split(":")[0]):
+                return processor.update_op(inner, grad)
+
+        with tf.name_scope(name or inner.get_name()):
+            inner._prepare()  # pylint: disable=protected-access
+            update_ops = [op for g, v in pairs
+                          for op in distribution.extended.update(v, update, args=(g,),
+                                                                 group=False)]
+
+            def finish(optimizer, ops):
+                return optimizer._finish(ops, "update")  # pylint: disable=protected-access
+
+            devices = distribution.extended.non_slot_devices([v for _, v in pairs])
+            finished = distribution.extended.update_non_slot(
+                devices, finish, args=(inner, update_ops), group=False)
+            if global_step is None:
+                return distribution.group(finished)
+            with tf.control_dependencies(tf.nest.flatten(finished)):
+                return distribution.group(distribution.extended.update(
+                    global_step, lambda step: step.assign_add(1), group=False))
 
     def _create_inner_slots(self, grads_and_vars):
         """Creates the inner optimizer's slots outside the conditional branch."""
@@ -145,6 +209,8 @@ def _cond_v1(pred, true_fn, false_fn):
     """
     if tf.executing_eagerly():
         return true_fn() if bool(pred) else false_fn()
+    if hasattr(tf1.get_default_graph(), "outer_graph"):  # a tf.function: no ref variables
+        return tf.cond(pred, true_fn, false_fn)
     from tensorflow.python.ops import control_flow_util  # pylint: disable=g-import-not-at-top
     saved = control_flow_util.ENABLE_CONTROL_FLOW_V2
     control_flow_util.ENABLE_CONTROL_FLOW_V2 = False

@@ -121,3 +121,15 @@ def test_a_checkpoint_missing_model_variables_still_fails(tmp_path):
             assert "not_in_checkpoint" in str(error)
         else:
             raise AssertionError("restore should fail for a missing model variable")
+
+
+def test_tf_train_checkpoint_of_the_optimizer_holds_the_scale_state(tmp_path):
+    w = tf.Variable([1.0, 2.0])
+    opt = tf_mpt.LossScaleOptimizer(tf1.train.GradientDescentOptimizer(0.1),
+                                    tf_mpt.DynamicLossScale(initial_loss_scale=64))
+    opt.minimize(lambda: tf.reduce_sum(w) * np.nan, var_list=[w])  # skipped: scale -> 32
+    path = tf.train.Checkpoint(optimizer=opt, w=w).save(str(tmp_path / "ckpt"))
+    fresh_scale = tf_mpt.DynamicLossScale(initial_loss_scale=64)
+    fresh = tf_mpt.LossScaleOptimizer(tf1.train.GradientDescentOptimizer(0.1), fresh_scale)
+    tf.train.Checkpoint(optimizer=fresh, w=tf.Variable([0.0, 0.0])).restore(path)
+    assert [v.numpy().item() for v in fresh_scale.variables_for_graph()] == [32.0, 0, 1]

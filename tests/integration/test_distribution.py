@@ -1,0 +1,79 @@
+"""LossScaleOptimizer under tf.distribute: one decision and one scale for every replica.
+
+Each run injects NaN into the loss of one replica (or one worker) at step 1 only. Every
+replica must skip that step together (weights and global_step unchanged everywhere, scale
+halved everywhere), no process may hang, and the copies must stay identical.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TIMEOUT_S = 240
+NAN_STEP = 1
+# 2 replicas: x = ones * (replica + 1), loss = sum(x @ w): summed gradient 2 + 4 = 6 per weight.
+# Momentum(0.1, 0.9): w0 = 1 - 0.6 = 0.4; skipped; w = 0.4 - 0.1 * (6 + 0.9 * 6) = -0.74;
+# w = -0.74 - 0.1 * (6 + 0.9 * 11.4) = -2.366.
+EXPECTED_W = [0.4, 0.4, -0.74, -2.366]
+EXPECTED_STEP = [1, 1, 2, 3]
+EXPECTED_SCALE = [16.0, 8.0, 16.0, 32.0]  # initial 8, increment_period 1
+
+
+def _run(args, env=None):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+    return subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _records(proc):
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"worker hung for {TIMEOUT_S} s")
+    assert proc.returncode == 0, err[-3000:]
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def _check(records, copies):
+    assert [r["step"] for r in records] == list(range(4))
+    for record, w, step, scale in zip(records, EXPECTED_W, EXPECTED_STEP, EXPECTED_SCALE):
+        assert len(record["w"]) == copies
+        for copy in record["w"]:
+            assert copy == pytest.approx([w] * 3, abs=1e-5), record
+            assert copy == record["w"][0]
+        assert record["scale"] == [scale] * len(record["scale"])
+        assert record["global_step"] == step
+
+
+@pytest.mark.parametrize("mode", ["graph", "function"])
+def test_mirrored_strategy_replicas_skip_together(mode):
+    proc = _run([os.path.join(HERE, "mirrored_worker.py"), mode, str(NAN_STEP)])
+    _check(_records(proc), copies=2)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_multi_worker_mirrored_strategy_workers_skip_together():
+    workers = [f"127.0.0.1:{_free_port()}" for _ in range(2)]
+    procs = []
+    for index in range(2):
+        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        procs.append(_run([os.path.join(HERE, "mwms_worker.py"), str(NAN_STEP)],
+                          env={"TF_CONFIG": json.dumps(tf_config)}))
+    results = [_records(p) for p in procs]
+    for records in results:
+        assert [r["global_step"] for r in records] == EXPECTED_STEP
+        assert [r["scale"] for r in records] == EXPECTED_SCALE
+        for record, w in zip(records, EXPECTED_W):
+            assert record["w"] == pytest.approx([w] * 3, abs=1e-5)
+    assert results[0] == results[1]
