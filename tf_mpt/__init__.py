@@ -4,6 +4,8 @@ Public API:
     rewrite_graph_def(graph_def, *, dtype, fetches, lists, strict) -> RewriteResult
     rewrite_graph(graph, *, dtype, fetches) -> tf.Graph
     keep_fp32(name=None): context manager; ops built inside stay float32
+    rewrite_function(concrete_function, *, dtype) -> ConcreteFunction; function: tf.function
+        whose traced graphs are rewritten
     OpLists, default_lists, FLOAT16_LISTS, BFLOAT16_LISTS: the op lists, as data
     Config: every TF_MPT_* environment variable, parsed once
     float32_storage_getter, mixed_precision_scope: float32 master weights (TF1 variable scopes)
@@ -13,6 +15,8 @@ Public API:
 """
 
 from tf_mpt import loss_scale
+from tf_mpt._functions import function
+from tf_mpt._functions import rewrite_function
 from tf_mpt.config import Config
 from tf_mpt.lists import BFLOAT16_LISTS
 from tf_mpt.lists import FLOAT16_LISTS
@@ -52,9 +56,11 @@ __all__ = [
     "apply_scaled_gradients",
     "default_lists",
     "float32_storage_getter",
+    "function",
     "keep_fp32",
     "loss_scale",
     "mixed_precision_scope",
+    "rewrite_function",
     "rewrite_graph",
     "rewrite_graph_def",
     "scale_loss",

@@ -1,0 +1,163 @@
+"""TF2: rewrite ConcreteFunctions, and `tf_mpt.function`, a tf.function whose graphs are rewritten.
+
+    graph_def = concrete_function.graph.as_graph_def()       # body + function library
+    rewrite it (outputs, control outputs and inputs keep their dtypes)
+    new function = tf.function(import the rewritten GraphDef, inputs mapped to the arguments,
+                               captured placeholders mapped to the original captures)
+    return its concrete function for the original input signature
+
+The captures are the original tensors (variable handles), so a rewritten training step
+updates the real variables.
+"""
+
+import functools
+import inspect
+import logging
+import threading
+
+import tensorflow as tf
+
+from tf_mpt import lists as _lists
+from tf_mpt import rewrite as _rewrite
+
+_log = logging.getLogger(__name__)
+
+
+def _check_concrete_function(function):
+    if not (hasattr(function, "graph") and hasattr(function, "captured_inputs")
+            and hasattr(function, "structured_input_signature")):
+        hint = ""
+        if hasattr(function, "get_concrete_function"):
+            hint = " Call .get_concrete_function(...) on the tf.function first."
+        raise TypeError(
+            "concrete_function must be a TensorFlow ConcreteFunction. Received: "
+            f"concrete_function={function!r} (of type {type(function).__name__}).{hint}")
+
+
+def rewrite_function(concrete_function, *, dtype="float16"):
+    """Returns a ConcreteFunction computing `concrete_function` in mixed precision.
+
+    Same input signature and output structure and dtypes; captured variables stay captured,
+    so assignments (a training step's updates) reach the real variables. If the rewrite
+    changes nothing, or fails internally (one warning is logged), the input is returned.
+
+    Args:
+        concrete_function: e.g. `my_tf_function.get_concrete_function(spec)`.
+        dtype: 'float16' or 'bfloat16'.
+    """
+    _check_concrete_function(concrete_function)
+    dtype_name = _lists._dtype_name(dtype)  # pylint: disable=protected-access
+    cf = concrete_function
+    graph_def = cf.graph.as_graph_def()
+    fetches = ([t.op.name for t in cf.outputs] + [op.name for op in cf.graph.control_outputs]
+               + [t.op.name for t in cf.inputs])
+    result = _rewrite.rewrite_graph_def(graph_def, dtype=dtype_name, fetches=fetches)
+    if not result.modified:
+        return cf
+    try:
+        return _function_from_graph_def(cf, result.graph_def)
+    except Exception as error:  # pylint: disable=broad-except
+        _log.warning("tf_mpt could not rebuild function %s from its rewritten graph (%s: %s); "
+                     "it is left unchanged in float32.", _text(cf.name), type(error).__name__, error)
+        return cf
+
+
+def _function_from_graph_def(cf, graph_def):
+    captured = list(cf.captured_inputs)
+    n_args = len(cf.inputs) - len(captured)
+    arg_names = [t.name for t in cf.inputs[:n_args]]
+    capture_names = [t.name for t in cf.inputs[n_args:]]
+    output_names = [t.name for t in cf.outputs]
+    control_names = [op.name for op in cf.graph.control_outputs]
+    structured_outputs = cf.structured_outputs
+    args_spec, kwargs_spec = cf.structured_input_signature
+
+    signature = _python_signature(cf)
+
+    def body(*args, **kwargs):
+        if signature is not None:
+            bound = signature.bind(*args, **kwargs)
+            args, kwargs = [bound.arguments[name] for name in signature.parameters], {}
+        leaves = [x for x in tf.nest.flatten((args, kwargs), expand_composites=True)
+                  if isinstance(x, (tf.Tensor, tf.Variable))]
+        if len(leaves) != len(arg_names):
+            raise ValueError(f"expected {len(arg_names)} tensor arguments, got {len(leaves)}")
+        input_map = dict(zip(arg_names, leaves))
+        graph = tf.compat.v1.get_default_graph()
+        input_map.update((name, graph.capture(t)) for name, t in zip(capture_names, captured))
+        returned = tf.graph_util.import_graph_def(
+            graph_def, input_map=input_map, return_elements=output_names + control_names,
+            name="tf_mpt")
+        outputs = returned[:len(output_names)]
+        with tf.control_dependencies(returned[len(output_names):]):
+            outputs = [tf.identity(t) for t in outputs]
+        return _pack_outputs(structured_outputs, outputs)
+
+    if signature is not None:
+        body.__signature__ = signature  # keyword arguments keep working
+    body.__name__ = f"tf_mpt_{_text(cf.name)}"
+    return tf.function(body, autograph=False).get_concrete_function(*args_spec, **kwargs_spec)
+
+
+def _python_signature(cf):
+    """The original function's parameters (names and kinds), or None if they are variadic."""
+    function_type = getattr(cf, "function_type", None)
+    if function_type is None:
+        return None
+    params = list(function_type.parameters.values())
+    if any(p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+           for p in params):
+        return None
+    return inspect.Signature([inspect.Parameter(p.name, p.kind) for p in params])
+
+
+def _text(name):
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def _pack_outputs(structure, tensors):
+    """`structure` with its tensor leaves replaced, in order, by `tensors`."""
+    leaves = tf.nest.flatten(structure, expand_composites=True)
+    it = iter(tensors)
+    new_leaves = [next(it) if isinstance(leaf, tf.Tensor) else leaf for leaf in leaves]
+    return tf.nest.pack_sequence_as(structure, new_leaves, expand_composites=True)
+
+
+class Function:
+    """A tf.function whose traced graphs are rewritten to mixed precision (see `function`)."""
+
+    def __init__(self, fn, dtype, tf_function_kwargs):
+        self._dtype = _lists._dtype_name(dtype)  # pylint: disable=protected-access
+        self._tf_function = tf.function(fn, **tf_function_kwargs)
+        self._rewritten = {}
+        self._lock = threading.Lock()
+        functools.update_wrapper(self, fn)
+
+    @property
+    def python_function(self):
+        return self._tf_function.python_function
+
+    def get_concrete_function(self, *args, **kwargs):
+        """The rewritten ConcreteFunction for these arguments (traced on first use)."""
+        original = self._tf_function.get_concrete_function(*args, **kwargs)
+        with self._lock:
+            rewritten = self._rewritten.get(original.name)
+            if rewritten is None:
+                rewritten = rewrite_function(original, dtype=self._dtype)
+                self._rewritten[original.name] = rewritten
+        return rewritten
+
+    def __call__(self, *args, **kwargs):
+        return self.get_concrete_function(*args, **kwargs)(*args, **kwargs)
+
+
+def function(fn=None, *, dtype="float16", **tf_function_kwargs):
+    """A drop-in for tf.function whose traced graphs run in mixed precision.
+
+    Usable as `@tf_mpt.function`, `@tf_mpt.function(dtype="bfloat16")` or
+    `tf_mpt.function(fn, dtype=..., input_signature=...)`; other keyword arguments go to
+    tf.function.
+    """
+    if fn is None:
+        return lambda f: Function(f, dtype, tf_function_kwargs)
+    return Function(fn, dtype, tf_function_kwargs)
