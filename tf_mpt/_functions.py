@@ -54,12 +54,65 @@ def rewrite_function(concrete_function, *, dtype="float16"):
     result = _rewrite.rewrite_graph_def(graph_def, dtype=dtype_name, fetches=fetches)
     if not result.modified:
         return cf
+    graph_def = _rename_library(result.graph_def, f"_tf_mpt_{dtype_name}")
     try:
-        return _function_from_graph_def(cf, result.graph_def)
+        _register_library(graph_def)
+        return _function_from_graph_def(cf, graph_def)
     except Exception as error:  # pylint: disable=broad-except
         _log.warning("tf_mpt could not rebuild function %s from its rewritten graph (%s: %s); "
                      "it is left unchanged in float32.", _text(cf.name), type(error).__name__, error)
         return cf
+
+
+def _rename_library(graph_def, suffix):
+    """A copy with every library function renamed `<name><suffix>`, references included.
+
+    The eager context already holds the original functions under their names, and importing
+    a function whose name is taken keeps the registered (float32) body.
+    """
+    renamed = {f.signature.name: f.signature.name + suffix for f in graph_def.library.function}
+    if not renamed:
+        return graph_def
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+
+    def fix_attrs(attr_map):
+        for value in attr_map.values():
+            if value.HasField("func") and value.func.name in renamed:
+                value.func.name = renamed[value.func.name]
+            for func in value.list.func:
+                if func.name in renamed:
+                    func.name = renamed[func.name]
+
+    for node in out.node:
+        if node.op in renamed:
+            node.op = renamed[node.op]
+        fix_attrs(node.attr)
+    for fdef in out.library.function:
+        fdef.signature.name = renamed[fdef.signature.name]
+        for node in fdef.node_def:
+            if node.op in renamed:
+                node.op = renamed[node.op]
+            fix_attrs(node.attr)
+    for gradient in out.library.gradient:
+        for field in ("function_name", "gradient_func"):
+            name = getattr(gradient, field)
+            if name in renamed:
+                setattr(gradient, field, renamed[name])
+    return out
+
+
+def _register_library(graph_def):
+    """Registers the (renamed) library functions with the eager context and drops them from
+    `graph_def`: importing them inside a tf.function instead crashed TF 2.21 at run time
+    (a segmentation fault calling a While whose body was imported that way)."""
+    from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+    ctx = context.context()
+    for fdef in graph_def.library.function:
+        if not ctx.has_function(fdef.signature.name):
+            ctx.add_function_def(fdef)
+    del graph_def.library.function[:]
+    del graph_def.library.gradient[:]
 
 
 def _function_from_graph_def(cf, graph_def):

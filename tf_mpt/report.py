@@ -29,6 +29,7 @@ class NodeDecision:
         reason: one sentence, e.g. "downstream of deny op 'Exp_1' through clear/infer ops".
         attrs: type attr -> (colour, reason), e.g. {'T': ('allow', ...), 'U': ('fp32', ...)}.
         converted: True if the rewrite changed at least one of its type attrs to half.
+        function: the library function holding the node, or None for the main graph.
     """
     name: str
     op: str
@@ -36,9 +37,11 @@ class NodeDecision:
     reason: str
     attrs: typing.Mapping
     converted: bool
+    function: typing.Optional[str] = None
 
     def __str__(self):
-        return f"{self.name} ({self.op}): {self.colour}: {self.reason}"
+        where = f"{self.function}: " if self.function else ""
+        return f"{where}{self.name} ({self.op}): {self.colour}: {self.reason}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +54,10 @@ class RewriteReport:
         converted_nodes: nodes with at least one type attr changed to half.
         casts_added: Cast nodes added.
         cast_names: their names, in the order added.
-        decisions: node name -> NodeDecision, in GraphDef order.
+        decisions: node name -> NodeDecision, in GraphDef order; nodes of library functions
+            follow, keyed '<function>/<node>'.
         error: None, or the message of the internal error that made the rewrite give up.
+        functions: names of the library functions whose bodies were rewritten or examined.
     """
     dtype: str
     total_nodes: int
@@ -61,6 +66,7 @@ class RewriteReport:
     cast_names: tuple = ()
     decisions: typing.Mapping = dataclasses.field(default_factory=dict)
     error: typing.Optional[str] = None
+    functions: tuple = ()
 
     def summary(self):
         """One line: 'Converted 18/40 nodes to bfloat16 using 6 cast(s)'."""
@@ -82,6 +88,7 @@ class RewriteReport:
             "casts_added": self.casts_added,
             "cast_names": list(self.cast_names),
             "error": self.error,
+            "functions": list(self.functions),
             "summary": self.summary(),
             "nodes": {
                 name: {
@@ -89,6 +96,7 @@ class RewriteReport:
                     "colour": d.colour,
                     "reason": d.reason,
                     "converted": d.converted,
+                    "function": d.function,
                     "attrs": {_attr_label(k): {"colour": c, "reason": r}
                               for k, (c, r) in d.attrs.items()},
                 }
@@ -140,3 +148,23 @@ def build_report(paint, cast_names, explain):
     return RewriteReport(dtype=paint.target_name, total_nodes=len(view.nodes),
                          converted_nodes=converted_nodes, casts_added=len(cast_names),
                          cast_names=tuple(cast_names), decisions=decisions)
+
+
+def merge_function_reports(report, function_reports):
+    """One report for a graph and the bodies of its library functions."""
+    from tf_mpt._function_library import RET_PREFIX  # pylint: disable=g-import-not-at-top
+    decisions = dict(report.decisions)
+    total, converted, casts = report.total_nodes, report.converted_nodes, report.casts_added
+    cast_names = list(report.cast_names)
+    for function, sub in function_reports.items():
+        for name, d in sub.decisions.items():
+            if name.startswith(RET_PREFIX) or (d.op == "Placeholder" and not d.converted):
+                continue  # the conversion's stand-ins for arguments and return values
+            decisions[f"{function}/{name}"] = dataclasses.replace(d, function=function)
+            total += 1
+            converted += d.converted
+        casts += sub.casts_added
+        cast_names.extend(f"{function}/{c}" for c in sub.cast_names)
+    return dataclasses.replace(report, total_nodes=total, converted_nodes=converted,
+                               casts_added=casts, cast_names=tuple(cast_names),
+                               decisions=decisions, functions=tuple(function_reports))

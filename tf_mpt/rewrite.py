@@ -30,6 +30,7 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.core.framework import graph_pb2
 
 from tf_mpt import _casts
+from tf_mpt import _function_library
 from tf_mpt import _graph_view
 from tf_mpt import _paint
 from tf_mpt import _type_attrs as ta
@@ -162,10 +163,38 @@ def rewrite_graph_def(graph_def, *, dtype="float16", fetches=None, lists=None, s
     if lists is None:
         lists = config.lists_for(dtype_name)
     _check_lists(lists)
-    view = _graph_view.GraphView(graph_def)
     signatures = {f.signature.name: f.signature for f in graph_def.library.function}
-    types = [ta.node_types(node, signatures) for node in view.nodes]
+    view = _graph_view.GraphView(graph_def)
     fetched = _fetch_node_names(fetches, view)
+    new_graph_def, report, modified, error = _rewrite_one(
+        graph_def, view, fetched, dtype_name, lists, signatures, strict)
+    if error is not None:
+        unchanged = graph_pb2.GraphDef()
+        unchanged.CopyFrom(graph_def)
+        return RewriteResult(unchanged, report, False)
+    function_reports = {}
+    for index, fdef in enumerate(graph_def.library.function):
+        new_fdef, function_report = _rewrite_function_body(fdef, dtype_name, lists, signatures,
+                                                           strict)
+        if function_report is not None:
+            function_reports[fdef.signature.name] = function_report
+        if new_fdef is not None:
+            new_graph_def.library.function[index].CopyFrom(new_fdef)
+            modified = True
+    if function_reports:
+        report = _report.merge_function_reports(report, function_reports)
+    if _log.isEnabledFor(logging.DEBUG):
+        for decision in report.decisions.values():
+            _log.debug("%s", decision)
+    _log.info("%s", report.summary())
+    if config.dump_dir:
+        _dump(config.dump_dir, graph_def, new_graph_def, lists, report)
+    return RewriteResult(new_graph_def, report, modified)
+
+
+def _rewrite_one(graph_def, view, fetched, dtype_name, lists, signatures, strict):
+    """Paints one graph (no library). Returns (graph_def, report, modified, error or None)."""
+    types = [ta.node_types(node, signatures) for node in view.nodes]
     skip = _node_skip_reasons(view, types, fetched)
     paint = _paint.Paint(view, types, _DTYPE_ENUM[dtype_name], lists, skip,
                          ta.default_device_type())
@@ -183,20 +212,38 @@ def rewrite_graph_def(graph_def, *, dtype="float16", fetches=None, lists=None, s
                                f"{type(error).__name__}: {error}") from error
         _log.warning("tf_mpt rewrite failed in pass %s (%s: %s); the graph is left unchanged "
                      "in float32.", step, type(error).__name__, error)
-        unchanged = graph_pb2.GraphDef()
-        unchanged.CopyFrom(graph_def)
+        message = f"pass {step}: {type(error).__name__}: {error}"
         report = _report.RewriteReport(dtype=dtype_name, total_nodes=len(view.nodes),
-                                       converted_nodes=0, casts_added=0,
-                                       error=f"pass {step}: {type(error).__name__}: {error}")
-        return RewriteResult(unchanged, report, False)
+                                       converted_nodes=0, casts_added=0, error=message)
+        return graph_def, report, False, message
     modified = any(paint.converted) or bool(cast_names)
-    if _log.isEnabledFor(logging.DEBUG):
-        for decision in report.decisions.values():
-            _log.debug("%s", decision)
-    _log.info("%s", report.summary())
-    if config.dump_dir:
-        _dump(config.dump_dir, graph_def, new_graph_def, lists, report)
-    return RewriteResult(new_graph_def, report, modified)
+    return new_graph_def, report, modified, None
+
+
+def _rewrite_function_body(fdef, dtype_name, lists, signatures, strict):
+    """Rewrites one library function, its signature unchanged.
+
+    Returns (new FunctionDef or None if unchanged, report or None if not rewritable).
+    """
+    name = fdef.signature.name
+    try:
+        body, fetches = _function_library.function_to_graph_def(fdef, signatures)
+        view = _graph_view.GraphView(body)
+    except (_function_library.UnsupportedFunction, GraphDefError) as error:
+        _log.debug("function %s is left as it is: %s", name, error)
+        return None, None
+    new_body, report, modified, error = _rewrite_one(
+        body, view, set(fetches), dtype_name, lists, signatures, strict)
+    if error is not None or not modified:
+        return None, report
+    try:
+        return _function_library.graph_def_to_function(new_body, fdef, signatures), report
+    except Exception as error:  # pylint: disable=broad-except
+        if strict:
+            raise RewriteError(f"tf_mpt could not rebuild function {name}: {error}") from error
+        _log.warning("tf_mpt could not rebuild function %s (%s: %s); it is left unchanged in "
+                     "float32.", name, type(error).__name__, error)
+        return None, None
 
 
 def _dump(directory, before, after, lists, report):

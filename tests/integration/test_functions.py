@@ -108,3 +108,53 @@ def test_keras_training_step_rewritten_trains_to_float32_accuracy(half_dtype):
     assert half32 == 0 and half == total >= 6
     assert accuracy32 > 0.95
     assert abs(accuracy - accuracy32) <= ACCURACY_POINTS + 1e-9, (accuracy, accuracy32)
+
+
+def test_lstm_while_loop_in_tf_function_forward_and_gradients(half_dtype):
+    import lstm
+    wx, wh, b = (tf.Variable(v) for v in lstm.weights())
+
+    @tf.function(input_signature=[tf.TensorSpec([lstm.T, lstm.B, lstm.D], tf.float32)])
+    def loss_and_grads(xs):
+        with tf.GradientTape() as tape:
+            loss = lstm.lstm_loss(xs, wx, wh, b)
+        return loss, tape.gradient(loss, [wx, wh, b])
+
+    cf = loss_and_grads.get_concrete_function()
+    result = tf_mpt.rewrite_graph_def(cf.graph.as_graph_def(), dtype=half_dtype,
+                                      fetches=[t.op.name for t in cf.outputs])
+    half_matmuls = {(d.function, d.name) for d in result.report.decisions.values()
+                    if d.op == "MatMul" and d.converted}
+    bodies = {f for f, _ in half_matmuls}
+    assert any(f and "body" in f and "grad" not in f for f in bodies)  # forward loop body
+    assert any(f and "grad" in f for f in bodies)  # the gradient loop body
+    xs = lstm.inputs()
+    loss32, grads32 = cf(xs)
+    loss, grads = tf_mpt.rewrite_function(cf, dtype=half_dtype)(xs)
+    np.testing.assert_allclose(loss, loss32, **TOLERANCES[half_dtype])
+    for g, g32 in zip(grads, grads32):
+        assert g.dtype == tf.float32
+        np.testing.assert_allclose(g, g32, **TOLERANCES[half_dtype])
+
+
+def test_lstm_tensor_array_v1_loop_forward_and_gradients(half_dtype):
+    import lstm
+    graph = lstm.build_v1_graph()
+    fetches = ["loss", "grad0", "grad1", "grad2", "init"]
+    result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype=half_dtype, fetches=fetches)
+    gd = result.graph_def
+    matmuls = [n for n in gd.node if n.op == "MatMul"]
+    assert len(matmuls) >= 6 and all(n.attr["T"].type == tf.as_dtype(half_dtype).as_datatype_enum
+                                     for n in matmuls)
+    for node in gd.node:
+        if node.op == "NextIteration":
+            merges = [n for n in gd.node if n.op == "Merge" and node.name in n.input]
+            assert all(m.attr["T"].type == node.attr["T"].type for m in merges), node.name
+    from helpers import run
+    feeds = {"xs:0": lstm.inputs()}
+    names = [f"{f}:0" for f in fetches[:-1]]
+    expected = run(graph.as_graph_def(), names, feeds, init="init")
+    actual = run(gd, names, feeds, init="init")
+    for a, e in zip(actual, expected):
+        assert a.dtype == e.dtype
+        np.testing.assert_allclose(a, e, **TOLERANCES[half_dtype])
