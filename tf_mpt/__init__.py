@@ -1,67 +1,67 @@
 """tf_mpt: automatic mixed precision for TensorFlow graphs by graph rewriting.
 
-Public API:
+Public API (loaded on first use: `import tf_mpt` itself imports no TensorFlow):
     rewrite_graph_def(graph_def, *, dtype, fetches, lists, strict) -> RewriteResult
     rewrite_graph(graph, *, dtype, fetches) -> tf.Graph
-    keep_fp32(name=None): context manager; ops built inside stay float32
     rewrite_function(concrete_function, *, dtype) -> ConcreteFunction; function: tf.function
         whose traced graphs are rewritten
+    keep_fp32(name=None): context manager; ops built inside stay float32
     OpLists, default_lists, FLOAT16_LISTS, BFLOAT16_LISTS: the op lists, as data
     Config: every TF_MPT_* environment variable, parsed once
     float32_storage_getter, mixed_precision_scope: float32 master weights (TF1 variable scopes)
     LossScaleOptimizer, StaticLossScale, DynamicLossScale, loss_scale.get: loss scaling
     scale_loss, apply_scaled_gradients: loss scaling in TF2 custom loops (GradientTape)
+    enable, disable, is_enabled: the automatic path (what TF_MPT_ENABLE=1 turns on)
     RewriteReport, NodeDecision, RewriteResult, RewriteError, GraphDefError
 """
 
-from tf_mpt import loss_scale
-from tf_mpt._functions import function
-from tf_mpt._functions import rewrite_function
-from tf_mpt.config import Config
-from tf_mpt.lists import BFLOAT16_LISTS
-from tf_mpt.lists import FLOAT16_LISTS
-from tf_mpt.lists import OpLists
-from tf_mpt.lists import default_lists
-from tf_mpt.loss_scale import DynamicLossScale
-from tf_mpt.loss_scale import StaticLossScale
-from tf_mpt.optimizer import LossScaleOptimizer
-from tf_mpt.optimizer import apply_scaled_gradients
-from tf_mpt.optimizer import scale_loss
-from tf_mpt.report import NodeDecision
-from tf_mpt.report import RewriteReport
-from tf_mpt.rewrite import GraphDefError
-from tf_mpt.rewrite import RewriteError
-from tf_mpt.rewrite import RewriteResult
-from tf_mpt.rewrite import keep_fp32
-from tf_mpt.rewrite import rewrite_graph
-from tf_mpt.rewrite import rewrite_graph_def
-from tf_mpt.variables import float32_storage_getter
-from tf_mpt.variables import mixed_precision_scope
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BFLOAT16_LISTS",
-    "Config",
-    "DynamicLossScale",
-    "FLOAT16_LISTS",
-    "GraphDefError",
-    "LossScaleOptimizer",
-    "NodeDecision",
-    "OpLists",
-    "RewriteError",
-    "RewriteReport",
-    "RewriteResult",
-    "StaticLossScale",
-    "apply_scaled_gradients",
-    "default_lists",
-    "float32_storage_getter",
-    "function",
-    "keep_fp32",
-    "loss_scale",
-    "mixed_precision_scope",
-    "rewrite_function",
-    "rewrite_graph",
-    "rewrite_graph_def",
-    "scale_loss",
-]
+# public name -> (module, attribute); attribute None means the module itself
+_EXPORTS = {
+    "BFLOAT16_LISTS": ("tf_mpt.lists", "BFLOAT16_LISTS"),
+    "Config": ("tf_mpt.config", "Config"),
+    "DynamicLossScale": ("tf_mpt.loss_scale", "DynamicLossScale"),
+    "FLOAT16_LISTS": ("tf_mpt.lists", "FLOAT16_LISTS"),
+    "GraphDefError": ("tf_mpt._graph_view", "GraphDefError"),
+    "LossScaleOptimizer": ("tf_mpt.optimizer", "LossScaleOptimizer"),
+    "NodeDecision": ("tf_mpt.report", "NodeDecision"),
+    "OpLists": ("tf_mpt.lists", "OpLists"),
+    "RewriteError": ("tf_mpt.rewrite", "RewriteError"),
+    "RewriteReport": ("tf_mpt.report", "RewriteReport"),
+    "RewriteResult": ("tf_mpt.rewrite", "RewriteResult"),
+    "StaticLossScale": ("tf_mpt.loss_scale", "StaticLossScale"),
+    "apply_scaled_gradients": ("tf_mpt.optimizer", "apply_scaled_gradients"),
+    "default_lists": ("tf_mpt.lists", "default_lists"),
+    "disable": ("tf_mpt._autoenable", "disable"),
+    "enable": ("tf_mpt._autoenable", "enable"),
+    "float32_storage_getter": ("tf_mpt.variables", "float32_storage_getter"),
+    "function": ("tf_mpt._functions", "function"),
+    "is_enabled": ("tf_mpt._autoenable", "is_enabled"),
+    "keep_fp32": ("tf_mpt.rewrite", "keep_fp32"),
+    "loss_scale": ("tf_mpt.loss_scale", None),
+    "mixed_precision_scope": ("tf_mpt.variables", "mixed_precision_scope"),
+    "rewrite_function": ("tf_mpt._functions", "rewrite_function"),
+    "rewrite_graph": ("tf_mpt.rewrite", "rewrite_graph"),
+    "rewrite_graph_def": ("tf_mpt.rewrite", "rewrite_graph_def"),
+    "scale_loss": ("tf_mpt.optimizer", "scale_loss"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    try:
+        module_name, attribute = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'tf_mpt' has no attribute {name!r}") from None
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,14 +1,23 @@
 """The one module with global state: process-wide hooks tf_mpt installs.
 
-Today: a fallback in tf.compat.v1.train.Saver.restore so a checkpoint without tf_mpt's
-loss-scale variables (written by a float32 run) restores into a mixed-precision graph, the
-loss scale starting from its initial value. Installed the first time a DynamicLossScale
-creates graph variables; `reset_for_tests()` removes it.
+* A fallback in tf.compat.v1.train.Saver.restore so a checkpoint without tf_mpt's loss-scale
+  variables (written by a float32 run) restores into a mixed-precision graph, the loss scale
+  starting from its initial value. Installed the first time a DynamicLossScale creates graph
+  variables; `reset_for_tests()` removes it.
+* The automatic path (`enable()`, `disable()`, `is_enabled()`): TF1 Sessions run a rewritten
+  shadow copy of their graph (same node names, so fetches and feeds map by name; fetched
+  tensors keep their dtype), rebuilt with the variable values carried over when the graph
+  grows; tf.compat.v1.train.Optimizer computes and applies gradients through a
+  LossScaleOptimizer.
 """
 
+import contextlib
 import functools
 import logging
+import os
 import re
+import threading
+import weakref
 
 import tensorflow as tf
 
@@ -82,3 +91,245 @@ def _restore_without_loss_scale_state(saver, sess, save_path):
     _log.info("Checkpoint %s has no tf_mpt loss-scale state (%s); restored the rest, the loss "
               "scale starts from its initial value.", save_path, ", ".join(sorted(missing)))
     return True
+
+
+# --- the automatic path: TF_MPT_ENABLE=1 / python -m tf_mpt ---------------------------------
+
+_enabled = None  # None, or dict(config=..., dtype=..., rewrite=bool, loss_scaling=bool)
+_patches = []  # (owner, attribute, original) to undo
+_local = threading.local()
+_shadows = weakref.WeakKeyDictionary()  # user Session -> _Shadow
+
+
+def is_enabled():
+    """True while the automatic path is on in this process."""
+    return _enabled is not None
+
+
+def enabled_settings():
+    """The resolved settings (dict) of the automatic path, or None."""
+    return None if _enabled is None else dict(_enabled)
+
+
+def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
+    """Turns on the automatic path for this process (idempotent).
+
+    TF1 Sessions run a rewritten copy of their graph, and tf.compat.v1.train.Optimizer gets
+    dynamic loss scaling (float16 by default). Returns the resolved settings, or None when
+    'auto' found no fast half type (the script stays float32; a warning says why).
+    """
+    global _enabled
+    if _enabled is not None:
+        return dict(_enabled)
+    from tf_mpt import config as _config  # pylint: disable=g-import-not-at-top
+    config = config if config is not None else _config.Config.from_env(os.environ)
+    if gpu_visible is None:
+        gpu_visible = bool(tf.config.list_physical_devices("GPU"))
+    if native_bfloat16 is None:
+        native_bfloat16 = cpu_has_native_bfloat16()
+    dtype = config.resolve_dtype(gpu_visible, native_bfloat16)
+    if dtype is None:
+        _log.warning("tf_mpt: TF_MPT_DTYPE=auto found no GPU and no native bfloat16 on this CPU "
+                     "(needs AVX512-BF16 or AMX-BF16); the script runs in float32. Set "
+                     "TF_MPT_DTYPE=bfloat16 or float16 to force a half type.")
+        return None
+    settings = dict(dtype=dtype, rewrite=config.graph_rewrite,
+                    loss_scaling=config.loss_scaling_for(dtype), loss_scale=config.loss_scale)
+    if settings["rewrite"]:
+        _patch(tf.compat.v1.Session.__mro__[1], "run", _session_run)
+        _patch(tf.compat.v1.Session.__mro__[1], "close", _session_close)
+    if settings["loss_scaling"]:
+        optimizer_class = tf.compat.v1.train.Optimizer
+        _patch(optimizer_class, "compute_gradients", _compute_gradients)
+        _patch(optimizer_class, "apply_gradients", _apply_gradients)
+    _enabled = settings
+    _log.info("enabled: dtype=%s graph_rewrite=%s loss_scaling=%s loss_scale=%s",
+              dtype, settings["rewrite"], settings["loss_scaling"], settings["loss_scale"])
+    return dict(settings)
+
+
+def disable():
+    """Turns the automatic path off and removes every patch (existing Sessions included)."""
+    global _enabled
+    while _patches:
+        owner, name, original = _patches.pop()
+        setattr(owner, name, original)
+    for shadow in list(_shadows.values()):
+        shadow.close()
+    _shadows.clear()
+    _enabled = None
+
+
+def cpu_has_native_bfloat16():
+    """True if /proc/cpuinfo lists avx512_bf16 or amx_bf16."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in text or "amx_bf16" in text
+
+
+def _patch(owner, name, replacement):
+    original = getattr(owner, name)
+    wrapped = functools.wraps(original)(functools.partial(replacement, original))
+
+    def method(self, *args, **kwargs):
+        return wrapped(self, *args, **kwargs)
+
+    functools.update_wrapper(method, original)
+    setattr(owner, name, method)
+    _patches.append((owner, name, original))
+
+
+@contextlib.contextmanager
+def _bypass():
+    previous = getattr(_local, "bypass", False)
+    _local.bypass = True
+    try:
+        yield
+    finally:
+        _local.bypass = previous
+
+
+def _bypassing():
+    return getattr(_local, "bypass", False)
+
+
+# --- TF1 Sessions: run a rewritten shadow of the graph -------------------------------------
+
+class _Shadow:
+    """A rewritten copy of a Session's graph and the Session that runs it."""
+
+    def __init__(self, session, previous=None):
+        from tf_mpt import rewrite as _rewrite  # pylint: disable=g-import-not-at-top
+        graph = session.graph
+        self.version = graph.version
+        self.graph = _rewrite.rewrite_graph(graph, dtype=_enabled["dtype"])
+        self.session = tf.compat.v1.Session(target=session.sess_str, graph=self.graph,
+                                            config=getattr(session, "_config", None))
+        self.fetch_casts = {}
+        if previous is not None:
+            self._take_state_from(previous)
+            previous.close()
+
+    def _take_state_from(self, previous):
+        """Copies variable values from the shadow of the graph before it grew."""
+        with previous.graph.as_default():
+            old = {v.op.name: v for v in tf.compat.v1.global_variables()
+                   + tf.compat.v1.local_variables()}
+        with self.graph.as_default():
+            new = {v.op.name: v for v in tf.compat.v1.global_variables()
+                   + tf.compat.v1.local_variables()}
+        for name, variable in new.items():
+            if name not in old:
+                continue
+            try:
+                with _bypass():
+                    value = previous.session.run(old[name])
+                    self.session.run(variable.initializer,
+                                     {variable.initializer.inputs[1]: value})
+            except tf.errors.OpError:
+                continue  # not initialised yet in the old graph
+
+    def element(self, item):
+        """The shadow-graph counterpart of a fetch or feed key (same name, same dtype)."""
+        if isinstance(item, str):
+            name = item
+            original_dtype = None
+        else:
+            graph_element = getattr(item, "_graph_element", None)
+            target = graph_element if graph_element is not None else item
+            name = target.name
+            original_dtype = getattr(target, "dtype", None)
+        element = self.graph.as_graph_element(name)
+        if (isinstance(element, tf.Tensor) and original_dtype is not None
+                and element.dtype.base_dtype != original_dtype.base_dtype
+                and element.dtype.base_dtype in (tf.float16, tf.bfloat16)):
+            cast = self.fetch_casts.get(name)
+            if cast is None:
+                with self.graph.as_default():
+                    cast = tf.cast(element, original_dtype.base_dtype,
+                                   name=element.op.name + "-FetchCast-TfMpt")
+                self.fetch_casts[name] = cast
+            return cast
+        return element
+
+    def close(self):
+        self.session.close()
+
+
+def _shadow_for(session):
+    shadow = _shadows.get(session)
+    if shadow is None or shadow.version != session.graph.version:
+        shadow = _Shadow(session, previous=shadow)
+        _shadows[session] = shadow
+    return shadow
+
+
+def _map_fetches(shadow, fetches):
+    def leaf(item):
+        if item is None or callable(item) and not hasattr(item, "name"):
+            return item
+        return shadow.element(item)
+    return tf.nest.map_structure(leaf, fetches)
+
+
+def _session_run(original, session, fetches, feed_dict=None, options=None, run_metadata=None):
+    if _bypassing() or getattr(session, "_tf_mpt_unshadowed", False):
+        return original(session, fetches, feed_dict, options, run_metadata)
+    try:
+        shadow = _shadow_for(session)
+        mapped_fetches = _map_fetches(shadow, fetches)
+        mapped_feeds = None
+        if feed_dict:
+            mapped_feeds = {}
+            for key, value in feed_dict.items():
+                keys = key if isinstance(key, (tuple, list)) else [key]
+                for k in keys:
+                    mapped_feeds[shadow.graph.as_graph_element(
+                        k if isinstance(k, str) else k.name)] = value
+    except Exception as error:  # pylint: disable=broad-except
+        _log.warning("tf_mpt could not run this Session's graph in mixed precision (%s: %s); "
+                     "it runs in float32.", type(error).__name__, error)
+        session._tf_mpt_unshadowed = True  # pylint: disable=protected-access
+        return original(session, fetches, feed_dict, options, run_metadata)
+    with _bypass():
+        return original(shadow.session, mapped_fetches, mapped_feeds, options, run_metadata)
+
+
+def _session_close(original, session):
+    shadow = _shadows.pop(session, None)
+    if shadow is not None:
+        shadow.close()
+    return original(session)
+
+
+# --- TF1 optimizers: automatic loss scaling -----------------------------------------------
+
+def _scaling_optimizer(optimizer):
+    from tf_mpt import optimizer as _optimizer  # pylint: disable=g-import-not-at-top
+    wrapper = getattr(optimizer, "_tf_mpt_loss_scale_optimizer", None)
+    if wrapper is None:
+        wrapper = _optimizer.LossScaleOptimizer(optimizer, _enabled["loss_scale"])
+        optimizer._tf_mpt_loss_scale_optimizer = wrapper  # pylint: disable=protected-access
+    return wrapper
+
+
+def _is_wrapper(optimizer):
+    from tf_mpt import optimizer as _optimizer  # pylint: disable=g-import-not-at-top
+    return isinstance(optimizer, _optimizer.LossScaleOptimizer)
+
+
+def _compute_gradients(original, optimizer, loss, *args, **kwargs):
+    if _bypassing() or _is_wrapper(optimizer):
+        return original(optimizer, loss, *args, **kwargs)
+    with _bypass():
+        return _scaling_optimizer(optimizer).compute_gradients(loss, *args, **kwargs)
+
+
+def _apply_gradients(original, optimizer, grads_and_vars, *args, **kwargs):
+    if _bypassing() or _is_wrapper(optimizer):
+        return original(optimizer, grads_and_vars, *args, **kwargs)
+    with _bypass():
+        return _scaling_optimizer(optimizer).apply_gradients(grads_and_vars, *args, **kwargs)

@@ -11,6 +11,7 @@ Example:
 
 import dataclasses
 import re
+import typing
 
 from tf_mpt import lists as _lists
 
@@ -23,9 +24,23 @@ TF_MPT_DENYLIST_REMOVE = "TF_MPT_DENYLIST_REMOVE"
 TF_MPT_CLEARLIST_ADD = "TF_MPT_CLEARLIST_ADD"
 TF_MPT_CLEARLIST_REMOVE = "TF_MPT_CLEARLIST_REMOVE"
 TF_MPT_DUMP_DIR = "TF_MPT_DUMP_DIR"
+TF_MPT_ENABLE = "TF_MPT_ENABLE"
+TF_MPT_GRAPH_REWRITE = "TF_MPT_GRAPH_REWRITE"
+TF_MPT_LOSS_SCALING = "TF_MPT_LOSS_SCALING"
+TF_MPT_DTYPE = "TF_MPT_DTYPE"
+TF_MPT_LOSS_SCALE = "TF_MPT_LOSS_SCALE"
 
 # (variable, default, meaning): the README's env-var table is checked against this by a test.
 ENV_VARS = (
+    (TF_MPT_ENABLE, "0", "Master switch for the automatic path: rewrite graphs and scale the "
+     "loss in an unmodified script (1/0, true/false, yes/no, on/off)."),
+    (TF_MPT_GRAPH_REWRITE, "(TF_MPT_ENABLE)", "Graph rewrite on/off; when set it wins over "
+     "TF_MPT_ENABLE."),
+    (TF_MPT_LOSS_SCALING, "(TF_MPT_ENABLE, float16 only)", "Automatic loss scaling on/off; "
+     "when set it wins over TF_MPT_ENABLE. Unset: on for float16, off for bfloat16."),
+    (TF_MPT_DTYPE, "auto", "float16, bfloat16 or auto (float16 with a GPU, bfloat16 on a CPU "
+     "with native bfloat16, otherwise float32 with a warning)."),
+    (TF_MPT_LOSS_SCALE, "dynamic", "dynamic, or a positive number for a static loss scale."),
     (TF_MPT_ALLOWLIST_ADD, "", "Comma-separated op names to put on the allow list "
      "(taken off any other list, so one ADD moves an op)."),
     (TF_MPT_ALLOWLIST_REMOVE, "", "Comma-separated op names to take off the allow list."),
@@ -52,6 +67,49 @@ def _parse_op_names(variable, value):
     return frozenset(names)
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+_DTYPES = ("float16", "bfloat16", "auto")
+
+
+def _parse_bool(environ, variable):
+    """True/False for a set variable, None when unset or empty."""
+    value = environ.get(variable)
+    if value is None or not value.strip():
+        return None
+    text = value.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"{variable} must be one of {', '.join(_TRUE + _FALSE)}. "
+                     f"Received: {variable}={value!r}")
+
+
+def _parse_dtype(environ):
+    value = environ.get(TF_MPT_DTYPE, "").strip()
+    if not value:
+        return "auto"
+    if value.lower() not in _DTYPES:
+        raise ValueError(f"{TF_MPT_DTYPE} must be one of {', '.join(_DTYPES)}. "
+                         f"Received: {TF_MPT_DTYPE}={value!r}")
+    return value.lower()
+
+
+def _parse_loss_scale(environ):
+    value = environ.get(TF_MPT_LOSS_SCALE, "").strip()
+    if not value or value.lower() == "dynamic":
+        return "dynamic"
+    try:
+        number = float(value)
+    except ValueError:
+        number = None
+    if number is None or not number > 0 or number == float("inf"):
+        raise ValueError(f"{TF_MPT_LOSS_SCALE} must be 'dynamic' or a positive finite number "
+                         f"such as 128. Received: {TF_MPT_LOSS_SCALE}={value!r}")
+    return number
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Everything tf_mpt reads from the environment, parsed once.
@@ -60,10 +118,21 @@ class Config:
         list_add: tuple of (list name, frozenset of op names) from TF_MPT_*LIST_ADD.
         list_remove: tuple of (list name, frozenset of op names) from TF_MPT_*LIST_REMOVE.
         dump_dir: directory for TF_MPT_DUMP_DIR dumps, or None.
+        enable: TF_MPT_ENABLE.
+        graph_rewrite: the rewrite switch, resolved (an explicit TF_MPT_GRAPH_REWRITE wins).
+        loss_scaling: True/False if TF_MPT_LOSS_SCALING is set, else None (see
+            `loss_scaling_for`).
+        dtype: 'float16', 'bfloat16' or 'auto'.
+        loss_scale: 'dynamic' or a positive float.
     """
     list_add: tuple = ()
     list_remove: tuple = ()
     dump_dir: str = None
+    enable: bool = False
+    graph_rewrite: bool = False
+    loss_scaling: typing.Optional[bool] = None
+    dtype: str = "auto"
+    loss_scale: typing.Union[str, float] = "dynamic"
 
     @classmethod
     def from_env(cls, environ):
@@ -77,7 +146,34 @@ class Config:
                 if ops:
                     target.append((list_name, ops))
         dump_dir = environ.get(TF_MPT_DUMP_DIR, "").strip() or None
-        return cls(list_add=tuple(add), list_remove=tuple(remove), dump_dir=dump_dir)
+        enable = bool(_parse_bool(environ, TF_MPT_ENABLE))
+        graph_rewrite = _parse_bool(environ, TF_MPT_GRAPH_REWRITE)
+        loss_scaling = _parse_bool(environ, TF_MPT_LOSS_SCALING)
+        return cls(list_add=tuple(add), list_remove=tuple(remove), dump_dir=dump_dir,
+                   enable=enable,
+                   graph_rewrite=enable if graph_rewrite is None else graph_rewrite,
+                   loss_scaling=loss_scaling, dtype=_parse_dtype(environ),
+                   loss_scale=_parse_loss_scale(environ))
+
+    def loss_scaling_for(self, dtype):
+        """Whether the automatic path scales the loss for `dtype` ('float16'/'bfloat16').
+
+        An explicit TF_MPT_LOSS_SCALING wins; otherwise on with TF_MPT_ENABLE for float16
+        (small gradients underflow) and off for bfloat16 (float32's exponent range).
+        """
+        if self.loss_scaling is not None:
+            return self.loss_scaling
+        return self.enable and dtype == "float16"
+
+    def resolve_dtype(self, gpu_visible, native_bfloat16):
+        """The half dtype to use, or None (auto found no fast half type: stay float32)."""
+        if self.dtype != "auto":
+            return self.dtype
+        if gpu_visible:
+            return "float16"
+        if native_bfloat16:
+            return "bfloat16"
+        return None
 
     def lists_for(self, dtype):
         """Returns the default lists for `dtype` with this config's ADD/REMOVE edits applied."""

@@ -60,3 +60,50 @@ def test_readme_env_table_matches_the_code():
 def test_every_tf_mpt_constant_is_in_the_table():
     constants = {v for k, v in vars(config).items() if k.startswith("TF_MPT_")}
     assert constants == {name for name, _, _ in config.ENV_VARS}
+
+
+@pytest.mark.parametrize("env, rewrite, scaling16, scaling_bf16", [
+    ({}, False, False, False),
+    ({"TF_MPT_ENABLE": "1"}, True, True, False),
+    ({"TF_MPT_ENABLE": "1", "TF_MPT_LOSS_SCALING": "0"}, True, False, False),
+    ({"TF_MPT_ENABLE": "1", "TF_MPT_GRAPH_REWRITE": "off"}, False, True, False),
+    ({"TF_MPT_ENABLE": "0", "TF_MPT_GRAPH_REWRITE": "yes"}, True, False, False),
+    ({"TF_MPT_LOSS_SCALING": "true"}, False, True, True),
+    ({"TF_MPT_ENABLE": "TRUE", "TF_MPT_LOSS_SCALING": ""}, True, True, False),
+])
+def test_explicit_sub_switch_wins_over_the_master(env, rewrite, scaling16, scaling_bf16):
+    cfg = tf_mpt.Config.from_env(env)
+    assert cfg.graph_rewrite is rewrite
+    assert cfg.loss_scaling_for("float16") is scaling16
+    assert cfg.loss_scaling_for("bfloat16") is scaling_bf16
+
+
+@pytest.mark.parametrize("variable, value, accepted", [
+    ("TF_MPT_ENABLE", "maybe", "1, true, yes, on, 0, false, no, off"),
+    ("TF_MPT_GRAPH_REWRITE", "2", "1, true, yes, on"),
+    ("TF_MPT_LOSS_SCALING", "enabled", "0, false, no, off"),
+    ("TF_MPT_DTYPE", "fp16", "float16, bfloat16, auto"),
+    ("TF_MPT_LOSS_SCALE", "-4", "'dynamic' or a positive finite number"),
+    ("TF_MPT_LOSS_SCALE", "inf", "'dynamic' or a positive finite number"),
+    ("TF_MPT_LOSS_SCALE", "big", "'dynamic' or a positive finite number"),
+])
+def test_every_bad_value_names_variable_value_and_accepted(variable, value, accepted):
+    with pytest.raises(ValueError) as info:
+        tf_mpt.Config.from_env({variable: value})
+    message = str(info.value)
+    assert variable in message and repr(value) in message and accepted in message
+
+
+def test_dtype_and_loss_scale_values():
+    cfg = tf_mpt.Config.from_env({"TF_MPT_DTYPE": "BFloat16", "TF_MPT_LOSS_SCALE": "128"})
+    assert cfg.dtype == "bfloat16" and cfg.loss_scale == 128.0
+    assert tf_mpt.Config.from_env({}).loss_scale == "dynamic"
+
+
+@pytest.mark.parametrize("dtype, gpu, native, expected", [
+    ("auto", True, False, "float16"), ("auto", False, True, "bfloat16"),
+    ("auto", False, False, None), ("float16", False, False, "float16"),
+    ("bfloat16", True, False, "bfloat16")])
+def test_auto_dtype_resolution(dtype, gpu, native, expected):
+    cfg = tf_mpt.Config.from_env({"TF_MPT_DTYPE": dtype})
+    assert cfg.resolve_dtype(gpu_visible=gpu, native_bfloat16=native) == expected

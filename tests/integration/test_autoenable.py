@@ -1,0 +1,99 @@
+"""Zero code edits: unmodified example scripts under TF_MPT_ENABLE=1 and `python -m tf_mpt`.
+
+Each script runs in a subprocess (with this source tree first on PYTHONPATH); the rewrite is
+checked in the dumped report and graph, not only in the log.
+"""
+
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TIMEOUT_S = 300
+ACCURACY_POINTS = 0.01
+EXAMPLES = {"tf1_mlp_digits": ["--epochs", "3"], "tf1_convnet_digits": ["--epochs", "2"]}
+
+
+def _run(args, env):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    full_env.update(env, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run([sys.executable, *args], env=full_env, capture_output=True, text=True,
+                          timeout=TIMEOUT_S, cwd=ROOT)
+
+
+def _metrics(proc):
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = dict(re.findall(r"(\w+)=([0-9.]+)", proc.stdout))
+    return {k: float(v) for k, v in found.items()}
+
+
+@pytest.fixture(scope="module")
+def float32_runs():
+    return {name: _metrics(_run([f"examples/{name}.py", *args], {}))
+            for name, args in EXAMPLES.items()}
+
+
+@pytest.mark.parametrize("launch", ["env", "module"])
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_unmodified_script_runs_in_mixed_precision(name, launch, tmp_path, float32_runs):
+    dump = str(tmp_path / "dump")
+    env = {"TF_MPT_DUMP_DIR": dump}
+    if launch == "env":
+        env["TF_MPT_ENABLE"] = "1"
+        args = [f"examples/{name}.py", *EXAMPLES[name]]
+    else:
+        args = ["-m", "tf_mpt", f"examples/{name}.py", *EXAMPLES[name]]
+    proc = _run(args, env)
+    metrics = _metrics(proc)
+    assert "tf_mpt: enabled: dtype=bfloat16" in proc.stderr or "dtype=float16" in proc.stderr
+    assert re.search(r"tf_mpt: Converted [1-9]\d*/\d+ nodes to b?float16", proc.stderr)
+    reports = sorted(glob.glob(os.path.join(dump, "*_report.json")))
+    assert reports, "no rewrite was dumped"
+    report = json.loads(open(reports[0]).read())
+    half_matmuls = [n for n, d in report["nodes"].items()
+                    if d["op"] in ("MatMul", "Conv2D") and d["colour"] == "allow"]
+    assert half_matmuls
+    after = tf.compat.v1.GraphDef()
+    with open(reports[0].replace("_report.json", "_after.pb"), "rb") as f:
+        after.ParseFromString(f.read())
+    half = {n.name for n in after.node if n.op in ("MatMul", "Conv2D")
+            and n.attr["T"].type in (tf.float16.as_datatype_enum, tf.bfloat16.as_datatype_enum)}
+    assert set(half_matmuls) <= half
+    assert metrics["last_loss"] < metrics["first_loss"] / 2
+    assert abs(metrics["accuracy"] - float32_runs[name]["accuracy"]) <= ACCURACY_POINTS + 1e-9
+
+
+def test_float16_turns_loss_scaling_on_and_a_sub_switch_turns_it_off():
+    name, args = "tf1_mlp_digits", ["--epochs", "1"]
+    on = _run([f"examples/{name}.py", *args], {"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": "float16"})
+    assert "loss_scaling=True" in on.stderr, on.stderr[-2000:]
+    off = _run([f"examples/{name}.py", *args], {"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": "float16",
+                                                "TF_MPT_LOSS_SCALING": "0"})
+    assert "loss_scaling=False" in off.stderr and "graph_rewrite=True" in off.stderr
+    _metrics(on), _metrics(off)
+
+
+@pytest.mark.parametrize("variable, value", [("TF_MPT_ENABLE", "maybe"),
+                                             ("TF_MPT_DTYPE", "fp8")])
+def test_bad_value_stops_the_script_at_start_with_a_clear_message(variable, value):
+    env = {"TF_MPT_ENABLE": "1", variable: value}
+    proc = _run(["-c", "print('script ran')"], env)
+    assert proc.returncode == 2
+    assert "script ran" not in proc.stdout
+    assert f"{variable}" in proc.stderr and repr(value) in proc.stderr
+
+
+def test_unset_switch_costs_no_tensorflow_import():
+    proc = _run(["-c", "import sys; print('tensorflow' in sys.modules)"], {})
+    assert proc.returncode == 0 and proc.stdout.strip() == "False"
+
+
+def test_python_m_tf_mpt_without_a_script_prints_usage():
+    proc = _run(["-m", "tf_mpt"], {})
+    assert proc.returncode == 2 and "usage: python -m tf_mpt script.py" in proc.stderr

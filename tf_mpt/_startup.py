@@ -1,0 +1,111 @@
+"""Process start-up: what the installed `tf_mpt-startup.pth` line and `python -m tf_mpt` run.
+
+Costs nothing unless a TF_MPT_ENABLE / TF_MPT_GRAPH_REWRITE / TF_MPT_LOSS_SCALING variable is
+set (no TensorFlow import). When one is, the configuration is parsed at once (a bad value
+stops the script with a message naming the variable, the value and what is accepted), and
+tf_mpt is enabled right after the script imports tensorflow.
+"""
+
+import importlib.abc
+import importlib.util
+import logging
+import os
+import sys
+
+_SWITCHES = ("TF_MPT_ENABLE", "TF_MPT_GRAPH_REWRITE", "TF_MPT_LOSS_SCALING")
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _wanted(environ):
+    return any(environ.get(v, "").strip().lower() in _TRUE for v in _SWITCHES)
+
+
+def install_from_env(environ=None, at_startup=True):
+    """Called at start-up. Returns True if the post-import hook was installed.
+
+    A bad value ends the process with status 2 after the message (at start-up, from the .pth
+    line, a SystemExit would become a fatal "Failed to import the site module" error).
+    """
+    environ = os.environ if environ is None else environ
+    from tf_mpt import config as _config  # no TensorFlow import
+    try:
+        config = _config.Config.from_env(environ)
+    except ValueError as error:
+        sys.stderr.write(f"tf_mpt: {error}\n")
+        sys.stderr.flush()
+        if at_startup:
+            os._exit(2)  # pylint: disable=protected-access
+        raise SystemExit(2) from None
+    if not _wanted(environ):
+        return False
+    _show_log_lines()
+    if "tensorflow" in sys.modules:
+        _enable(config)
+    else:
+        sys.meta_path.insert(0, _AfterTensorFlowImport(config))
+    return True
+
+
+def _show_log_lines():
+    """The automatic path's INFO lines (configuration, rewrite summaries) go to stderr,
+    unless the script configures the 'tf_mpt' logger itself."""
+    logger = logging.getLogger("tf_mpt")
+    if logger.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("tf_mpt: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def _enable(config):
+    """Enables the automatic path; any failure leaves the script in float32 with a warning."""
+    try:
+        from tf_mpt import _autoenable  # pylint: disable=g-import-not-at-top
+        _autoenable.enable(config)
+    except Exception as error:  # pylint: disable=broad-except
+        logging.getLogger("tf_mpt").warning(
+            "tf_mpt could not enable mixed precision (%s: %s); the script runs in float32.",
+            type(error).__name__, error)
+
+
+class _AfterTensorFlowImport(importlib.abc.MetaPathFinder):
+    """Runs `_enable` once, right after `import tensorflow` finishes."""
+
+    def __init__(self, config):
+        self._config = config
+        self._searching = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow" or self._searching:
+            return None
+        self._searching = True
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self._searching = False
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _Loader(spec.loader, self)
+        return spec
+
+    def done(self):
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        _enable(self._config)
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner, finder):
+        self._inner, self._finder = inner, finder
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
+        self._finder.done()
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
