@@ -16,6 +16,7 @@ import functools
 import logging
 import os
 import re
+import sys
 import threading
 import weakref
 
@@ -138,6 +139,9 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
     if settings["rewrite"]:
         _patch(tf.compat.v1.Session.__mro__[1], "run", _session_run)
         _patch(tf.compat.v1.Session.__mro__[1], "close", _session_close)
+    if settings["rewrite"]:
+        _patch_tf_function(dtype)
+        _set_keras_policy(dtype)
     if settings["loss_scaling"]:
         optimizer_class = tf.compat.v1.train.Optimizer
         _patch(optimizer_class, "compute_gradients", _compute_gradients)
@@ -153,6 +157,9 @@ def disable():
     global _enabled
     while _patches:
         owner, name, original = _patches.pop()
+        if name == "<keras policy>":
+            original()
+            continue
         setattr(owner, name, original)
     for shadow in list(_shadows.values()):
         shadow.close()
@@ -333,3 +340,55 @@ def _apply_gradients(original, optimizer, grads_and_vars, *args, **kwargs):
         return original(optimizer, grads_and_vars, *args, **kwargs)
     with _bypass():
         return _scaling_optimizer(optimizer).apply_gradients(grads_and_vars, *args, **kwargs)
+
+
+# --- TF2: tf.function and Keras -------------------------------------------------------------
+
+_LIBRARY_PREFIXES = ("keras", "tf_keras", "tensorflow", "tf_mpt", "absl")
+
+
+def _patch_tf_function(dtype):
+    """`tf.function` in user code becomes tf_mpt.function (Keras and TF internals keep theirs:
+    Keras gets mixed precision through its dtype policy)."""
+    from tf_mpt import _functions  # pylint: disable=g-import-not-at-top
+    original = _functions._TF_FUNCTION  # pylint: disable=protected-access
+
+    def function(func=None, **kwargs):
+        if func is None:
+            return lambda f: function(f, **kwargs)
+        module = getattr(func, "__module__", "") or ""
+        if module.split(".")[0] in _LIBRARY_PREFIXES:
+            return original(func, **kwargs)
+        try:
+            return _functions.Function(func, dtype, kwargs)
+        except Exception as error:  # pylint: disable=broad-except
+            _log.warning("tf_mpt left tf.function %s in float32 (%s: %s)",
+                         getattr(func, "__name__", func), type(error).__name__, error)
+            return original(func, **kwargs)
+
+    functools.update_wrapper(function, original)
+    _patches.append((tf, "function", original))
+    tf.function = function
+
+
+def _set_keras_policy(dtype):
+    """Keras `fit` scripts: the global dtype policy mixed_float16 / mixed_bfloat16 (Keras then
+    wraps the optimizer in its own LossScaleOptimizer for float16 at compile)."""
+    keras = sys.modules.get("keras")
+    if keras is None or not hasattr(keras, "config"):
+        return  # not (fully) imported yet: keras_imported() sets it when it is
+    if any(name == "<keras policy>" for _, name, _ in _patches):
+        return
+    try:
+        previous = keras.config.dtype_policy()
+        keras.config.set_dtype_policy(f"mixed_{dtype}")
+    except Exception as error:  # pylint: disable=broad-except
+        _log.debug("Keras dtype policy not set: %s", error)
+        return
+    _patches.append((None, "<keras policy>", lambda: keras.config.set_dtype_policy(previous)))
+
+
+def keras_imported():
+    """Called when `import keras` finishes under the automatic path."""
+    if _enabled is not None and _enabled["rewrite"]:
+        _set_keras_policy(_enabled["dtype"])

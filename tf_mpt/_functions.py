@@ -22,6 +22,9 @@ from tf_mpt import rewrite as _rewrite
 
 _log = logging.getLogger(__name__)
 
+# tf.function as TensorFlow defines it, kept before the automatic path replaces `tf.function`.
+_TF_FUNCTION = tf.function
+
 
 def _check_concrete_function(function):
     if not (hasattr(function, "graph") and hasattr(function, "captured_inputs")
@@ -149,7 +152,7 @@ def _function_from_graph_def(cf, graph_def):
     if signature is not None:
         body.__signature__ = signature  # keyword arguments keep working
     body.__name__ = f"tf_mpt_{_text(cf.name)}"
-    return tf.function(body, autograph=False).get_concrete_function(*args_spec, **kwargs_spec)
+    return _TF_FUNCTION(body, autograph=False).get_concrete_function(*args_spec, **kwargs_spec)
 
 
 def _python_signature(cf):
@@ -181,7 +184,7 @@ class Function:
 
     def __init__(self, fn, dtype, tf_function_kwargs):
         self._dtype = _lists._dtype_name(dtype)  # pylint: disable=protected-access
-        self._tf_function = tf.function(fn, **tf_function_kwargs)
+        self._tf_function = _TF_FUNCTION(fn, **tf_function_kwargs)
         self._rewritten = {}
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)

@@ -77,8 +77,10 @@ class _AfterTensorFlowImport(importlib.abc.MetaPathFinder):
         self._config = config
         self._searching = False
 
+    _WATCHED = ("tensorflow", "keras")
+
     def find_spec(self, name, path=None, target=None):
-        if name != "tensorflow" or self._searching:
+        if name not in self._WATCHED or self._searching:
             return None
         self._searching = True
         try:
@@ -87,25 +89,35 @@ class _AfterTensorFlowImport(importlib.abc.MetaPathFinder):
             self._searching = False
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _Loader(spec.loader, self)
+        spec.loader = _Loader(spec.loader, self, name)
         return spec
 
-    def done(self):
-        if self in sys.meta_path:
+    def done(self, name):
+        """`name` finished importing: enable after tensorflow; Keras's policy after keras
+        (a script that imports keras first imports tensorflow from inside keras's import)."""
+        if name == "tensorflow":
+            _enable(self._config)
+        elif "tensorflow" in sys.modules:
+            try:
+                from tf_mpt import _autoenable  # pylint: disable=g-import-not-at-top
+                _autoenable.keras_imported()
+            except Exception as error:  # pylint: disable=broad-except
+                logging.getLogger("tf_mpt").warning(
+                    "tf_mpt could not set Keras's mixed precision policy (%s)", error)
+        if all(m in sys.modules for m in self._WATCHED) and self in sys.meta_path:
             sys.meta_path.remove(self)
-        _enable(self._config)
 
 
 class _Loader(importlib.abc.Loader):
-    def __init__(self, inner, finder):
-        self._inner, self._finder = inner, finder
+    def __init__(self, inner, finder, name):
+        self._inner, self._finder, self._name = inner, finder, name
 
     def create_module(self, spec):
         return self._inner.create_module(spec)
 
     def exec_module(self, module):
         self._inner.exec_module(module)
-        self._finder.done()
+        self._finder.done(self._name)
 
     def __getattr__(self, name):
         return getattr(self._inner, name)

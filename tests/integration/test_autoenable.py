@@ -17,7 +17,8 @@ import tensorflow as tf
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TIMEOUT_S = 300
 ACCURACY_POINTS = 0.01
-EXAMPLES = {"tf1_mlp_digits": ["--epochs", "3"], "tf1_convnet_digits": ["--epochs", "2"]}
+EXAMPLES = {"tf1_mlp_digits": ["--epochs", "3"], "tf1_convnet_digits": ["--epochs", "2"],
+            "tf2_custom_loop_digits": ["--epochs", "3"]}
 
 
 def _run(args, env):
@@ -67,6 +68,16 @@ def test_unmodified_script_runs_in_mixed_precision(name, launch, tmp_path, float
     assert set(half_matmuls) <= half
     assert metrics["last_loss"] < metrics["first_loss"] / 2
     assert abs(metrics["accuracy"] - float32_runs[name]["accuracy"]) <= ACCURACY_POINTS + 1e-9
+
+
+def test_keras_fit_script_gets_keras_mixed_precision_policy():
+    args = ["examples/keras_fit_digits.py", "--epochs", "3"]
+    float32 = _metrics(_run(args, {}))
+    proc = _run(args, {"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": "bfloat16"})
+    mixed = _metrics(proc)
+    assert "policy=mixed_bfloat16" in proc.stdout and "policy=float32" in _run(args, {}).stdout
+    assert mixed["last_loss"] < mixed["first_loss"] / 2
+    assert abs(mixed["accuracy"] - float32["accuracy"]) <= ACCURACY_POINTS + 1e-9
 
 
 def test_float16_turns_loss_scaling_on_and_a_sub_switch_turns_it_off():
