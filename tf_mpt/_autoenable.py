@@ -211,6 +211,7 @@ class _Shadow:
     def __init__(self, session, previous=None):
         from tf_mpt import rewrite as _rewrite  # pylint: disable=g-import-not-at-top
         graph = session.graph
+        self.user_graph = graph
         self.version = graph.version
         self.graph = _rewrite.rewrite_graph(graph, dtype=_enabled["dtype"])
         self.session = tf.compat.v1.Session(target=session.sess_str, graph=self.graph,
@@ -243,7 +244,7 @@ class _Shadow:
         """The shadow-graph counterpart of a fetch or feed key (same name, same dtype)."""
         if isinstance(item, str):
             name = item
-            original_dtype = None
+            original_dtype = getattr(self.user_graph.as_graph_element(name), "dtype", None)
         else:
             graph_element = getattr(item, "_graph_element", None)
             target = graph_element if graph_element is not None else item
@@ -279,28 +280,42 @@ def _map_fetches(shadow, fetches):
         if item is None or callable(item) and not hasattr(item, "name"):
             return item
         return shadow.element(item)
-    return tf.nest.map_structure(leaf, fetches)
+    # expand_composites: a SparseTensor fetch maps component by component and is rebuilt.
+    return tf.nest.map_structure(leaf, fetches, expand_composites=True)
+
+
+def _map_feeds(shadow, feed_dict):
+    mapped = {}
+    for key, value in feed_dict.items():
+        if isinstance(key, (tuple, list)):
+            key = type(key)(shadow.element(k) for k in key)
+        elif isinstance(key, tf.SparseTensor):
+            key = tf.SparseTensor(*(shadow.element(t) for t in
+                                    (key.indices, key.values, key.dense_shape)))
+        else:
+            key = shadow.graph.as_graph_element(key if isinstance(key, str) else key.name)
+        mapped[key] = value
+    return mapped
 
 
 def _session_run(original, session, fetches, feed_dict=None, options=None, run_metadata=None):
     if _bypassing() or getattr(session, "_tf_mpt_unshadowed", False):
         return original(session, fetches, feed_dict, options, run_metadata)
+    had_shadow = session in _shadows
     try:
         shadow = _shadow_for(session)
-        mapped_fetches = _map_fetches(shadow, fetches)
-        mapped_feeds = None
-        if feed_dict:
-            mapped_feeds = {}
-            for key, value in feed_dict.items():
-                keys = key if isinstance(key, (tuple, list)) else [key]
-                for k in keys:
-                    mapped_feeds[shadow.graph.as_graph_element(
-                        k if isinstance(k, str) else k.name)] = value
     except Exception as error:  # pylint: disable=broad-except
+        if had_shadow:  # the state lives in the old shadow: running the original would lose it
+            raise RuntimeError(
+                f"tf_mpt could not rebuild the mixed-precision copy of this Session's graph "
+                f"after it grew ({type(error).__name__}: {error}). Build the whole graph "
+                "before the first Session.run, or run without TF_MPT_ENABLE.") from error
         _log.warning("tf_mpt could not run this Session's graph in mixed precision (%s: %s); "
                      "it runs in float32.", type(error).__name__, error)
         session._tf_mpt_unshadowed = True  # pylint: disable=protected-access
         return original(session, fetches, feed_dict, options, run_metadata)
+    mapped_fetches = _map_fetches(shadow, fetches)
+    mapped_feeds = _map_feeds(shadow, feed_dict) if feed_dict else None
     with _bypass():
         return original(shadow.session, mapped_fetches, mapped_feeds, options, run_metadata)
 

@@ -1,0 +1,94 @@
+"""The automatic path in-process: Sessions run a rewritten shadow; optimizers scale the loss."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_mpt
+from tf_mpt import _autoenable
+from helpers import tf1
+
+
+@pytest.fixture
+def enabled(request):
+    dtype = getattr(request, "param", "bfloat16")
+    config = tf_mpt.Config.from_env({"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": dtype})
+    settings = _autoenable.enable(config, gpu_visible=False, native_bfloat16=True)
+    yield settings
+    _autoenable.disable()
+
+
+def _graph():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [4, 4], name="x")
+        sparse = tf1.sparse_placeholder(tf.float32, name="sp")
+        w = tf1.get_variable("w", [4, 4], use_resource=False,
+                             initializer=tf1.random_uniform_initializer(-1, 1, seed=2))
+        y = tf.matmul(x, w, name="y")
+        z = tf.sparse.sparse_dense_matmul(sparse, y, name="z")
+        loss = tf.reduce_sum(tf.square(y), name="loss")
+        train = tf1.train.GradientDescentOptimizer(0.01).minimize(loss, name="train")
+        init = tf1.global_variables_initializer()
+    return graph, dict(x=x, sp=sparse, w=w, y=y, z=z, loss=loss, train=train, init=init)
+
+
+FEED_X = np.eye(4, dtype=np.float32)
+
+
+def test_session_runs_a_rewritten_shadow_and_fetches_keep_dtypes(enabled):
+    graph, t = _graph()
+    feed = {t["x"]: FEED_X, t["sp"]: tf1.SparseTensorValue([[0, 0]], [2.0], [1, 4])}
+    with tf1.Session(graph=graph) as sess:
+        sess.run(t["init"])
+        out = sess.run({"z": t["z"], "w": t["w"], "y": [t["y"]], "by_name": "y:0"}, feed)
+        shadow = _autoenable._shadows[sess]
+        assert shadow.graph.get_operation_by_name("y").get_attr("T") == tf.bfloat16
+        assert graph.get_operation_by_name("y").get_attr("T") == tf.float32  # input untouched
+    assert out["z"].dtype == out["w"].dtype == out["y"][0].dtype == out["by_name"].dtype
+    assert out["z"].dtype == np.float32
+    np.testing.assert_allclose(out["y"][0], out["w"], rtol=1e-2, atol=1e-2)
+
+
+def test_graph_growth_after_the_first_run_keeps_variable_values(enabled):
+    graph, t = _graph()
+    with tf1.Session(graph=graph) as sess:
+        sess.run(t["init"])
+        for _ in range(3):
+            sess.run(t["train"], {t["x"]: FEED_X})
+        before = sess.run(t["w"])
+        with graph.as_default():
+            doubled = tf.identity(t["y"] * 2.0, name="doubled")
+        value = sess.run(doubled, {t["x"]: FEED_X})
+        after = sess.run(t["w"])
+    np.testing.assert_array_equal(after, before)
+    np.testing.assert_allclose(value, 2 * before, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("enabled", ["float16"], indirect=True)
+def test_float16_optimizers_get_dynamic_loss_scaling(enabled):
+    assert enabled["loss_scaling"] is True
+    graph, t = _graph()
+    with graph.as_default():
+        names = [v.op.name for v in tf1.global_variables()]
+    assert "tf_mpt/current_loss_scale" in names
+    with tf1.Session(graph=graph) as sess:
+        sess.run(t["init"])
+        start = sess.run(t["w"])
+        sess.run(t["train"], {t["x"]: FEED_X * np.nan})  # a non-finite step is skipped
+        np.testing.assert_array_equal(sess.run(t["w"]), start)
+        with graph.as_default():
+            scale = [v for v in tf1.global_variables()
+                     if v.op.name == "tf_mpt/current_loss_scale"][0]
+        assert sess.run(scale) == 2.0 ** 14
+
+
+def test_disable_removes_every_patch(enabled):
+    assert _autoenable.is_enabled()
+    _autoenable.disable()
+    assert not _autoenable.is_enabled()
+    graph, t = _graph()
+    with tf1.Session(graph=graph) as sess:
+        sess.run(t["init"])
+        assert sess not in _autoenable._shadows
+    assert tf.function is tf_mpt._functions._TF_FUNCTION
