@@ -58,6 +58,7 @@ class RewriteReport:
             follow, keyed '<function>/<node>'.
         error: None, or the message of the internal error that made the rewrite give up.
         functions: names of the library functions whose bodies were rewritten or examined.
+        loop_variables_kept_half: While loop variables switched to half across the loop.
     """
     dtype: str
     total_nodes: int
@@ -67,6 +68,7 @@ class RewriteReport:
     decisions: typing.Mapping = dataclasses.field(default_factory=dict)
     error: typing.Optional[str] = None
     functions: tuple = ()
+    loop_variables_kept_half: int = 0
 
     def summary(self):
         """One line: 'Converted 18/40 nodes to bfloat16 using 6 cast(s)'."""
@@ -89,6 +91,7 @@ class RewriteReport:
             "cast_names": list(self.cast_names),
             "error": self.error,
             "functions": list(self.functions),
+            "loop_variables_kept_half": self.loop_variables_kept_half,
             "summary": self.summary(),
             "nodes": {
                 name: {
@@ -168,3 +171,20 @@ def merge_function_reports(report, function_reports):
     return dataclasses.replace(report, total_nodes=total, converted_nodes=converted,
                                casts_added=casts, cast_names=tuple(cast_names),
                                decisions=decisions, functions=tuple(function_reports))
+
+
+def recount_casts(report, before, after, loop_variables):
+    """The report after loop variables were kept half: Casts counted again in every graph."""
+    from tf_mpt._casts import CAST_SUFFIX  # pylint: disable=g-import-not-at-top
+
+    def cast_names(graph_def):
+        names = {n.name for n in graph_def.node if n.op == "Cast"}
+        for fdef in graph_def.library.function:
+            names |= {f"{fdef.signature.name}/{n.name}" for n in fdef.node_def if n.op == "Cast"}
+        return names
+
+    added = sorted(n for n in cast_names(after) - cast_names(before)
+                   if n.endswith(CAST_SUFFIX))
+    # library functions were renamed nowhere here, so names compare directly
+    return dataclasses.replace(report, casts_added=len(added), cast_names=tuple(added),
+                               loop_variables_kept_half=loop_variables)

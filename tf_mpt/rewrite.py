@@ -33,6 +33,7 @@ from tensorflow.core.framework import graph_pb2
 from tf_mpt import _casts
 from tf_mpt import _function_library
 from tf_mpt import _graph_view
+from tf_mpt import _loops
 from tf_mpt import _paint
 from tf_mpt import _type_attrs as ta
 from tf_mpt import config as _config
@@ -199,6 +200,9 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict):
             modified = True
     if function_reports:
         report = _report.merge_function_reports(report, function_reports)
+        switched = _loops.keep_loop_variables_half(new_graph_def, _DTYPE_ENUM[dtype_name])
+        if switched:
+            report = _report.recount_casts(report, graph_def, new_graph_def, switched)
     if _log.isEnabledFor(logging.DEBUG):
         for decision in report.decisions.values():
             _log.debug("%s", decision)

@@ -158,3 +158,33 @@ def test_lstm_tensor_array_v1_loop_forward_and_gradients(half_dtype):
     for a, e in zip(actual, expected):
         assert a.dtype == e.dtype
         np.testing.assert_allclose(a, e, **TOLERANCES[half_dtype])
+
+
+def test_while_loop_variable_stays_half_across_the_loop_boundary(half_dtype):
+    w = tf.Variable(tf.random.stateless_uniform([4, 4], seed=(1, 2), minval=-0.5, maxval=0.5))
+
+    @tf.function(input_signature=[tf.TensorSpec([2, 4], tf.float32)])
+    def f(x):
+        return tf.while_loop(lambda i, h: i < 3,
+                             lambda i, h: (i + 1, tf.tanh(tf.matmul(h, w))), [0, x])[1]
+
+    cf = f.get_concrete_function()
+    result = tf_mpt.rewrite_graph_def(cf.graph.as_graph_def(), dtype=half_dtype,
+                                      fetches=[t.op.name for t in cf.outputs])
+    gd, half = result.graph_def, tf.as_dtype(half_dtype).as_datatype_enum
+    assert result.report.loop_variables_kept_half == 1
+    loop = [n for n in gd.node if n.op in ("While", "StatelessWhile")][0]
+    assert list(loop.attr["T"].list.type)[3] == half
+    body = [fd for fd in gd.library.function if fd.signature.name == loop.attr["body"].func.name][0]
+    assert body.signature.input_arg[3].type == half and body.signature.output_arg[3].type == half
+    # One Cast into the loop and one out of it, run once; inside, only the weight read's Cast
+    # (instead of a Cast on the loop variable in and out of every iteration).
+    body_casts = [n.name for n in body.node_def if n.op == "Cast"]
+    assert body_casts == ["while/MatMul/ReadVariableOp-0-CastTo"
+                          f"{'Bf16' if half_dtype == 'bfloat16' else 'Fp16'}-TfMpt"]
+    assert result.report.casts_added == 3
+    again = tf_mpt.rewrite_graph_def(gd, dtype=half_dtype, fetches=[t.op.name for t in cf.outputs])
+    assert not again.modified
+    x = tf.random.stateless_uniform([2, 4], seed=(3, 4))
+    np.testing.assert_allclose(tf_mpt.rewrite_function(cf, dtype=half_dtype)(x), cf(x),
+                               **TOLERANCES[half_dtype])

@@ -1,0 +1,193 @@
+"""Keep loop variables half across a functional While's boundary.
+
+After each body is rewritten with its signature fixed, a float32 loop variable whose body
+casts it to half on entry and back to float32 on exit pays two Casts per iteration. When the
+loop condition does not need it in float32 either, the variable is switched to half in the
+While's `T`, in the body and cond signatures, and the two Casts per iteration become at most
+one Cast on each side of the loop, run once:
+
+    x -> While(T=[f32]) { a -> Cast(half) -> MatMul -> Cast(f32) -> ret }
+    becomes
+    x -> Cast(half) -> While(T=[half]) { a -> MatMul -> ret } -> Cast(f32) where float32 is used
+
+Only While nodes of the main graph whose body and cond functions no other node calls are
+changed (a shared function would need a copy per caller).
+"""
+
+from tensorflow.core.framework import node_def_pb2
+
+from tf_mpt import _type_attrs as ta
+from tf_mpt._casts import CAST_SUFFIX, _CAST_WORD
+from tf_mpt._graph_view import parse_input
+
+_WHILE_OPS = ("While", "StatelessWhile")
+
+
+def _is_our_cast(node, src, dst):
+    return (node.op == "Cast" and node.name.endswith(CAST_SUFFIX)
+            and node.attr["SrcT"].type == src and node.attr["DstT"].type == dst)
+
+
+def _function_references(graph_def):
+    counts = {}
+
+    def count(nodes):
+        for node in nodes:
+            for value in node.attr.values():
+                names = ([value.func.name] if value.HasField("func") else []) + [
+                    f.name for f in value.list.func]
+                for name in names:
+                    counts[name] = counts.get(name, 0) + 1
+
+    count(graph_def.node)
+    for fdef in graph_def.library.function:
+        count(fdef.node_def)
+    return counts
+
+
+def _arg_consumers(fdef, arg):
+    """[(node, input index)] reading argument `arg` in a FunctionDef body."""
+    return [(n, k) for n in fdef.node_def for k, t in enumerate(n.input) if t == arg]
+
+
+def _half_entry_casts(fdef, arg, half):
+    """Our Casts to half that are the only readers of `arg`, or None if something else reads it."""
+    consumers = _arg_consumers(fdef, arg)
+    if any(not _is_our_cast(n, ta.DT_FLOAT, half) for n, _ in consumers):
+        return None
+    if any(out == arg for out in fdef.ret.values()):
+        return None
+    return [n for n, _ in consumers]
+
+
+def _remove_entry_casts(fdef, arg, casts):
+    names = {c.name for c in casts}
+    for node in fdef.node_def:
+        for k, tensor in enumerate(node.input):
+            if tensor.split(":")[0] in names and not tensor.startswith("^"):
+                node.input[k] = arg
+    _delete_nodes(fdef, names)
+
+
+def _delete_nodes(fdef, names):
+    keep = [n for n in fdef.node_def if n.name not in names]
+    del fdef.node_def[:]
+    fdef.node_def.extend(keep)
+
+
+def _try_switch(while_node, index, body, cond, half):
+    """Switches loop variable `index` to half in body and cond if that removes body Casts."""
+    body_arg = body.signature.input_arg[index].name
+    body_out = body.signature.output_arg[index].name
+    cond_arg = cond.signature.input_arg[index].name
+    entry = _half_entry_casts(body, body_arg, half)
+    ret_name = body.ret[body_out].split(":")[0]
+    exit_cast = next((n for n in body.node_def if n.name == ret_name), None)
+    if not entry or exit_cast is None or not _is_our_cast(exit_cast, half, ta.DT_FLOAT):
+        return False
+    cond_entry = _half_entry_casts(cond, cond_arg, half)
+    if cond_entry is None:
+        return False
+    _remove_entry_casts(body, body_arg, entry)
+    body.ret[body_out] = exit_cast.input[0]
+    if not any(t.split(":")[0] == exit_cast.name for n in body.node_def for t in n.input) and \
+            not any(v.split(":")[0] == exit_cast.name for k, v in body.ret.items()):
+        _delete_nodes(body, {exit_cast.name})
+    _remove_entry_casts(cond, cond_arg, cond_entry)
+    body.signature.input_arg[index].type = half
+    body.signature.output_arg[index].type = half
+    cond.signature.input_arg[index].type = half
+    while_node.attr["T"].list.type[index] = half
+    return True
+
+
+class _Outer:
+    """Edits of the main graph around switched While nodes."""
+
+    def __init__(self, graph_def, half):
+        self.graph_def, self.half = graph_def, half
+        self.by_name = {n.name: n for n in graph_def.node}
+        self.taken = set(self.by_name)
+        self.new = []
+        self.removed = {}  # name of a Cast made redundant -> the tensor its readers now read
+
+    def _cast(self, tensor, to):
+        name, port = parse_input(tensor)
+        stem = f"{name}-{port}-{_CAST_WORD[to]}"
+        cast_name, k = stem + CAST_SUFFIX, 1
+        while cast_name in self.taken:
+            cast_name, k = f"{stem}-{k}{CAST_SUFFIX}", k + 1
+        self.taken.add(cast_name)
+        cast = node_def_pb2.NodeDef(name=cast_name, op="Cast", input=[tensor])
+        producer = self.by_name.get(name)
+        if producer is not None and producer.device:
+            cast.device = producer.device
+        cast.attr["SrcT"].type = self.half if to == ta.DT_FLOAT else ta.DT_FLOAT
+        cast.attr["DstT"].type = to
+        cast.attr["Truncate"].b = False
+        self.new.append(cast)
+        return cast_name
+
+    def feed_half(self, while_node, index):
+        tensor = while_node.input[index]
+        name, _ = parse_input(tensor)
+        producer = self.by_name.get(name)
+        if producer is not None and _is_our_cast(producer, self.half, ta.DT_FLOAT):
+            while_node.input[index] = producer.input[0]
+        else:
+            while_node.input[index] = self._cast(tensor, self.half)
+
+    def read_half(self, while_node, index):
+        out = while_node.name if index == 0 else f"{while_node.name}:{index}"
+        fp32 = None
+        for node in list(self.graph_def.node) + list(self.new):
+            if node.name in self.removed:
+                continue
+            for k, tensor in enumerate(node.input):
+                if tensor.startswith("^") or parse_input(tensor) != (while_node.name, index):
+                    continue
+                if _is_our_cast(node, ta.DT_FLOAT, self.half):
+                    self.removed[node.name] = out  # its readers read the half output itself
+                    continue
+                if fp32 is None:
+                    fp32 = self._cast(out, ta.DT_FLOAT)
+                node.input[k] = fp32
+
+    def finish(self):
+        self.graph_def.node.extend(self.new)
+        if not self.removed:
+            return
+        for node in self.graph_def.node:
+            for k, tensor in enumerate(node.input):
+                name, port = parse_input(tensor)
+                if port >= 0 and name in self.removed:
+                    node.input[k] = self.removed[name]
+        keep = [n for n in self.graph_def.node if n.name not in self.removed]
+        del self.graph_def.node[:]
+        self.graph_def.node.extend(keep)
+
+
+def keep_loop_variables_half(graph_def, half):
+    """Switches eligible While loop variables of the main graph to half, in place.
+
+    Returns the number of loop variables switched.
+    """
+    library = {f.signature.name: f for f in graph_def.library.function}
+    references = _function_references(graph_def)
+    outer = _Outer(graph_def, half)
+    switched = 0
+    for node in list(graph_def.node):
+        if node.op not in _WHILE_OPS:
+            continue
+        body = library.get(node.attr["body"].func.name)
+        cond = library.get(node.attr["cond"].func.name)
+        if body is None or cond is None or references.get(body.signature.name) != 1 or \
+                references.get(cond.signature.name) != 1:
+            continue
+        for index, dtype in enumerate(node.attr["T"].list.type):
+            if dtype == ta.DT_FLOAT and _try_switch(node, index, body, cond, half):
+                outer.feed_half(node, index)
+                outer.read_half(node, index)
+                switched += 1
+    outer.finish()
+    return switched
