@@ -401,6 +401,8 @@ def _set_keras_policy(dtype):
         _log.debug("Keras dtype policy not set: %s", error)
         return
     _patches.append((None, "<keras policy>", lambda: keras.config.set_dtype_policy(previous)))
+    _log.info("Keras global dtype policy set to mixed_%s (Keras models built from now on "
+              "compute in %s with float32 variables)", dtype, dtype)
 
 
 def keras_imported():

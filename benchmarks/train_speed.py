@@ -1,0 +1,584 @@
+"""Training-step time: float32 against tf_mpt and Grappler's auto mixed precision.
+
+Models (TF1 graphs built with tf.compat.v1, MomentumOptimizer, inputs fed as numpy arrays):
+
+* conv: 3x [conv3x3 (32, 64 stride 2, 128 stride 2) + fused batch norm (training) + relu]
+  + dense(10), sparse softmax cross-entropy; batch 64, 32x32x3; ref variables.
+* mlp: 784-2048-2048-10 with relu, sparse softmax cross-entropy; batch 256; resource variables.
+* transformer: one encoder block (multi-head self-attention, FFN 4x, residuals, layer norm
+  from tf.nn.moments), mean squared error against a random target; batch 32, sequence 128,
+  d_model 256, 4 heads; ref variables.
+* lstm: an LSTM over tf.compat.v1.while_loop (control flow v1) reading its inputs from a
+  TensorArray and writing its outputs to another, mean over time + dense(10), sparse softmax
+  cross-entropy; sequence 32, batch 64, hidden 512; resource variables.
+
+Variants, each in its own Session on the same process:
+
+* fp32: the graph as built.
+* tf_mpt: `tf_mpt.rewrite_graph(graph, dtype=..., fetches=[loss, train, init])`, in bfloat16
+  when the CPU computes it natively (avx512_bf16 / amx_bf16), else float16.
+* Grappler: the float32 graph in a Session whose config turns on
+  `auto_mixed_precision_onednn_bfloat16`. TensorFlow runs that pass only with AVX512F or
+  AVX_NE_CONVERT (and oneDNN on); elsewhere it is a silent no-op, which the header says.
+
+Timing: every variant first runs warm-up steps; then, for each of `rounds` rounds, each
+variant runs `steps` consecutive steps (the order of the variants rotates every round), and
+the per-step time of a round is its wall time (time.perf_counter) divided by `steps`. The
+table shows the median over rounds. Speed-up = fp32 ms / variant ms.
+
+Casts: tf_mpt's are `casts_added` of the rewrite report; Grappler's are the Cast nodes named
+'...AutoMixedPrecision' in the partition graphs of one run with output_partition_graphs, i.e.
+after the Session's later Grappler passes (constant folding folds Casts of constants). For a
+like-for-like count the details also give tf_mpt's Casts ('...-TfMpt') left in its Session's
+partition graphs.
+Half FLOPs: MatMul / BatchMatMul / Conv2D (and their gradients) FLOPs from static shapes in
+the tf_mpt graph, counted as half when the op's T is the half type; ops inside the LSTM's
+while loops are weighted by the trip count. Peak memory is not measured (it needs one
+subprocess per variant).
+
+Usage: python benchmarks/train_speed.py [--quick] [--models conv,mlp,transformer,lstm]
+       [--rounds N] [--steps N] [--warmup N] [--intra-threads N] [--plot PATH]
+"""
+
+import argparse
+import dataclasses
+import math
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(_REPO, "tests"))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from tensorflow.core.protobuf import rewriter_config_pb2  # noqa: E402
+
+import grappler_oracle  # noqa: E402
+import tf_mpt  # noqa: E402
+
+tf1 = tf.compat.v1
+
+MODELS = ("conv", "mlp", "transformer", "lstm")
+VARIANTS = ("fp32", "tf_mpt", "grappler")
+LOSS, TRAIN, INIT = "loss", "train", "init"
+SEED = 0
+LEARNING_RATE = 0.01
+MOMENTUM = 0.9
+CLASSES = 10
+BN_EPSILON = 1e-3
+LN_EPSILON = 1e-5
+GRAPPLER_CAST_MARK = "AutoMixedPrecision"
+TF_MPT_CAST_MARK = grappler_oracle.TF_MPT_CAST_SUFFIX
+DEFAULT_PLOT = "train_speed.png"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Run lengths and model sizes of one benchmark mode."""
+    warmup: int
+    rounds: int
+    steps: int
+    conv_batch: int
+    conv_side: int
+    mlp_batch: int
+    mlp_hidden: int
+    tf_batch: int
+    tf_seq: int
+    tf_model: int
+    tf_heads: int
+    lstm_seq: int
+    lstm_batch: int
+    lstm_hidden: int
+
+
+FULL = Settings(warmup=3, rounds=9, steps=5, conv_batch=64, conv_side=32, mlp_batch=256,
+                mlp_hidden=2048, tf_batch=32, tf_seq=128, tf_model=256, tf_heads=4,
+                lstm_seq=32, lstm_batch=64, lstm_hidden=512)
+QUICK = Settings(warmup=2, rounds=5, steps=3, conv_batch=32, conv_side=32, mlp_batch=128,
+                 mlp_hidden=1024, tf_batch=8, tf_seq=64, tf_model=128, tf_heads=4,
+                 lstm_seq=16, lstm_batch=32, lstm_hidden=256)
+
+MLP_INPUT = 784
+CONV_CHANNELS = ((32, 1), (64, 2), (128, 2))
+FFN_FACTOR = 4
+LSTM_GATES = 4
+# The LSTM's while_loop name; its body ops are named '<LOOP_NAME>/...' and those of its
+# gradient loop 'gradients/<LOOP_NAME>/...'.
+LOOP_NAME = "rnn"
+LOOP_SCOPE = f"{LOOP_NAME}/"
+
+
+@dataclasses.dataclass
+class Model:
+    """A training graph, its feeds and how often its loop bodies run per step.
+
+    Attributes:
+        name: the model's key in MODELS.
+        graph: the float32 tf.Graph with nodes LOSS, TRAIN and INIT.
+        feeds: {tensor name: numpy array} fed at every step.
+        loop_weights: {name fragment: runs per step} for FLOP counting of loop bodies.
+    """
+    name: str
+    graph: tf.Graph
+    feeds: dict
+    loop_weights: dict = dataclasses.field(default_factory=dict)
+
+
+# --- models ------------------------------------------------------------------------------------
+
+
+def _variable(name, shape, resource, initializer=None):
+    return tf1.get_variable(name, shape, initializer=initializer, use_resource=resource)
+
+
+def _dense(x, units, name, resource):
+    """x @ W + b for a 2-D x."""
+    w = _variable(f"{name}/kernel", [x.shape[-1], units], resource)
+    b = _variable(f"{name}/bias", [units], resource, tf1.zeros_initializer())
+    return tf.nn.bias_add(tf.matmul(x, w), b)
+
+
+def _classifier_loss(logits, labels):
+    xent = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    return tf.reduce_mean(xent, name=LOSS)
+
+
+def _finish(loss):
+    """Adds the Momentum train op and the initializer under the standard names."""
+    tf1.train.MomentumOptimizer(LEARNING_RATE, MOMENTUM).minimize(loss, name=TRAIN)
+    tf1.global_variables_initializer()
+
+
+def _labels(rng, batch):
+    return rng.randint(0, CLASSES, batch).astype(np.int32)
+
+
+def _normal(rng, shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def build_conv(s, rng):
+    """The conv net of tf_on_this_cpu.md §4c (fused batch norm in training mode)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(SEED)
+        x = tf1.placeholder(tf.float32, [s.conv_batch, s.conv_side, s.conv_side, 3], "images")
+        labels = tf1.placeholder(tf.int32, [s.conv_batch], "labels")
+        for k, (channels, stride) in enumerate(CONV_CHANNELS):
+            kernel = _variable(f"conv{k}/kernel", [3, 3, x.shape[-1], channels], False)
+            x = tf.nn.conv2d(x, kernel, stride, "SAME")
+            gamma = _variable(f"bn{k}/gamma", [channels], False, tf1.ones_initializer())
+            beta = _variable(f"bn{k}/beta", [channels], False, tf1.zeros_initializer())
+            x, _, _ = tf1.nn.fused_batch_norm(x, gamma, beta, epsilon=BN_EPSILON,
+                                              is_training=True)
+            x = tf.nn.relu(x)
+        x = tf.reshape(x, [s.conv_batch, -1])
+        _finish(_classifier_loss(_dense(x, CLASSES, "fc", False), labels))
+    feeds = {"images:0": _normal(rng, [s.conv_batch, s.conv_side, s.conv_side, 3]),
+             "labels:0": _labels(rng, s.conv_batch)}
+    return Model("conv", graph, feeds)
+
+
+def build_mlp(s, rng):
+    """784 -> hidden -> hidden -> 10 with relu."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(SEED)
+        x = tf1.placeholder(tf.float32, [s.mlp_batch, MLP_INPUT], "inputs")
+        labels = tf1.placeholder(tf.int32, [s.mlp_batch], "labels")
+        for k in range(2):
+            x = tf.nn.relu(_dense(x, s.mlp_hidden, f"fc{k}", True))
+        _finish(_classifier_loss(_dense(x, CLASSES, "logits", True), labels))
+    feeds = {"inputs:0": _normal(rng, [s.mlp_batch, MLP_INPUT]),
+             "labels:0": _labels(rng, s.mlp_batch)}
+    return Model("mlp", graph, feeds)
+
+
+def _layer_norm(x, name):
+    """Layer norm over the last axis from tf.nn.moments."""
+    depth = x.shape[-1]
+    gamma = _variable(f"{name}/gamma", [depth], False, tf1.ones_initializer())
+    beta = _variable(f"{name}/beta", [depth], False, tf1.zeros_initializer())
+    mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+    return (x - mean) * tf.math.rsqrt(variance + LN_EPSILON) * gamma + beta
+
+
+def _split_heads(x, s):
+    """[batch*seq, d_model] -> [batch, heads, seq, d_model // heads]."""
+    x = tf.reshape(x, [s.tf_batch, s.tf_seq, s.tf_heads, s.tf_model // s.tf_heads])
+    return tf.transpose(x, [0, 2, 1, 3])
+
+
+def _self_attention(h, s):
+    q, k, v = (_split_heads(_dense(h, s.tf_model, name, False), s) for name in "qkv")
+    scores = tf.matmul(q, k, transpose_b=True) * (1.0 / math.sqrt(s.tf_model // s.tf_heads))
+    context = tf.matmul(tf.nn.softmax(scores), v)
+    context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, s.tf_model])
+    return _dense(context, s.tf_model, "attention_out", False)
+
+
+def build_transformer(s, rng):
+    """One post-norm Transformer encoder block with a mean squared error loss."""
+    shape = [s.tf_batch, s.tf_seq, s.tf_model]
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(SEED)
+        x = tf1.placeholder(tf.float32, shape, "inputs")
+        target = tf1.placeholder(tf.float32, shape, "target")
+        h = tf.reshape(x, [-1, s.tf_model])
+        h = _layer_norm(h + _self_attention(h, s), "ln1")
+        ffn = tf.nn.relu(_dense(h, FFN_FACTOR * s.tf_model, "ffn_in", False))
+        h = _layer_norm(h + _dense(ffn, s.tf_model, "ffn_out", False), "ln2")
+        error = h - tf.reshape(target, [-1, s.tf_model])
+        _finish(tf.reduce_mean(tf.square(error), name=LOSS))
+    feeds = {"inputs:0": _normal(rng, shape), "target:0": _normal(rng, shape)}
+    return Model("transformer", graph, feeds)
+
+
+def _lstm_cell(x, c, h, kernel, bias):
+    z = tf.nn.bias_add(tf.matmul(tf.concat([x, h], 1), kernel), bias)
+    i, f, g, o = tf.split(z, LSTM_GATES, axis=1)
+    c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
+    return c, tf.sigmoid(o) * tf.tanh(c)
+
+
+def _lstm_outputs(inputs, s):
+    """Runs the LSTM over `inputs` [seq, batch, hidden]; returns the stacked outputs."""
+    hidden = s.lstm_hidden
+    kernel = _variable("lstm/kernel", [2 * hidden, LSTM_GATES * hidden], True)
+    bias = _variable("lstm/bias", [LSTM_GATES * hidden], True, tf1.zeros_initializer())
+    steps_in = tf1.TensorArray(tf.float32, size=s.lstm_seq).unstack(inputs)
+    steps_out = tf1.TensorArray(tf.float32, size=s.lstm_seq)
+    zeros = tf.zeros([s.lstm_batch, hidden])
+
+    def body(t, c, h, out):
+        c, h = _lstm_cell(steps_in.read(t), c, h, kernel, bias)
+        return t + 1, c, h, out.write(t, h)
+
+    _, _, _, steps_out = tf1.while_loop(lambda t, *_: t < s.lstm_seq, body,
+                                        [tf.constant(0), zeros, zeros, steps_out], name=LOOP_NAME)
+    return steps_out.stack()
+
+
+def build_lstm(s, rng):
+    """An LSTM in a control-flow-v1 while_loop; control flow v2 is restored afterwards."""
+    shape = [s.lstm_seq, s.lstm_batch, s.lstm_hidden]
+    graph = tf.Graph()
+    tf1.disable_control_flow_v2()
+    try:
+        with graph.as_default():
+            tf1.set_random_seed(SEED)
+            inputs = tf1.placeholder(tf.float32, shape, "inputs")
+            labels = tf1.placeholder(tf.int32, [s.lstm_batch], "labels")
+            pooled = tf.reduce_mean(_lstm_outputs(inputs, s), axis=0)
+            _finish(_classifier_loss(_dense(pooled, CLASSES, "logits", True), labels))
+    finally:
+        tf1.enable_control_flow_v2()
+    feeds = {"inputs:0": _normal(rng, shape), "labels:0": _labels(rng, s.lstm_batch)}
+    return Model("lstm", graph, feeds, loop_weights={LOOP_SCOPE: s.lstm_seq})
+
+
+BUILDERS = {"conv": build_conv, "mlp": build_mlp, "transformer": build_transformer,
+            "lstm": build_lstm}
+
+
+# --- FLOPs -------------------------------------------------------------------------------------
+
+
+def _dims(tensor):
+    """The static shape as a list of ints, or None if any dimension is unknown."""
+    shape = tensor.shape
+    if shape.rank is None or any(d is None for d in shape.as_list()):
+        return None
+    return shape.as_list()
+
+
+def _matmul_flops(op):
+    out, a = _dims(op.outputs[0]), _dims(op.inputs[0])
+    if out is None or a is None:
+        return None
+    transposed = op.get_attr("transpose_a") if op.type == "MatMul" else op.get_attr("adj_x")
+    return 2 * math.prod(out) * (a[-2] if transposed else a[-1])
+
+
+def _conv_flops(op):
+    """2 * output elements of the forward conv * kernel height * width * input channels."""
+    if op.type == "Conv2D":
+        out, kernel = _dims(op.outputs[0]), _dims(op.inputs[1])
+    elif op.type == "Conv2DBackpropInput":
+        out, kernel = _dims(op.inputs[2]), _dims(op.inputs[1])
+    else:
+        out, kernel = _dims(op.inputs[2]), _dims(op.outputs[0])
+    if out is None or kernel is None:
+        return None
+    return 2 * math.prod(out) * math.prod(kernel[:3])
+
+
+FLOP_COUNTERS = {"MatMul": _matmul_flops, "BatchMatMul": _matmul_flops,
+                 "BatchMatMulV2": _matmul_flops, "BatchMatMulV3": _matmul_flops,
+                 "Conv2D": _conv_flops, "Conv2DBackpropInput": _conv_flops,
+                 "Conv2DBackpropFilter": _conv_flops}
+
+
+def half_flop_share(graph, half_dtype, loop_weights):
+    """Share of MatMul/Conv FLOPs per step computed in `half_dtype`.
+
+    Returns:
+        (share or None if no FLOPs were counted, number of ops skipped for unknown shapes).
+    """
+    half = tf.as_dtype(half_dtype)
+    total = in_half = 0
+    skipped = 0
+    for op in graph.get_operations():
+        counter = FLOP_COUNTERS.get(op.type)
+        if counter is None:
+            continue
+        flops = counter(op)
+        if flops is None:
+            skipped += 1
+            continue
+        flops *= max([runs for scope, runs in loop_weights.items() if scope in op.name],
+                     default=1)
+        total += flops
+        if op.get_attr("T") == half:
+            in_half += flops
+    return (in_half / total if total else None), skipped
+
+
+# --- sessions and timing -----------------------------------------------------------------------
+
+
+def session_config(intra_threads, grappler_amp):
+    """A ConfigProto.
+
+    Args:
+        intra_threads: intra-op threads (0: TensorFlow's default, one per core).
+        grappler_amp: turn on Grappler's oneDNN bfloat16 auto mixed precision.
+    """
+    config = tf1.ConfigProto(intra_op_parallelism_threads=intra_threads)
+    if grappler_amp:
+        config.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 = (
+            rewriter_config_pb2.RewriterConfig.ON)
+    return config
+
+
+class Runner:
+    """One variant of one model: a Session and a callable running one training step."""
+
+    def __init__(self, name, graph, feeds, config):
+        self.name = name
+        self.session = tf1.Session(graph=graph, config=config)
+        self.session.run(INIT)
+        names = list(feeds)
+        self._feed_values = [feeds[n] for n in names]
+        self._step = self.session.make_callable([f"{LOSS}:0", TRAIN],
+                                                feed_list=[graph.get_tensor_by_name(n)
+                                                           for n in names])
+        self.first_loss = None
+        self.round_ms = []
+
+    def step(self):
+        """Runs one training step; returns the loss."""
+        loss, _ = self._step(*self._feed_values)
+        if self.first_loss is None:
+            self.first_loss = float(loss)
+        return loss
+
+    def timed_round(self, steps):
+        """Runs `steps` steps and records the mean milliseconds per step."""
+        start = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        self.round_ms.append((time.perf_counter() - start) * 1e3 / steps)
+
+    def partition_casts(self, feeds, mark):
+        """Cast nodes whose names contain `mark` in the partition graphs of one step."""
+        options = tf1.RunOptions(output_partition_graphs=True)
+        metadata = tf1.RunMetadata()
+        self.session.run([f"{LOSS}:0", TRAIN], feeds, options=options, run_metadata=metadata)
+        return sum(1 for partition in metadata.partition_graphs for node in partition.node
+                   if node.op == "Cast" and mark in node.name)
+
+    def close(self):
+        self.session.close()
+
+
+def interleaved_timing(runners, settings):
+    """Warm-up, then `rounds` rounds of `steps` steps per runner, rotating the order."""
+    for runner in runners:
+        for _ in range(settings.warmup):
+            runner.step()
+    for r in range(settings.rounds):
+        shift = r % len(runners)
+        for runner in runners[shift:] + runners[:shift]:
+            runner.timed_round(settings.steps)
+
+
+def rewrite_with_tf_mpt(model, dtype):
+    """Returns (rewritten tf.Graph, RewriteReport) for the model's training graph."""
+    fetches = [LOSS, TRAIN, INIT]
+    graph = tf_mpt.rewrite_graph(model.graph, dtype=dtype, fetches=fetches)
+    report = tf_mpt.rewrite_graph_def(model.graph.as_graph_def(), dtype=dtype,
+                                      fetches=fetches).report
+    return graph, report
+
+
+def measure(model, dtype, settings, intra_threads):
+    """Times fp32, tf_mpt and Grappler on `model`; returns a row dict for the table."""
+    mixed_graph, report = rewrite_with_tf_mpt(model, dtype)
+    plain = session_config(intra_threads, grappler_amp=False)
+    runners = [Runner("fp32", model.graph, model.feeds, plain),
+               Runner("tf_mpt", mixed_graph, model.feeds, plain),
+               Runner("grappler", model.graph, model.feeds,
+                      session_config(intra_threads, grappler_amp=True))]
+    try:
+        interleaved_timing(runners, settings)
+        grappler_casts = runners[2].partition_casts(model.feeds, GRAPPLER_CAST_MARK)
+        tf_mpt_run_casts = runners[1].partition_casts(model.feeds, TF_MPT_CAST_MARK)
+    finally:
+        for runner in runners:
+            runner.close()
+    share, skipped = half_flop_share(mixed_graph, dtype, model.loop_weights)
+    row = {"model": model.name, "tf_mpt_casts": report.casts_added,
+           "tf_mpt_summary": report.summary(), "grappler_casts": grappler_casts,
+           "tf_mpt_run_casts": tf_mpt_run_casts,
+           "half_flops": share, "flop_ops_skipped": skipped}
+    for runner in runners:
+        row[f"{runner.name}_ms"] = statistics.median(runner.round_ms)
+        row[f"{runner.name}_spread"] = (min(runner.round_ms), max(runner.round_ms))
+        row[f"{runner.name}_loss"] = runner.first_loss
+    return row
+
+
+# --- output ------------------------------------------------------------------------------------
+
+
+def _speedup(row, variant):
+    return row["fp32_ms"] / row[f"{variant}_ms"]
+
+
+def markdown_table(rows):
+    lines = ["| model | fp32 ms | tf_mpt ms | Grappler ms | tf_mpt speed-up | "
+             "Grappler speed-up | tf_mpt Casts | Grappler Casts | tf_mpt half FLOPs |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        share = "n/a" if r["half_flops"] is None else f"{r['half_flops']:.1%}"
+        lines.append(f"| {r['model']} | {r['fp32_ms']:.2f} | {r['tf_mpt_ms']:.2f} | "
+                     f"{r['grappler_ms']:.2f} | {_speedup(r, 'tf_mpt'):.2f}x | "
+                     f"{_speedup(r, 'grappler'):.2f}x | {r['tf_mpt_casts']} | "
+                     f"{r['grappler_casts']} | {share} |")
+    return "\n".join(lines)
+
+
+def details(rows):
+    """Per model: round-time ranges, first-step losses and the rewrite summary."""
+    lines = []
+    for r in rows:
+        spreads = ", ".join(f"{v} {r[f'{v}_spread'][0]:.2f}-{r[f'{v}_spread'][1]:.2f}"
+                            for v in VARIANTS)
+        losses = ", ".join(f"{v} {r[f'{v}_loss']:.4f}" for v in VARIANTS)
+        skipped = (f"; {r['flop_ops_skipped']} MatMul/Conv op(s) with unknown shapes not "
+                   "counted" if r["flop_ops_skipped"] else "")
+        lines.append(f"- {r['model']}: round ms/step min-max: {spreads}. First-step loss: "
+                     f"{losses}. tf_mpt: {r['tf_mpt_summary']}{skipped}; "
+                     f"{r['tf_mpt_run_casts']} of its Casts left in the partition graphs.")
+    return "\n".join(lines)
+
+
+def header(dtype):
+    """CPU, bfloat16 support, TF version, tf_mpt's dtype and whether Grappler's pass runs."""
+    support = grappler_oracle.native_bf16()
+    if dtype == "bfloat16":
+        dtype_text = "tf_mpt dtype: bfloat16 (native on this CPU)"
+    else:
+        dtype_text = (f"tf_mpt dtype: {dtype}, because this CPU does not compute bfloat16 "
+                      "natively (no avx512_bf16 / amx_bf16)")
+    state = "runs" if support.grappler_bf16_works else "NO-OP (Grappler column = float32 graph)"
+    return (f"CPU: {support.cpu_model} ({os.cpu_count()} logical cores); native bfloat16: "
+            f"{support.native}; TensorFlow {tf.__version__}.\n{dtype_text}.\n"
+            f"Grappler {grappler_oracle.BF16_MODE}: {state}; {support.reason}.")
+
+
+def plot(rows, path, dtype):
+    """Writes a bar chart of the measured speed-ups to `path` (needs matplotlib)."""
+    try:
+        import matplotlib  # pylint: disable=g-import-not-at-top
+        matplotlib.use("Agg")
+        from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
+    except ImportError:
+        return "matplotlib is not installed; no plot written"
+    positions = np.arange(len(rows))
+    width = 0.38
+    figure, axes = pyplot.subplots(figsize=(1.6 * len(rows) + 2, 4))
+    for offset, variant, label in ((-width / 2, "tf_mpt", f"tf_mpt ({dtype})"),
+                                   (width / 2, "grappler", "Grappler AMP (bfloat16)")):
+        axes.bar(positions + offset, [_speedup(r, variant) for r in rows], width, label=label)
+    axes.axhline(1.0, color="black", linewidth=0.8)
+    axes.set_xticks(positions, [r["model"] for r in rows])
+    axes.set_ylabel("speed-up over float32 (median step time)")
+    axes.set_title(f"Training step, {grappler_oracle.native_bf16().cpu_model}, "
+                   f"TensorFlow {tf.__version__}")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    pyplot.close(figure)
+    return f"plot written to {path}"
+
+
+def _parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller models, fewer steps")
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help=f"comma-separated subset of {','.join(MODELS)}")
+    parser.add_argument("--rounds", type=int, help="timed rounds per variant")
+    parser.add_argument("--steps", type=int, help="steps per round")
+    parser.add_argument("--warmup", type=int, help="untimed steps per variant")
+    parser.add_argument("--intra-threads", type=int, default=0,
+                        help="intra-op threads of every Session (0: TensorFlow's default)")
+    parser.add_argument("--plot", default=DEFAULT_PLOT,
+                        help="PNG path for the speed-up chart ('' for none)")
+    args = parser.parse_args()
+    unknown = set(args.models.split(",")) - set(MODELS)
+    if unknown:
+        parser.error(f"unknown model(s) {sorted(unknown)}; choose from {MODELS}")
+    return args
+
+
+def _settings(args):
+    settings = QUICK if args.quick else FULL
+    overrides = {key: getattr(args, key) for key in ("rounds", "steps", "warmup")
+                 if getattr(args, key) is not None}
+    return dataclasses.replace(settings, **overrides)
+
+
+def main():
+    args = _parse_args()
+    settings = _settings(args)
+    dtype = "bfloat16" if grappler_oracle.native_bf16().native else "float16"
+    print(header(dtype))
+    print(f"Timing: {settings.warmup} warm-up steps per variant, then {settings.rounds} "
+          f"interleaved rounds x {settings.steps} steps; median of the rounds' ms/step; "
+          f"intra-op threads: {args.intra_threads or 'default'}.",
+          flush=True)
+    rng = np.random.RandomState(SEED)
+    rows = []
+    for name in args.models.split(","):
+        start = time.perf_counter()
+        rows.append(measure(BUILDERS[name](settings, rng), dtype, settings, args.intra_threads))
+        print(f"  measured {name} in {time.perf_counter() - start:.0f} s", file=sys.stderr,
+              flush=True)
+    print()
+    print(markdown_table(rows))
+    print()
+    print(details(rows))
+    print("Peak memory: not measured (it would need one subprocess per variant).")
+    if args.plot:
+        print(plot(rows, args.plot, dtype))
+
+
+if __name__ == "__main__":
+    main()
