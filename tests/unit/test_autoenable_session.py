@@ -92,3 +92,23 @@ def test_disable_removes_every_patch(enabled):
         sess.run(t["init"])
         assert sess not in _autoenable._shadows
     assert tf.function is tf_mpt._functions._TF_FUNCTION
+
+
+def test_saver_checkpoints_interchange_with_float32_runs(enabled, tmp_path):
+    graph, t = _graph()
+    with graph.as_default():
+        saver = tf1.train.Saver()
+    with tf1.Session(graph=graph) as sess:
+        sess.run(t["init"])
+        sess.run(t["train"], {t["x"]: FEED_X})
+        trained = sess.run(t["w"])
+        path = saver.save(sess, str(tmp_path / "mixed"))
+    _autoenable.disable()  # a float32 run restores the mixed run's checkpoint
+    graph32, t32 = _graph()
+    with graph32.as_default():
+        saver32 = tf1.train.Saver()
+    with tf1.Session(graph=graph32) as sess:
+        saver32.restore(sess, path)
+        restored = sess.run(t32["w"])
+    assert restored.dtype == np.float32
+    np.testing.assert_array_equal(restored, trained)
