@@ -11,6 +11,7 @@
   LossScaleOptimizer.
 """
 
+import collections.abc
 import contextlib
 import functools
 import logging
@@ -276,12 +277,27 @@ def _shadow_for(session):
 
 
 def _map_fetches(shadow, fetches):
-    def leaf(item):
-        if item is None or callable(item) and not hasattr(item, "name"):
-            return item
-        return shadow.element(item)
-    # expand_composites: a SparseTensor fetch maps component by component and is rebuilt.
-    return tf.nest.map_structure(leaf, fetches, expand_composites=True)
+    """The fetch structure with every element replaced by its shadow counterpart.
+
+    Walks the structures Session.run accepts (lists, tuples, namedtuples, dicts with any keys,
+    e.g. MonitoredSession's hook objects, SparseTensors) without sorting dict keys.
+    """
+    if fetches is None:
+        return None
+    if isinstance(fetches, collections.abc.Mapping):
+        items = [(k, _map_fetches(shadow, v)) for k, v in fetches.items()]
+        try:
+            return type(fetches)(items)
+        except TypeError:
+            return dict(items)
+    if isinstance(fetches, tuple) and hasattr(fetches, "_fields"):
+        return type(fetches)(*(_map_fetches(shadow, v) for v in fetches))
+    if isinstance(fetches, (list, tuple)):
+        return type(fetches)(_map_fetches(shadow, v) for v in fetches)
+    if isinstance(fetches, tf.SparseTensor):
+        return tf.SparseTensor(*(shadow.element(t) for t in
+                                 (fetches.indices, fetches.values, fetches.dense_shape)))
+    return shadow.element(fetches)
 
 
 def _map_feeds(shadow, feed_dict):

@@ -112,3 +112,31 @@ def test_saver_checkpoints_interchange_with_float32_runs(enabled, tmp_path):
         restored = sess.run(t32["w"])
     assert restored.dtype == np.float32
     np.testing.assert_array_equal(restored, trained)
+
+
+def test_monitored_training_session_with_hooks_and_a_dataset(enabled, tmp_path):
+    graph = tf.Graph()
+    with graph.as_default():
+        rng = np.random.RandomState(0)
+        x_np = rng.rand(256, 16).astype(np.float32)
+        y_np = (x_np.sum(1) > 8).astype(np.int32)
+        dataset = tf.data.Dataset.from_tensor_slices((x_np, y_np)).repeat().batch(32)
+        x, y = tf1.data.make_one_shot_iterator(dataset).get_next()
+        logits = tf.matmul(x, tf1.get_variable("w", [16, 2]), name="logits")
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y,
+                                                                            logits=logits))
+        step = tf1.train.get_or_create_global_step()
+        train = tf1.train.AdamOptimizer(0.01).minimize(loss, global_step=step)
+        losses, half = [], []
+        with tf1.train.MonitoredTrainingSession(
+                checkpoint_dir=str(tmp_path), save_summaries_steps=None,
+                log_step_count_steps=None,
+                hooks=[tf1.train.StopAtStepHook(last_step=100)]) as sess:
+            while not sess.should_stop():
+                losses.append(sess.run([loss, train])[0])
+                if not half:
+                    half = [shadow.graph.get_operation_by_name("logits").get_attr("T")
+                            for shadow in _autoenable._shadows.values()]
+    assert half == [tf.bfloat16]  # the one real Session ran the rewritten graph
+    assert len(losses) == 100 and np.mean(losses[-10:]) < np.mean(losses[:10])
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-100")
