@@ -14,6 +14,7 @@ import functools
 import inspect
 import logging
 import threading
+import weakref
 
 import tensorflow as tf
 
@@ -182,12 +183,31 @@ def _pack_outputs(structure, tensors):
 class Function:
     """A tf.function whose traced graphs are rewritten to mixed precision (see `function`)."""
 
-    def __init__(self, fn, dtype, tf_function_kwargs):
+    def __init__(self, fn, dtype, tf_function_kwargs, tf_function=None):
         self._dtype = _lists._dtype_name(dtype)  # pylint: disable=protected-access
-        self._tf_function = _TF_FUNCTION(fn, **tf_function_kwargs)
+        self._tf_function = (tf_function if tf_function is not None
+                             else _TF_FUNCTION(fn, **tf_function_kwargs))
         self._rewritten = {}
         self._lock = threading.Lock()
+        self._bound = weakref.WeakKeyDictionary()
         functools.update_wrapper(self, fn)
+
+    def __get__(self, instance, owner):
+        """Decorating a method works as with tf.function: one bound function per instance."""
+        if instance is None:
+            return self
+        try:
+            bound = self._bound.get(instance)
+        except TypeError:  # not weak-referenceable
+            bound = None
+        if bound is None:
+            bound = Function(self.__wrapped__, self._dtype, {},
+                             tf_function=self._tf_function.__get__(instance, owner))
+            try:
+                self._bound[instance] = bound
+            except TypeError:
+                pass
+        return bound
 
     @property
     def python_function(self):

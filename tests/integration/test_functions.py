@@ -188,3 +188,20 @@ def test_while_loop_variable_stays_half_across_the_loop_boundary(half_dtype):
     x = tf.random.stateless_uniform([2, 4], seed=(3, 4))
     np.testing.assert_allclose(tf_mpt.rewrite_function(cf, dtype=half_dtype)(x), cf(x),
                                **TOLERANCES[half_dtype])
+
+
+def test_tf_mpt_function_decorates_methods_per_instance(half_dtype):
+    class Layer(tf.Module):
+        def __init__(self, scale):
+            super().__init__()
+            self.w = tf.Variable(tf.eye(4) * scale)
+
+        @tf_mpt.function(dtype=half_dtype)
+        def __call__(self, x):
+            return tf.matmul(x, self.w)
+
+    one, two = Layer(1.0), Layer(2.0)
+    x = tf.ones([2, 4])
+    np.testing.assert_allclose(one(x), np.ones([2, 4]))
+    np.testing.assert_allclose(two(x), 2 * np.ones([2, 4]))
+    assert len(_half_ops(one.__call__.get_concrete_function(x))) == 1
