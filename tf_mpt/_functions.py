@@ -226,6 +226,13 @@ class Function:
     def __call__(self, *args, **kwargs):
         return self.get_concrete_function(*args, **kwargs)(*args, **kwargs)
 
+    def __getattr__(self, name):
+        # Anything else a tf.function offers (input_signature, experimental_* ...) is the
+        # wrapped tf.function's.
+        if name.startswith("__") or name in ("_tf_function", "_bound"):
+            raise AttributeError(name)
+        return getattr(self._tf_function, name)
+
 
 def function(fn=None, *, dtype="float16", **tf_function_kwargs):
     """A drop-in for tf.function whose traced graphs run in mixed precision.
