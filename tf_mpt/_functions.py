@@ -176,7 +176,9 @@ def _pack_outputs(structure, tensors):
     """`structure` with its tensor leaves replaced, in order, by `tensors`."""
     leaves = tf.nest.flatten(structure, expand_composites=True)
     it = iter(tensors)
-    new_leaves = [next(it) if isinstance(leaf, tf.Tensor) else leaf for leaf in leaves]
+    # A loaded SavedModel's functions describe their outputs with TensorSpecs.
+    new_leaves = [next(it) if isinstance(leaf, (tf.Tensor, tf.TensorSpec)) else leaf
+                  for leaf in leaves]
     return tf.nest.pack_sequence_as(structure, new_leaves, expand_composites=True)
 
 

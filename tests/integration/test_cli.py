@@ -1,0 +1,133 @@
+"""`tf-mpt convert` and `tf-mpt inspect` on a frozen graph and a SavedModel (first slice)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import TOLERANCES
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def _cli(*args):
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run([sys.executable, "-c",
+                           "import sys; from tf_mpt.cli import main; main(sys.argv[1:])", *args],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+class _Model(tf.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = tf.Variable(tf.random.stateless_uniform([8, 8], seed=(1, 2), minval=-0.5,
+                                                         maxval=0.5))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32, name="x")])
+    def serve(self, x):
+        return {"y": tf.nn.relu(tf.matmul(x, self.w), name="y")}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2)
+    root = tmp_path_factory.mktemp("models")
+    model = _Model()
+    tf.saved_model.save(model, str(root / "sm"), signatures={"serving_default": model.serve})
+    frozen = convert_variables_to_constants_v2(model.serve.get_concrete_function())
+    data = frozen.graph.as_graph_def().SerializeToString()
+    (root / "frozen.pb").write_bytes(data)
+    (root / "truncated.pb").write_bytes(data[:40])
+    (root / "notes.txt").write_bytes(b"just some text, not a model\n")
+    return root, frozen
+
+
+def _run_graph_def(graph_def, x):
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    out = [n.name for n in graph_def.node if n.op == "Identity"][-1]
+    with tf.compat.v1.Session(graph=graph) as sess:
+        return sess.run(f"{out}:0", {"x:0": x})
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_convert_frozen_graph_keeps_io_types_and_numbers(models, tmp_path, dtype):
+    root, _ = models
+    dst = tmp_path / "half.pb"
+    proc = _cli("convert", str(root / "frozen.pb"), str(dst), "--dtype", dtype)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"nodes to {dtype} using" in proc.stdout
+    before, after = tf.compat.v1.GraphDef(), tf.compat.v1.GraphDef()
+    before.ParseFromString((root / "frozen.pb").read_bytes())
+    after.ParseFromString(dst.read_bytes())
+    matmul = [n for n in after.node if n.op == "MatMul"][0]
+    assert matmul.attr["T"].type == tf.as_dtype(dtype).as_datatype_enum
+    x = np.random.RandomState(0).uniform(-1, 1, (3, 8)).astype(np.float32)
+    expected, actual = _run_graph_def(before, x), _run_graph_def(after, x)
+    assert actual.dtype == np.float32
+    np.testing.assert_allclose(actual, expected, **TOLERANCES[dtype])
+
+
+def test_convert_options_deny_keep_fp32_and_force(models, tmp_path):
+    root, _ = models
+    denied = tmp_path / "denied.pb"
+    assert _cli("convert", str(root / "frozen.pb"), str(denied), "--deny", "MatMul").returncode == 0
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.ParseFromString(denied.read_bytes())
+    assert all(n.attr["T"].type == tf.float32.as_datatype_enum
+               for n in graph_def.node if n.op == "MatMul")
+    matmul = [n.name for n in graph_def.node if n.op == "MatMul"][0]
+    kept = tmp_path / "kept.pb"
+    assert _cli("convert", str(root / "frozen.pb"), str(kept), "--keep-fp32",
+                matmul).returncode == 0
+    half = tmp_path / "half.pb"
+    assert _cli("convert", str(root / "frozen.pb"), str(half)).returncode == 0
+    again = _cli("convert", str(half), str(tmp_path / "again.pb"))
+    assert again.returncode == 2 and "already converted" in again.stderr
+    assert not (tmp_path / "again.pb").exists()
+    assert _cli("convert", str(half), str(tmp_path / "again.pb"), "--force").returncode == 0
+
+
+@pytest.mark.parametrize("source, message", [
+    ("missing.pb", "does not exist"),
+    ("truncated.pb", "is not a GraphDef protocol buffer"),
+    ("notes.txt", "is not a GraphDef protocol buffer|holds no graph nodes"),
+    ("sm", "converting SavedModels is not supported yet"),
+])
+def test_bad_sources_get_a_clear_error_and_nothing_is_written(models, tmp_path, source,
+                                                              message):
+    import re
+    root, _ = models
+    dst = tmp_path / "out.pb"
+    proc = _cli("convert", str(root / source), str(dst))
+    assert proc.returncode == 2
+    assert re.search(message, proc.stderr), proc.stderr[-2000:]
+    assert not dst.exists() and os.listdir(tmp_path) == []
+
+
+def test_existing_destination_is_never_overwritten(models, tmp_path):
+    root, _ = models
+    dst = tmp_path / "exists.pb"
+    dst.write_bytes(b"keep me")
+    proc = _cli("convert", str(root / "frozen.pb"), str(dst))
+    assert proc.returncode == 2 and "already exists" in proc.stderr
+    assert dst.read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize("source", ["frozen.pb", "sm"])
+def test_inspect_prints_a_table_and_json(models, source):
+    root, _ = models
+    proc = _cli("inspect", str(root / source), "--dtype", "bfloat16")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "nodes to bfloat16 using" in proc.stdout
+    matmul_row = [line for line in proc.stdout.splitlines() if line.startswith("MatMul")]
+    assert matmul_row and matmul_row[0].split()[1] == "1"  # one MatMul would run in half
+    data = json.loads(_cli("inspect", str(root / source), "--json").stdout)
+    report = next(iter(data.values()))
+    assert any(d["op"] == "MatMul" and d["colour"] == "allow" for d in report["nodes"].values())
