@@ -179,11 +179,11 @@ def cpu_has_native_bfloat16():
 
 
 def _patch(owner, name, replacement):
+    """owner.name(self, ...) becomes replacement(original, self, ...) until disable()."""
     original = getattr(owner, name)
-    wrapped = functools.wraps(original)(functools.partial(replacement, original))
 
     def method(self, *args, **kwargs):
-        return wrapped(self, *args, **kwargs)
+        return replacement(original, self, *args, **kwargs)
 
     functools.update_wrapper(method, original)
     setattr(owner, name, method)
@@ -264,6 +264,10 @@ class _Shadow:
             return cast
         return element
 
+    def tensor(self, key):
+        """The shadow-graph element of the same name as `key` (a name or a graph element)."""
+        return self.graph.as_graph_element(key if isinstance(key, str) else key.name)
+
     def close(self):
         self.session.close()
 
@@ -303,13 +307,14 @@ def _map_fetches(shadow, fetches):
 def _map_feeds(shadow, feed_dict):
     mapped = {}
     for key, value in feed_dict.items():
+        # A fed tensor maps to its shadow by name, never to a fetch's dtype-restoring Cast.
         if isinstance(key, (tuple, list)):
-            key = type(key)(shadow.element(k) for k in key)
+            key = type(key)(shadow.tensor(k) for k in key)
         elif isinstance(key, tf.SparseTensor):
-            key = tf.SparseTensor(*(shadow.element(t) for t in
+            key = tf.SparseTensor(*(shadow.tensor(t) for t in
                                     (key.indices, key.values, key.dense_shape)))
         else:
-            key = shadow.graph.as_graph_element(key if isinstance(key, str) else key.name)
+            key = shadow.tensor(key)
         mapped[key] = value
     return mapped
 

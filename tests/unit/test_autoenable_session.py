@@ -140,3 +140,18 @@ def test_monitored_training_session_with_hooks_and_a_dataset(enabled, tmp_path):
     assert half == [tf.bfloat16]  # the one real Session ran the rewritten graph
     assert len(losses) == 100 and np.mean(losses[-10:]) < np.mean(losses[:10])
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-100")
+
+
+def test_a_fed_half_intermediate_reaches_its_consumers_whatever_the_key_form(enabled):
+    graph, t = _graph()
+    with graph.as_default():
+        doubled = tf.identity(t["y"] * 2.0, name="doubled")
+    fed = np.full([4, 4], 3.0, np.float32)
+    with tf1.Session(graph=graph) as sess:
+        sess.run(t["init"])
+        sess.run(t["y"], {t["x"]: FEED_X})  # y's fetch now has a dtype-restoring Cast
+        by_tensor = sess.run(doubled, {t["y"]: fed})
+        by_tuple = sess.run(doubled, {(t["y"],): (fed,)})
+        by_name = sess.run(doubled, {"y:0": fed})
+    for value in (by_tensor, by_tuple, by_name):
+        np.testing.assert_array_equal(value, np.full([4, 4], 6.0, np.float32))
