@@ -15,6 +15,7 @@ from tensorflow.python.framework import dtypes as tf_dtypes
 from tensorflow.python.framework import tensor_util
 
 from tf_mpt import _type_attrs as ta
+from tf_mpt._graph_view import parse_input
 
 CAST_SUFFIX = "-TfMpt"
 _CAST_WORD = {ta.DT_HALF: "CastToFp16", ta.DT_BFLOAT16: "CastToBf16", ta.DT_FLOAT: "CastToFp32"}
@@ -24,11 +25,31 @@ def _tensor_name(name, port):
     return name if port == 0 else f"{name}:{port}"
 
 
+def new_cast(taken, tensor, from_dtype, to, device=""):
+    """A Cast NodeDef reading `tensor`, named `<producer>-<port>-CastTo..-TfMpt`.
+
+    `-<k>` goes before `-TfMpt` only if the name is in `taken` (which gets the new name).
+    """
+    producer, port = parse_input(tensor)
+    stem = f"{producer}-{port}-{_CAST_WORD[to]}"
+    name, k = stem + CAST_SUFFIX, 1
+    while name in taken:
+        name, k = f"{stem}-{k}{CAST_SUFFIX}", k + 1
+    taken.add(name)
+    cast = node_def_pb2.NodeDef(name=name, op="Cast", input=[tensor])
+    if device:
+        cast.device = device
+    cast.attr["SrcT"].type = from_dtype
+    cast.attr["DstT"].type = to
+    cast.attr["Truncate"].b = False
+    return cast
+
+
 class _CastPlanner:
     """Chooses, names and creates the Casts of one rewrite."""
 
-    def __init__(self, view, types, paint, out):
-        self.view, self.types, self.paint, self.out = view, types, paint, out
+    def __init__(self, view, types, paint):
+        self.view, self.types, self.paint = view, types, paint
         self.taken = set(view.index)
         self.made = {}
         self.new_nodes = []
@@ -78,20 +99,11 @@ class _CastPlanner:
 
     def _add_cast(self, src, port, to):
         producer = self.view.nodes[src]
-        stem = f"{producer.name}-{port}-{_CAST_WORD[to]}"
-        name, k = stem + CAST_SUFFIX, 1
-        while name in self.taken:
-            name, k = f"{stem}-{k}{CAST_SUFFIX}", k + 1
-        self.taken.add(name)
         from_dtype = self.paint.target if to == ta.DT_FLOAT else ta.DT_FLOAT
-        cast = node_def_pb2.NodeDef(name=name, op="Cast", input=[_tensor_name(producer.name, port)])
-        if producer.device:
-            cast.device = producer.device
-        cast.attr["SrcT"].type = from_dtype
-        cast.attr["DstT"].type = to
-        cast.attr["Truncate"].b = False
+        cast = new_cast(self.taken, _tensor_name(producer.name, port), from_dtype, to,
+                        producer.device)
         self.new_nodes.append(cast)
-        return name
+        return cast.name
 
 
 def _set_dtype(node, key, dtype):
@@ -121,7 +133,7 @@ def apply_paint(graph_def, view, types, paint):
         if node.op == "Const" and key == "dtype":
             _store_constant_in_half(node, target)
         _set_dtype(node, key, target)
-    planner = _CastPlanner(view, types, paint, out)
+    planner = _CastPlanner(view, types, paint)
     for i, ports in enumerate(view.fanin):
         in_keys = types[i].in_keys
         node_vertex = paint.node_vertex[i]

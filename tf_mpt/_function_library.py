@@ -24,6 +24,17 @@ class UnsupportedFunction(Exception):
     """The function uses a form the conversion does not handle; it is left as it is."""
 
 
+def called_functions(node):
+    """The NameAttrLists of a node's function-valued attrs (While body/cond, call targets).
+
+    They are the protos themselves, so a caller may rename them in place.
+    """
+    for value in node.attr.values():
+        if value.HasField("func"):
+            yield value.func
+        yield from value.list.func
+
+
 def _op_def(op, signatures):
     op_def = op_def_registry.get(op)
     if op_def is None:
@@ -37,16 +48,8 @@ def _output_layout(node, signatures):
     """[(output arg name, index within the arg)] per flat output port of `node`."""
     op_def = _op_def(node.op, signatures)
     attrs = {a.name: a for a in op_def.attr}
-    layout = []
-    for arg in op_def.output_arg:
-        if arg.number_attr:
-            count = ta._attr_value(node, arg.number_attr, attrs).i  # pylint: disable=protected-access
-        elif arg.type_list_attr:
-            count = len(ta._attr_value(node, arg.type_list_attr, attrs).list.type)  # pylint: disable=protected-access
-        else:
-            count = 1
-        layout.extend((arg.name, k) for k in range(count))
-    return layout
+    return [(arg.name, k) for arg in op_def.output_arg
+            for k in range(len(ta.arg_ports(arg, node, attrs)))]
 
 
 def function_to_graph_def(fdef, signatures):

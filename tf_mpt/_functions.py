@@ -18,6 +18,7 @@ import weakref
 
 import tensorflow as tf
 
+from tf_mpt import _function_library
 from tf_mpt import lists as _lists
 from tf_mpt import rewrite as _rewrite
 
@@ -80,24 +81,18 @@ def _rename_library(graph_def, suffix):
     out = type(graph_def)()
     out.CopyFrom(graph_def)
 
-    def fix_attrs(attr_map):
-        for value in attr_map.values():
-            if value.HasField("func") and value.func.name in renamed:
-                value.func.name = renamed[value.func.name]
-            for func in value.list.func:
+    def fix(nodes):
+        for node in nodes:
+            if node.op in renamed:
+                node.op = renamed[node.op]
+            for func in _function_library.called_functions(node):
                 if func.name in renamed:
                     func.name = renamed[func.name]
 
-    for node in out.node:
-        if node.op in renamed:
-            node.op = renamed[node.op]
-        fix_attrs(node.attr)
+    fix(out.node)
     for fdef in out.library.function:
         fdef.signature.name = renamed[fdef.signature.name]
-        for node in fdef.node_def:
-            if node.op in renamed:
-                node.op = renamed[node.op]
-            fix_attrs(node.attr)
+        fix(fdef.node_def)
     for gradient in out.library.gradient:
         for field in ("function_name", "gradient_func"):
             name = getattr(gradient, field)

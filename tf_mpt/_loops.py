@@ -14,10 +14,10 @@ Only While nodes of the main graph whose body and cond functions no other node c
 changed (a shared function would need a copy per caller).
 """
 
-from tensorflow.core.framework import node_def_pb2
-
+from tf_mpt import _casts
 from tf_mpt import _type_attrs as ta
-from tf_mpt._casts import CAST_SUFFIX, _CAST_WORD
+from tf_mpt._casts import CAST_SUFFIX
+from tf_mpt._function_library import called_functions
 from tf_mpt._graph_view import parse_input
 
 _WHILE_OPS = ("While", "StatelessWhile")
@@ -33,11 +33,8 @@ def _function_references(graph_def):
 
     def count(nodes):
         for node in nodes:
-            for value in node.attr.values():
-                names = ([value.func.name] if value.HasField("func") else []) + [
-                    f.name for f in value.list.func]
-                for name in names:
-                    counts[name] = counts.get(name, 0) + 1
+            for func in called_functions(node):
+                counts[func.name] = counts.get(func.name, 0) + 1
 
     count(graph_def.node)
     for fdef in graph_def.library.function:
@@ -112,21 +109,12 @@ class _Outer:
         self.removed = {}  # name of a Cast made redundant -> the tensor its readers now read
 
     def _cast(self, tensor, to):
-        name, port = parse_input(tensor)
-        stem = f"{name}-{port}-{_CAST_WORD[to]}"
-        cast_name, k = stem + CAST_SUFFIX, 1
-        while cast_name in self.taken:
-            cast_name, k = f"{stem}-{k}{CAST_SUFFIX}", k + 1
-        self.taken.add(cast_name)
-        cast = node_def_pb2.NodeDef(name=cast_name, op="Cast", input=[tensor])
-        producer = self.by_name.get(name)
-        if producer is not None and producer.device:
-            cast.device = producer.device
-        cast.attr["SrcT"].type = self.half if to == ta.DT_FLOAT else ta.DT_FLOAT
-        cast.attr["DstT"].type = to
-        cast.attr["Truncate"].b = False
+        producer = self.by_name.get(parse_input(tensor)[0])
+        from_dtype = self.half if to == ta.DT_FLOAT else ta.DT_FLOAT
+        cast = _casts.new_cast(self.taken, tensor, from_dtype, to,
+                               producer.device if producer is not None else "")
         self.new.append(cast)
-        return cast_name
+        return cast.name
 
     def feed_half(self, while_node, index):
         tensor = while_node.input[index]

@@ -12,14 +12,6 @@ import logging
 import os
 import sys
 
-_SWITCHES = ("TF_MPT_ENABLE", "TF_MPT_GRAPH_REWRITE", "TF_MPT_LOSS_SCALING")
-_TRUE = ("1", "true", "yes", "on")
-
-
-def _wanted(environ):
-    return any(environ.get(v, "").strip().lower() in _TRUE for v in _SWITCHES)
-
-
 def install_from_env(environ=None, at_startup=True):
     """Called at start-up. Returns True if the post-import hook was installed.
 
@@ -36,8 +28,8 @@ def install_from_env(environ=None, at_startup=True):
         if at_startup:
             os._exit(2)  # pylint: disable=protected-access
         raise SystemExit(2) from None
-    if not _wanted(environ):
-        return False
+    if not (config.enable or config.graph_rewrite or config.loss_scaling):
+        return False  # switches set, but all to off
     _show_log_lines()
     if "tensorflow" in sys.modules:
         _enable(config)

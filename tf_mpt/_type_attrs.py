@@ -42,7 +42,7 @@ class NodeTypes:
                  "dtypes", "op_def")
 
 
-def _arg_ports(arg, node, op_def_attrs):
+def arg_ports(arg, node, op_def_attrs):
     """Yields (key, is_ref) for each port of one OpDef arg on `node`."""
     if arg.number_attr:
         count = _attr_value(node, arg.number_attr, op_def_attrs).i
@@ -108,8 +108,8 @@ def node_types(node, library_signatures):
     if layout is not None:
         ins, outs = layout
     else:
-        ins = [p for arg in op_def.input_arg for p in _arg_ports(arg, node, attrs)]
-        outs = [p for arg in op_def.output_arg for p in _arg_ports(arg, node, attrs)]
+        ins = [p for arg in op_def.input_arg for p in arg_ports(arg, node, attrs)]
+        outs = [p for arg in op_def.output_arg for p in arg_ports(arg, node, attrs)]
     nt.in_keys = [k for k, _ in ins]
     nt.out_keys = [k for k, _ in outs]
     ref_keys = {k for k, r in ins if r} | {k for k, r in outs if r}

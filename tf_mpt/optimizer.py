@@ -115,12 +115,14 @@ class LossScaleOptimizer(tf1.train.Optimizer):
             return tf.distribute.get_replica_context().merge_call(
                 self._distributed_apply, args=(grads_and_vars, global_step, name))
         is_finite = _loss_scale.all_finite([g for g, _ in grads_and_vars])
+        return self._apply_if_finite(
+            is_finite, grads_and_vars, name,
+            lambda: tf.group(self._optimizer.apply_gradients(grads_and_vars, global_step, name)))
+
+    def _apply_if_finite(self, is_finite, grads_and_vars, name, apply):
+        """Updates the scale from `is_finite`; runs `apply` (slots made first) only if true."""
         update_scale, should_apply = self._loss_scale.update_from_finite(is_finite)
         self._create_inner_slots(grads_and_vars)
-
-        def apply():
-            return tf.group(self._optimizer.apply_gradients(grads_and_vars, global_step, name))
-
         maybe_apply = _cond_v1(should_apply, apply, tf.no_op)
         return tf.group(maybe_apply, update_scale, name=name or self.get_name())
 
@@ -139,15 +141,10 @@ class LossScaleOptimizer(tf1.train.Optimizer):
         first_copies = [None if g is None else distribution.experimental_local_results(g)[0]
                         for g in reduced]
         is_finite = _loss_scale.all_finite(first_copies)
-        update_scale, should_apply = self._loss_scale.update_from_finite(is_finite)
-        self._create_inner_slots(grads_and_vars)
-
-        def apply():
-            return self._apply_reduced(distribution, list(zip(reduced, variables)),
-                                       global_step, name)
-
-        maybe_apply = _cond_v1(should_apply, apply, tf.no_op)
-        return tf.group(maybe_apply, update_scale, name=name or self.get_name())
+        return self._apply_if_finite(
+            is_finite, grads_and_vars, name,
+            lambda: self._apply_reduced(distribution, list(zip(reduced, variables)),
+                                        global_step, name))
 
     def _apply_reduced(self, distribution, reduced_grads_and_vars, global_step, name):
         """The inner optimizer's per-variable updates on already reduced gradients."""

@@ -18,6 +18,8 @@ import dataclasses
 import json
 import typing
 
+from tensorflow.core.framework import types_pb2
+
 
 @dataclasses.dataclass(frozen=True)
 class NodeDecision:
@@ -100,8 +102,8 @@ class RewriteReport:
                     "reason": d.reason,
                     "converted": d.converted,
                     "function": d.function,
-                    "attrs": {_attr_label(k): {"colour": c, "reason": r}
-                              for k, (c, r) in d.attrs.items()},
+                    "attrs": {label: {"colour": c, "reason": r}
+                              for label, (c, r) in d.attrs.items()},
                 }
                 for name, d in self.decisions.items()
             },
@@ -134,13 +136,13 @@ def build_report(paint, cast_names, explain):
                 converted = True
             elif paint.allow[v]:
                 colour, reason, r = "allow", paint.reason[v], 1
-            elif paint.v_dtype[v] != 1:  # not DT_FLOAT: nothing to decide
+            elif paint.v_dtype[v] != types_pb2.DT_FLOAT:  # nothing to decide
                 continue
             elif paint.deny[v]:
                 colour, reason, r = "deny", paint.reason[v], 3
             else:
                 colour, reason, r = "fp32", explain(paint, v), 2
-            attrs[_attr_label(key) if isinstance(key, tuple) else key] = (colour, reason)
+            attrs[_attr_label(key)] = (colour, reason)
             if r > rank:
                 rank, node_colour, node_reason = r, colour, reason
         if not paint.node_vertex[i] and paint.node_skip_reason[i] is not None:

@@ -220,11 +220,7 @@ def _reachable_functions(graph_def):
 
     def visit(nodes):
         for node in nodes:
-            names = [node.op]
-            for value in node.attr.values():
-                if value.HasField("func"):
-                    names.append(value.func.name)
-                names.extend(f.name for f in value.list.func)
+            names = [node.op] + [func.name for func in _function_library.called_functions(node)]
             for name in names:
                 if name in library and name not in seen:
                     seen.add(name)
