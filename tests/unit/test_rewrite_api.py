@@ -220,3 +220,16 @@ def test_rewrite_graph_keeps_collections():
 def test_rewrite_graph_rejects_a_graph_def():
     with pytest.raises(TypeError, match="rewrite_graph_def"):
         tf_mpt.rewrite_graph(_mlp_graph().as_graph_def())
+
+
+def test_data_input_after_a_control_input_is_rejected():
+    graph_def = _mlp_graph().as_graph_def()
+    node = [n for n in graph_def.node if n.name == "allow1"][0]
+    node.input[:] = ["^x", "x", "w"]
+    with pytest.raises(tf_mpt.GraphDefError, match="lists data input 'x' after a control input"):
+        tf_mpt.rewrite_graph_def(graph_def)
+
+
+def test_a_fetch_that_is_not_a_name_is_a_type_error():
+    with pytest.raises(TypeError, match="fetches must be node or tensor names"):
+        tf_mpt.rewrite_graph_def(_mlp_graph().as_graph_def(), fetches=[3])
