@@ -49,14 +49,22 @@ def read_graph_def(path):
     if not graph_def.node:
         raise ModelError(f"{path!r} holds no graph nodes, so it is not a frozen GraphDef "
                          "(an empty or foreign file).")
+    check_known_ops(graph_def, path)
+    return graph_def
+
+
+def check_known_ops(graph_def, path):
+    """ModelError naming the ops (in the graph or its functions) TensorFlow does not know."""
     library = {f.signature.name for f in graph_def.library.function}
-    unknown = sorted({n.op for n in graph_def.node if op_def_registry.get(n.op) is None
+    nodes = list(graph_def.node)
+    for fdef in graph_def.library.function:
+        nodes.extend(fdef.node_def)
+    unknown = sorted({n.op for n in nodes if op_def_registry.get(n.op) is None
                       and n.op not in library})
     if unknown:
         raise ModelError(f"{path!r} uses ops this TensorFlow does not know: "
                          f"{', '.join(unknown)}. Load the library that defines them "
                          "(tf.load_op_library) before converting.")
-    return graph_def
 
 
 def load_signatures(path):

@@ -43,81 +43,119 @@ def _lists(options):
     return lists.edited(add={"deny": deny}) if deny else lists
 
 
-def _mark_keep_fp32(graph_def, names):
-    from tf_mpt._type_attrs import KEEP_FP32_ATTR  # pylint: disable=g-import-not-at-top
-    by_name = {n.name: n for n in graph_def.node}
-    missing = [name for name in names if name not in by_name]
-    if missing:
-        raise SystemExit(f"tf-mpt: --keep-fp32 names node(s) not in the graph: "
-                         f"{', '.join(missing)}")
-    for name in names:
-        by_name[name].attr[KEEP_FP32_ATTR].b = True
+def _tolerances(options):
+    from tf_mpt import _convert  # pylint: disable=g-import-not-at-top
+    rtol, atol = _convert.DEFAULT_TOLERANCES[options.dtype]
+    return (rtol if options.rtol is None else options.rtol,
+            atol if options.atol is None else options.atol)
 
 
-def _convert(options):
+def _convert_command(options):
+    from tf_mpt import _convert  # pylint: disable=g-import-not-at-top
     from tf_mpt import _model_io  # pylint: disable=g-import-not-at-top
-    from tf_mpt import rewrite  # pylint: disable=g-import-not-at-top
-    if not options.keep_io_types:
-        raise SystemExit("tf-mpt: --no-keep-io-types is not supported yet; inputs and outputs "
-                         "keep their dtypes.")
-    kind = _model_io.kind_of(options.src)
+    if options.auto_deny and not (options.validate or options.inputs):
+        raise _model_io.ModelError("--auto-deny needs sample inputs to validate with: pass "
+                                   "--validate N (random inputs) or --inputs file.npz.")
+    model = _convert.open_model(options.src)
     _model_io.check_destination(options.dst)
+    if model.is_converted() and not options.force:
+        raise _model_io.ModelError(
+            f"{options.src!r} is already converted by tf_mpt (it has -TfMpt Casts); pass "
+            "--force to convert it again.")
     lists = _lists(options)
-    if kind == "graph_def":
-        graph_def = _model_io.read_graph_def(options.src)
-        if _model_io.is_converted(graph_def) and not options.force:
-            raise _model_io.ModelError(
-                f"{options.src!r} is already converted by tf_mpt (it has -TfMpt Casts); pass "
-                "--force to convert it again.")
-        _mark_keep_fp32(graph_def, _split(options.keep_fp32))
-        result = rewrite.rewrite_graph_def(graph_def, dtype=options.dtype, lists=lists,
-                                           strict=True)
-
-        def write(path):
-            with open(path, "wb") as f:
-                f.write(result.graph_def.SerializeToString())
-
-        _model_io.write_atomically(options.dst, write)
-        print(result.report.summary())
-        return
-    raise _model_io.ModelError(
-        f"{options.src!r} is a SavedModel; converting SavedModels is not supported yet "
-        "(a re-saved model does not load back). Freeze it to a GraphDef (.pb) and convert "
-        "that, or use tf_mpt.rewrite_function on its signatures in Python.")
-
-
-def _inspect(options):
-    import collections  # pylint: disable=g-import-not-at-top
-    import json  # pylint: disable=g-import-not-at-top
-    from tf_mpt import _model_io  # pylint: disable=g-import-not-at-top
-    from tf_mpt import rewrite  # pylint: disable=g-import-not-at-top
-    kind = _model_io.kind_of(options.src)
-    if kind == "graph_def":
-        graphs = {"graph": (_model_io.read_graph_def(options.src), None)}
+    keep = _split(options.keep_fp32)
+    if options.keep_io_types:
+        conversion = model.convert(options.dtype, lists, keep)
+    elif isinstance(model, _convert.FrozenGraph):
+        conversion = model.convert(options.dtype, lists, keep, keep_io_types=False)
     else:
-        _, signatures = _model_io.load_signatures(options.src)
-        graphs = {name: (f.graph.as_graph_def(),
-                         [t.op.name for t in f.outputs] + [t.op.name for t in f.inputs])
-                  for name, f in signatures.items()}
-    reports = {name: rewrite.rewrite_graph_def(gd, dtype=options.dtype, fetches=fetches,
-                                               lists=_lists(options)).report
-               for name, (gd, fetches) in graphs.items()}
+        raise _model_io.ModelError(
+            "--no-keep-io-types works on frozen graphs only: a SavedModel's signatures keep "
+            "their input and output dtypes (callers and serving configs rely on them).")
+    for label, report in conversion.reports.items():
+        print(f"{label}: {report.summary()}")
+    if options.validate or options.inputs:
+        conversion = _validate_and_fix(model, conversion, lists, keep, options)
+    model.write(conversion, options.dst)
+    print(f"wrote {options.dst}")
+
+
+def _validate_and_fix(model, conversion, lists, keep, options):
+    from tf_mpt import _convert  # pylint: disable=g-import-not-at-top
+    from tf_mpt import _model_io  # pylint: disable=g-import-not-at-top
+    rtol, atol = _tolerances(options)
+    feeds = _convert.sample_feeds(model.input_specs(), options.validate or 1,
+                                  seed=options.seed, inputs_file=options.inputs)
+    errors = _convert.validate(model, conversion, feeds, rtol, atol)
+    print(_convert.error_table(errors, rtol, atol))
+    if all(e.ok for e in errors):
+        print(f"validation passed on {len(feeds)} sample(s)")
+        return conversion
+    failing = ", ".join(e.output for e in errors if not e.ok)
+    if not options.auto_deny:
+        raise _model_io.ModelError(
+            f"validation failed: {failing} differ(s) from float32 beyond atol {atol:g} + rtol "
+            f"{rtol:g} * |float32|. Nothing was written. Loosen --rtol/--atol, keep ops in "
+            "float32 with --deny/--keep-fp32, or let --auto-deny find them.")
+    if not options.keep_io_types:
+        raise _model_io.ModelError("--auto-deny works with --keep-io-types (the default).")
+    print(f"validation failed ({failing}); searching for the nodes to keep in float32 ...")
+    conversion, kept = _convert.auto_deny(model, options.dtype, lists, keep, feeds, rtol, atol)
+    ops = {(d.function, d.name): d.op for report in conversion.reports.values()
+           for d in report.decisions.values()}
+    print(f"--auto-deny kept {len(kept)} node(s) in float32:")
+    for function, name in kept:
+        where = f"{function}/" if function else ""
+        print(f"  {where}{name} ({ops.get((function, name), '?')})")
+    for label, report in conversion.reports.items():
+        print(f"{label}: {report.summary()}")
+    print(_convert.error_table(_convert.validate(model, conversion, feeds, rtol, atol),
+                               rtol, atol))
+    return conversion
+
+
+def _inspect_command(options):
+    import json  # pylint: disable=g-import-not-at-top
+    from tf_mpt import _convert  # pylint: disable=g-import-not-at-top
+    from tf_mpt import _inspect  # pylint: disable=g-import-not-at-top
+    model = _convert.open_model(options.src)
+    lists = _lists(options)
+    conversion = model.convert(options.dtype, lists)
+    frozen = model.frozen()
+    shares = {label: _inspect.flop_share(graph_def, options.dtype, lists)
+              for label, (graph_def, _) in frozen.items()}
     if options.json:
-        print(json.dumps({name: r.to_dict() for name, r in reports.items()}, indent=1))
-        return
-    for name, report in reports.items():
-        print(f"== {name}: {report.summary()}")
-        table = collections.defaultdict(collections.Counter)
-        reasons = collections.defaultdict(collections.Counter)
-        for decision in report.decisions.values():
-            table[decision.op][decision.colour] += 1
-            if decision.colour != "allow":
-                reasons[decision.op][decision.reason] += 1
-        colours = ("allow", "deny", "fp32", "none")
-        print(f"{'op':32} " + " ".join(f"{c:>6}" for c in colours) + "  why not half (most common)")
-        for op in sorted(table, key=lambda o: (-table[o]["allow"], o)):
-            why = reasons[op].most_common(1)[0][0] if reasons[op] else ""
-            print(f"{op:32} " + " ".join(f"{table[op][c]:6d}" for c in colours) + f"  {why}")
+        data = {label: report.to_dict() for label, report in conversion.reports.items()}
+        data["half_flop_share"] = {label: share for label, (share, _) in shares.items()}
+        print(json.dumps(data, indent=1))
+    else:
+        for label, report in conversion.reports.items():
+            print(f"== {label}: {report.summary()}")
+            print("\n".join(_inspect.op_table(report)))
+        for label, (share, unknown) in shares.items():
+            text = "no MatMul/Conv2D FLOPs" if share is None else f"{share:.1%}"
+            extra = f" ({unknown} op(s) with unknown shapes not counted)" if unknown else ""
+            print(f"half-precision share of MatMul/Conv FLOPs in {label}: {text}{extra}")
+    if options.tensorboard:
+        graphs = {label: _inspect.annotated(graph_def, conversion.reports[label])
+                  for label, graph_def in model.graph_defs(conversion).items()}
+        _inspect.write_tensorboard(options.tensorboard, graphs)
+        print(f"wrote the converted graph(s) to {options.tensorboard}: tensorboard --logdir "
+              f"{options.tensorboard} (each node's attrs {_inspect.COLOUR_ATTR} and "
+              f"{_inspect.REASON_ATTR})")
+    if options.numerics:
+        specs = model.input_specs()
+        feeds = _convert.sample_feeds(specs, options.numerics, seed=options.seed,
+                                      inputs_file=options.inputs)
+        for label, (graph_def, placeholders) in frozen.items():
+            converted = _inspect.half_node_names(graph_def, options.dtype, lists)
+            label_feeds = [{placeholders[k]: v for k, v in sample[label].items()}
+                           for sample in feeds]
+            ranges, skipped = _inspect.numerics(graph_def, label_feeds, options.dtype,
+                                                converted)
+            print(f"== numerics of {label}")
+            print("\n".join(_inspect.numerics_lines(ranges, skipped, options.dtype,
+                                                     len(feeds))))
 
 
 def main(argv=None):
@@ -134,22 +172,40 @@ def main(argv=None):
     inspect_ = commands.add_parser("inspect", help="what a conversion would do, per op type")
     inspect_.add_argument("src")
     inspect_.add_argument("--json", action="store_true", help="the full report as JSON")
+    inspect_.add_argument("--tensorboard", metavar="LOGDIR",
+                          help="write the converted graph, nodes annotated, for TensorBoard")
+    inspect_.add_argument("--numerics", type=int, nargs="?", const=8, default=0, metavar="N",
+                          help="run N (default 8) sample inputs through the float32 model and "
+                          "report tensors outside the half type's range")
     for sub in (convert, inspect_):
         sub.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
         sub.add_argument("--deny", default="", help="comma-separated op types kept float32")
+        sub.add_argument("--inputs", metavar="FILE.npz",
+                         help="sample inputs: one array per input name, fed as they are")
+        sub.add_argument("--seed", type=int, default=0, help="seed of random sample inputs")
     convert.add_argument("--keep-fp32", default="", help="comma-separated node names kept float32")
     convert.add_argument("--keep-io-types", dest="keep_io_types", action="store_true",
                          default=True, help="inputs and outputs keep their dtypes (default)")
-    convert.add_argument("--no-keep-io-types", dest="keep_io_types", action="store_false")
+    convert.add_argument("--no-keep-io-types", dest="keep_io_types", action="store_false",
+                         help="frozen graphs: inputs and outputs may be half precision")
     convert.add_argument("--force", action="store_true",
                          help="convert a model tf_mpt already converted")
+    convert.add_argument("--validate", type=int, default=0, metavar="N",
+                         help="compare N random samples (or --inputs) with float32; fail past "
+                         "--rtol/--atol")
+    convert.add_argument("--rtol", type=float, help="relative tolerance (float16 1e-2, "
+                         "bfloat16 5e-2)")
+    convert.add_argument("--atol", type=float, help="absolute tolerance (float16 1e-2, "
+                         "bfloat16 5e-2)")
+    convert.add_argument("--auto-deny", action="store_true",
+                         help="if validation fails, find the nodes to keep float32 (bisection)")
     options = parser.parse_args(argv)
     if options.command == "run":
         _run(options.script, options.args)
         return
     from tf_mpt import _model_io  # pylint: disable=g-import-not-at-top
     try:
-        (_convert if options.command == "convert" else _inspect)(options)
+        (_convert_command if options.command == "convert" else _inspect_command)(options)
     except _model_io.ModelError as error:
         sys.stderr.write(f"tf-mpt {options.command}: {error}\n")
         raise SystemExit(2) from None

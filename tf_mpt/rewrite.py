@@ -161,16 +161,24 @@ def rewrite_graph_def(graph_def, *, dtype="float16", fetches=None, lists=None, s
     """
     # The rewrite allocates many small objects while TensorFlow keeps ~300k tracked ones:
     # pausing the cyclic collector halves the time on large graphs (nothing here is cyclic).
+    return rewrite_with_library(graph_def, dtype=dtype, fetches=fetches, lists=lists,
+                                strict=strict)
+
+
+def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_roots=()):
+    """rewrite_graph_def that also rewrites the library functions named in `function_roots`
+    (and what they call) when the graph itself does not call them: a SavedModel's object
+    graph calls its functions from outside its GraphDef."""
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _rewrite_graph_def(graph_def, dtype, fetches, lists, strict)
+        return _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict):
+def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots):
     dtype_name = _lists._dtype_name(dtype)  # pylint: disable=protected-access
     _check_graph_def(graph_def)
     config = _config.Config.from_env(os.environ)
@@ -187,7 +195,7 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict):
         unchanged.CopyFrom(graph_def)
         return RewriteResult(unchanged, report, False)
     function_reports = {}
-    reachable = _reachable_functions(graph_def)
+    reachable = _reachable_functions(graph_def, function_roots)
     for index, fdef in enumerate(graph_def.library.function):
         if fdef.signature.name not in reachable:
             continue  # e.g. a While body TF replaced by its '_rewritten' copy: never runs
@@ -212,8 +220,8 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict):
     return RewriteResult(new_graph_def, report, modified)
 
 
-def _reachable_functions(graph_def):
-    """Names of library functions the graph calls, directly or through other functions."""
+def _reachable_functions(graph_def, roots=()):
+    """Names of library functions the graph (or `roots`) calls, directly or through others."""
     library = {f.signature.name: f for f in graph_def.library.function}
     gradients = {g.function_name: g.gradient_func for g in graph_def.library.gradient}
     seen, stack = set(), []
@@ -227,6 +235,10 @@ def _reachable_functions(graph_def):
                     stack.append(name)
 
     visit(graph_def.node)
+    for name in roots:
+        if name in library and name not in seen:
+            seen.add(name)
+            stack.append(name)
     while stack:
         name = stack.pop()
         if gradients.get(name) in library and gradients[name] not in seen:

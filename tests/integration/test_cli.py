@@ -1,4 +1,6 @@
-"""`tf-mpt convert` and `tf-mpt inspect` on a frozen graph and a SavedModel (first slice)."""
+"""`tf-mpt convert` and `tf-mpt inspect` through the console entry point, in subprocesses:
+frozen graphs, bad inputs, and inspect on both kinds (SavedModel conversion, validation and
+the inspect options: test_cli_saved_model.py)."""
 
 import json
 import os
@@ -44,6 +46,11 @@ def models(tmp_path_factory):
     (root / "frozen.pb").write_bytes(data)
     (root / "truncated.pb").write_bytes(data[:40])
     (root / "notes.txt").write_bytes(b"just some text, not a model\n")
+    (root / "not_a_model").mkdir()
+    (root / "not_a_model" / "README").write_bytes(b"nothing here\n")
+    (root / "broken_sm").mkdir()
+    (root / "broken_sm" / "saved_model.pb").write_bytes(
+        (root / "sm" / "saved_model.pb").read_bytes()[:100])
     return root, frozen
 
 
@@ -62,7 +69,7 @@ def test_convert_frozen_graph_keeps_io_types_and_numbers(models, tmp_path, dtype
     dst = tmp_path / "half.pb"
     proc = _cli("convert", str(root / "frozen.pb"), str(dst), "--dtype", dtype)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"nodes to {dtype} using" in proc.stdout
+    assert f"graph: Converted" in proc.stdout and f"nodes to {dtype} using" in proc.stdout
     before, after = tf.compat.v1.GraphDef(), tf.compat.v1.GraphDef()
     before.ParseFromString((root / "frozen.pb").read_bytes())
     after.ParseFromString(dst.read_bytes())
@@ -98,7 +105,8 @@ def test_convert_options_deny_keep_fp32_and_force(models, tmp_path):
     ("missing.pb", "does not exist"),
     ("truncated.pb", "is not a GraphDef protocol buffer"),
     ("notes.txt", "is not a GraphDef protocol buffer|holds no graph nodes"),
-    ("sm", "converting SavedModels is not supported yet"),
+    ("not_a_model", "is a directory without saved_model.pb"),
+    ("broken_sm", "is not a SavedModel protocol buffer"),
 ])
 def test_bad_sources_get_a_clear_error_and_nothing_is_written(models, tmp_path, source,
                                                               message):

@@ -1,0 +1,507 @@
+"""The models `tf-mpt convert` and `tf-mpt inspect` work on: convert, run, validate, write.
+
+Two kinds of source, one interface:
+
+* FrozenGraph: a GraphDef file. Inputs are its Placeholders, outputs the nodes nothing reads.
+* SavedModelDir: a SavedModel directory. The SavedModel protocol buffer is rewritten as it is:
+  each MetaGraph's GraphDef and every function of its library that the graph or the object
+  graph (tf.saved_model.load's functions, the signatures) calls. Function signatures do not
+  change, so the object graph, the signatures and the checkpoint stay valid; variables stay
+  float32 (the checkpoint is copied unchanged).
+
+A node is named by (function or None, node name); `--keep-fp32` takes `node` (any graph or
+function holding a node of that name) or `function/node`.
+"""
+
+import dataclasses
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
+from google.protobuf import message
+
+from tf_mpt import _casts
+from tf_mpt import _graph_view
+from tf_mpt import _model_io
+from tf_mpt import _progress
+from tf_mpt import rewrite as _rewrite
+from tf_mpt._type_attrs import KEEP_FP32_ATTR
+from tf_mpt._model_io import ModelError
+
+# Default tolerances of --validate: |converted - float32| <= atol + rtol * |float32|.
+DEFAULT_TOLERANCES = {"float16": (1e-2, 1e-2), "bfloat16": (5e-2, 5e-2)}
+_INIT_SIGNATURE = "__saved_model_init_op"
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    name: str          # the feed key (signature argument or placeholder name)
+    dtype: tf.DType
+    shape: tuple       # None for an unknown dimension; None for an unknown rank
+
+
+@dataclasses.dataclass(frozen=True)
+class Conversion:
+    """A converted model, not yet written."""
+    payload: object    # GraphDef or SavedModel proto
+    reports: dict      # graph label -> RewriteReport
+
+    @property
+    def converted_nodes(self):
+        """[(label, function or None, node name)] of nodes the rewrite put in half precision."""
+        return [(label, d.function, d.name) for label, report in self.reports.items()
+                for d in report.decisions.values() if d.converted]
+
+
+def open_model(path):
+    """A FrozenGraph or SavedModelDir for `path` (ModelError if it is neither)."""
+    if _model_io.kind_of(path) == "graph_def":
+        return FrozenGraph(path)
+    return SavedModelDir(path)
+
+
+def _sink_names(graph_def):
+    consumed = {_graph_view.parse_input(i)[0] for n in graph_def.node for i in n.input
+                if not i.startswith("^")}
+    return {n.name for n in graph_def.node if n.name not in consumed}
+
+
+def _mark_keep_fp32(graph_def, names, found):
+    """Marks the nodes `names` (node or function/node) kept float32; adds them to `found`."""
+    def mark(nodes, prefix):
+        for node in nodes:
+            for key in (node.name, f"{prefix}/{node.name}" if prefix else None):
+                if key in names:
+                    node.attr[KEEP_FP32_ATTR].b = True
+                    found.add(key)
+
+    mark(graph_def.node, None)
+    for fdef in graph_def.library.function:
+        mark(fdef.node_def, fdef.signature.name)
+
+
+def _check_all_found(names, found):
+    missing = sorted(set(names) - found)
+    if missing:
+        raise ModelError(f"--keep-fp32 names node(s) not in the model: {', '.join(missing)}. "
+                         "Use the node names `tf-mpt inspect --json` lists.")
+
+
+def _random_feed(spec, rng):
+    if spec.shape is None:
+        raise ModelError(f"input {spec.name!r} has an unknown rank, so no random sample can be "
+                         "made for it. Pass --inputs file.npz with an array for it.")
+    shape = [1 if d is None else d for d in spec.shape]
+    if spec.dtype.is_floating:
+        return rng.standard_normal(shape).astype(spec.dtype.as_numpy_dtype)
+    if spec.dtype.is_integer:
+        return rng.integers(0, 10, shape).astype(spec.dtype.as_numpy_dtype)
+    if spec.dtype == tf.bool:
+        return rng.integers(0, 2, shape).astype(bool)
+    raise ModelError(f"input {spec.name!r} has dtype {spec.dtype.name}, for which no random "
+                     "sample can be made. Pass --inputs file.npz with an array for it.")
+
+
+def sample_feeds(specs, samples, seed=0, inputs_file=None):
+    """[{label: {input name: array}}] with one entry per sample.
+
+    From `inputs_file` (an .npz whose keys are input names, or `label/name` when several
+    signatures share a name): one sample, each array fed as it is. Otherwise `samples` random
+    samples; an unknown dimension is 1.
+    """
+    if inputs_file is not None:
+        try:
+            arrays = dict(np.load(inputs_file))
+        except (OSError, ValueError) as error:
+            raise ModelError(f"--inputs {inputs_file!r} could not be read as an .npz file "
+                             f"({error}). Save one with numpy.savez(path, name=array, ...).")
+        feeds = {}
+        for label, label_specs in specs.items():
+            feeds[label] = {}
+            for spec in label_specs:
+                array = arrays.get(f"{label}/{spec.name}", arrays.get(spec.name))
+                if array is None:
+                    raise ModelError(
+                        f"--inputs {inputs_file!r} has no array for input {spec.name!r} of "
+                        f"{label!r} (keys: {', '.join(sorted(arrays)) or 'none'}).")
+                feeds[label][spec.name] = array.astype(spec.dtype.as_numpy_dtype)
+        return [feeds]
+    rng = np.random.default_rng(seed)
+    return [{label: {spec.name: _random_feed(spec, rng) for spec in label_specs}
+             for label, label_specs in specs.items()} for _ in range(samples)]
+
+
+@dataclasses.dataclass
+class OutputError:
+    """Worst error of one output over all samples."""
+    label: str
+    output: str
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    failing: int = 0   # elements outside atol + rtol * |reference|
+    total: int = 0
+
+    @property
+    def ok(self):
+        return self.failing == 0
+
+
+def compare(reference, actual, rtol, atol, errors, label):
+    """Folds one sample's outputs into `errors` ({(label, output): OutputError})."""
+    for name, expected in reference.items():
+        got = actual[name]
+        expected64 = np.asarray(expected, np.float64)
+        got64 = np.asarray(got, np.float64)
+        if expected64.shape != got64.shape:
+            raise ModelError(f"output {name!r} of {label!r} has shape {got64.shape} after "
+                             f"conversion, {expected64.shape} before.")
+        error = errors.setdefault((label, name), OutputError(label, name))
+        diff = np.abs(got64 - expected64)
+        diff = np.where(np.isnan(expected64) & np.isnan(got64), 0.0, diff)
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        magnitude = np.abs(expected64)
+        error.total += diff.size
+        error.failing += int(np.count_nonzero(diff > atol + rtol * magnitude))
+        if diff.size:
+            error.max_abs = max(error.max_abs, float(diff.max()))
+            meaningful = magnitude > atol
+            if meaningful.any():
+                error.max_rel = max(error.max_rel, float((diff[meaningful]
+                                                          / magnitude[meaningful]).max()))
+
+
+def validate(model, conversion, feeds, rtol, atol, progress=True):
+    """[OutputError] of `conversion` against the float32 model on `feeds`."""
+    errors = {}
+    with model.runner(None) as reference, model.runner(conversion) as converted:
+        bar = _progress.Progress(len(feeds), "validating") if progress else None
+        for sample in feeds:
+            for graph_label, feed in sample.items():
+                compare(reference(graph_label, feed), converted(graph_label, feed),
+                        rtol, atol, errors, graph_label)
+            if bar is not None:
+                bar.advance()
+        if bar is not None:
+            bar.close()
+    return list(errors.values())
+
+
+def error_table(errors, rtol, atol):
+    lines = [f"{'output':40} {'max abs err':>12} {'max rel err':>12} {'outside tol':>12}  "
+             f"(tolerance: atol {atol:g} + rtol {rtol:g} * |float32|)"]
+    for e in errors:
+        name = e.output if e.label == "graph" else f"{e.label}/{e.output}"
+        lines.append(f"{name:40} {e.max_abs:12.4g} {e.max_rel:12.4g} "
+                     f"{e.failing:>6}/{e.total:<5}" + ("" if e.ok else "  FAIL"))
+    return "\n".join(lines)
+
+
+def auto_deny(model, dtype, lists, keep, feeds, rtol, atol, max_trials=400):
+    """Finds converted nodes to keep float32 so the model passes validation.
+
+    Bisection over the converted nodes in graph order: keeping every converted node float32
+    passes (that is the float32 model); the smallest prefix that still passes ends with a node
+    that is needed, which joins the kept set, and the search repeats on the nodes before it
+    until the kept set alone passes. Each needed node costs about log2(candidates) trials.
+
+    Returns (conversion, [(function or None, node name)] kept float32 by the search).
+    """
+    base = model.convert(dtype, lists, keep)
+    candidates = [(function, name) for _, function, name in base.converted_nodes]
+    trials = {}
+
+    bar = _progress.Progress(2 * max(len(candidates).bit_length(), 1), "auto-deny (trials)")
+    try:
+        def passes(extra):
+            key = frozenset(extra)
+            if key not in trials:
+                if len(trials) >= max_trials:
+                    raise ModelError(f"--auto-deny gave up after {max_trials} trials; "
+                                     "loosen --rtol/--atol or deny op types with --deny.")
+                conversion = model.convert(dtype, lists, set(keep) | set(_names(extra)))
+                errors = validate(model, conversion, feeds, rtol, atol, progress=False)
+                trials[key] = all(e.ok for e in errors)
+                bar.advance(total=max(bar.total, len(trials) + 1))
+            return trials[key]
+
+        if not passes(candidates):
+            raise ModelError("--auto-deny: the model fails validation even with every converted "
+                             "node in float32 (the float32 model does not reproduce itself "
+                             "within the tolerance: check --rtol/--atol or random inputs).")
+        kept, remaining = [], list(candidates)
+        while not passes(kept):
+            low, high = 1, len(remaining)
+            while low < high:
+                middle = (low + high) // 2
+                if passes(kept + remaining[:middle]):
+                    high = middle
+                else:
+                    low = middle + 1
+            kept.append(remaining[low - 1])
+            remaining = remaining[:low - 1]
+    finally:
+        bar.close()
+    return model.convert(dtype, lists, set(keep) | set(_names(kept))), kept
+
+
+def _names(pairs):
+    return [name if function is None else f"{function}/{name}" for function, name in pairs]
+
+
+class FrozenGraph:
+    """A frozen GraphDef file."""
+
+    kind = "frozen graph"
+
+    def __init__(self, path):
+        self.path = path
+        self.graph_def = _model_io.read_graph_def(path)
+
+    def is_converted(self):
+        return _model_io.is_converted(self.graph_def)
+
+    def input_specs(self):
+        """{'graph': [InputSpec]} of the Placeholders."""
+        specs = []
+        for node in self.graph_def.node:
+            if node.op != "Placeholder":
+                continue
+            shape = node.attr["shape"].shape if "shape" in node.attr else None
+            dims = (None if shape is None or shape.unknown_rank
+                    else tuple(None if d.size < 0 else d.size for d in shape.dim))
+            specs.append(InputSpec(node.name, tf.as_dtype(node.attr["dtype"].type), dims))
+        return {"graph": specs}
+
+    def outputs(self):
+        sinks = _sink_names(self.graph_def)
+        return [f"{n.name}:0" for n in self.graph_def.node
+                if n.name in sinks and n.op not in ("NoOp", "Placeholder", "Const")]
+
+    def convert(self, dtype, lists, keep=(), keep_io_types=True):
+        """keep_io_types=False: outputs may come out in half precision, and a float32
+        Placeholder that only feeds tf_mpt's Casts to half becomes a half Placeholder."""
+        graph_def = tf.compat.v1.GraphDef()
+        graph_def.CopyFrom(self.graph_def)
+        found = set()
+        _mark_keep_fp32(graph_def, set(keep), found)
+        _check_all_found(keep, found)
+        result = _rewrite.rewrite_graph_def(graph_def, dtype=dtype, lists=lists, strict=True,
+                                            fetches=None if keep_io_types else [])
+        if not keep_io_types:
+            _half_placeholders(result.graph_def, tf.as_dtype(dtype).as_datatype_enum)
+        return Conversion(result.graph_def, {"graph": result.report})
+
+    def graph_defs(self, conversion=None):
+        """{label: GraphDef} to show or inspect."""
+        return {"graph": self.graph_def if conversion is None else conversion.payload}
+
+    def runner(self, conversion):
+        return _GraphRunner(self.graph_def if conversion is None else conversion.payload,
+                            self.outputs())
+
+    def frozen(self):
+        """{label: (GraphDef with every call inlined, {input name: placeholder name})}."""
+        return {"graph": (self.graph_def, {s.name: s.name for s in self.input_specs()["graph"]})}
+
+    def write(self, conversion, dst):
+        def write(path):
+            with open(path, "wb") as f:
+                f.write(conversion.payload.SerializeToString())
+        _model_io.write_atomically(dst, write)
+
+
+def _half_placeholders(graph_def, half_enum):
+    """Makes float32 Placeholders read only by tf_mpt's Casts to half half, in place."""
+    readers = {}
+    for node in graph_def.node:
+        for index, text in enumerate(node.input):
+            if not text.startswith("^"):
+                readers.setdefault(_graph_view.parse_input(text)[0], []).append((node, index))
+    removed = set()
+    for node in graph_def.node:
+        if node.op != "Placeholder" or node.attr["dtype"].type != tf.float32.as_datatype_enum:
+            continue
+        casts = [reader for reader, _ in readers.get(node.name, ())]
+        if not casts or not all(c.op == "Cast" and c.name.endswith(_casts.CAST_SUFFIX)
+                                and c.attr["DstT"].type == half_enum for c in casts):
+            continue
+        node.attr["dtype"].type = half_enum
+        for cast in casts:
+            removed.add(cast.name)
+            for reader, index in readers.get(cast.name, ()):
+                reader.input[index] = node.name
+    kept = [n for n in graph_def.node if n.name not in removed]
+    del graph_def.node[:]
+    graph_def.node.extend(kept)
+
+
+class _GraphRunner:
+    """Runs a GraphDef in a Session: runner(label, {placeholder: array}) -> {output: array}."""
+
+    def __init__(self, graph_def, outputs):
+        self._graph = tf.Graph()
+        with self._graph.as_default():
+            tf.graph_util.import_graph_def(graph_def, name="")
+        self._outputs = outputs
+        self._session = None
+
+    def __enter__(self):
+        self._session = tf.compat.v1.Session(graph=self._graph)
+        return self
+
+    def __exit__(self, *exc_info):
+        self._session.close()
+
+    def __call__(self, label, feed):
+        feed = {self._graph.get_tensor_by_name(f"{k}:0"): v for k, v in feed.items()}
+        feed = {t: np.asarray(v).astype(t.dtype.as_numpy_dtype) for t, v in feed.items()}
+        values = self._session.run(self._outputs, feed)
+        return dict(zip(self._outputs, values))
+
+
+class SavedModelDir:
+    """A SavedModel directory."""
+
+    kind = "SavedModel"
+
+    def __init__(self, path):
+        self.path = path
+        self.proto = saved_model_pb2.SavedModel()
+        pb = os.path.join(path, "saved_model.pb")
+        if not os.path.exists(pb):
+            raise ModelError(f"{path!r} has no saved_model.pb (a text saved_model.pbtxt is not "
+                             "supported): save the model with tf.saved_model.save.")
+        with open(pb, "rb") as f:
+            data = f.read()
+        try:
+            self.proto.ParseFromString(data)
+        except message.DecodeError as error:
+            raise ModelError(f"{pb!r} is not a SavedModel protocol buffer ({error}): the file "
+                             "is truncated or of another type.") from None
+        if not self.proto.meta_graphs:
+            raise ModelError(f"SavedModel {path!r} holds no MetaGraph.")
+        self._signatures = {name: sig for name, sig
+                            in self.proto.meta_graphs[0].signature_def.items()
+                            if name != _INIT_SIGNATURE and sig.outputs}
+        if not self._signatures:
+            raise ModelError(f"SavedModel {path!r} has no signatures to convert or run. Save "
+                             "it with tf.saved_model.save(obj, path, signatures=...).")
+        for meta_graph in self.proto.meta_graphs:
+            _model_io.check_known_ops(meta_graph.graph_def, path)
+
+    def is_converted(self):
+        return any(_model_io.is_converted(m.graph_def) for m in self.proto.meta_graphs)
+
+    def input_specs(self):
+        """{signature name: [InputSpec]}."""
+        specs = {}
+        for name, sig in sorted(self._signatures.items()):
+            specs[name] = []
+            for key, info in sorted(sig.inputs.items()):
+                shape = (None if info.tensor_shape.unknown_rank
+                         else tuple(None if d.size < 0 else d.size for d in info.tensor_shape.dim))
+                specs[name].append(InputSpec(key, tf.as_dtype(info.dtype), shape))
+        return specs
+
+    def _label(self, index):
+        tags = ",".join(self.proto.meta_graphs[index].meta_info_def.tags) or "untagged"
+        return tags if len(self.proto.meta_graphs) > 1 else "saved_model"
+
+    def convert(self, dtype, lists, keep=()):
+        proto = saved_model_pb2.SavedModel()
+        proto.CopyFrom(self.proto)
+        reports = {}
+        names, found = set(keep), set()
+        for index, meta_graph in enumerate(proto.meta_graphs):
+            graph_def = meta_graph.graph_def
+            _mark_keep_fp32(graph_def, names, found)
+            fetches = _sink_names(graph_def)
+            for sig in meta_graph.signature_def.values():
+                for info in list(sig.inputs.values()) + list(sig.outputs.values()):
+                    fetches.add(_graph_view.parse_input(info.name)[0])
+            saver = meta_graph.saver_def
+            for tensor in (saver.filename_tensor_name, saver.save_tensor_name,
+                           saver.restore_op_name):
+                if tensor:
+                    fetches.add(_graph_view.parse_input(tensor)[0])
+            roots = list(meta_graph.object_graph_def.concrete_functions)
+            result = _rewrite.rewrite_with_library(
+                graph_def, dtype=dtype, fetches=sorted(fetches), lists=lists, strict=True,
+                function_roots=roots)
+            meta_graph.graph_def.CopyFrom(result.graph_def)
+            reports[self._label(index)] = result.report
+        _check_all_found(names, found)
+        return Conversion(proto, reports)
+
+    def graph_defs(self, conversion=None):
+        proto = self.proto if conversion is None else conversion.payload
+        return {self._label(i): m.graph_def for i, m in enumerate(proto.meta_graphs)}
+
+    def _write_directory(self, proto, directory, link):
+        """A SavedModel in `directory`: `proto` and this model's other files (links or copies)."""
+        os.makedirs(directory, exist_ok=True)
+        for entry in os.listdir(self.path):
+            if entry in ("saved_model.pb", "saved_model.pbtxt", "fingerprint.pb"):
+                continue
+            source, target = os.path.join(self.path, entry), os.path.join(directory, entry)
+            if link:
+                os.symlink(os.path.abspath(source), target)
+            elif os.path.isdir(source):
+                shutil.copytree(source, target)
+            else:
+                shutil.copy2(source, target)
+        with open(os.path.join(directory, "saved_model.pb"), "wb") as f:
+            f.write(proto.SerializeToString())
+        from tensorflow.python.saved_model import fingerprinting_utils  # pylint: disable=g-import-not-at-top
+        fingerprinting_utils.write_fingerprint(directory)
+
+    def write(self, conversion, dst):
+        _model_io.write_atomically(
+            dst, lambda path: self._write_directory(conversion.payload, path, link=False))
+
+    def runner(self, conversion):
+        return _SavedModelRunner(self, conversion)
+
+    def frozen(self):
+        """{signature: (GraphDef with variables as constants and calls inlined,
+        {input name: placeholder name})} for shapes, FLOPs and per-tensor numerics."""
+        from tensorflow.python.framework import convert_to_constants  # pylint: disable=g-import-not-at-top
+        _, signatures = _model_io.load_signatures(self.path)
+        out = {}
+        for name in sorted(self._signatures):
+            function = signatures[name]
+            frozen = convert_to_constants.convert_variables_to_constants_v2(function)
+            keys = sorted(function.structured_input_signature[1])
+            placeholders = [t.op.name for t in frozen.inputs]
+            out[name] = (frozen.graph.as_graph_def(), dict(zip(keys, placeholders)))
+        return out
+
+
+class _SavedModelRunner:
+    """Loads the model (or a conversion, from a temporary directory) and calls its signatures."""
+
+    def __init__(self, model, conversion):
+        self._model = model
+        self._conversion = conversion
+        self._temporary = None
+        self._signatures = None
+
+    def __enter__(self):
+        path = self._model.path
+        if self._conversion is not None:
+            self._temporary = tempfile.mkdtemp(prefix="tf_mpt-trial-")
+            path = os.path.join(self._temporary, "model")
+            self._model._write_directory(self._conversion.payload, path, link=True)  # pylint: disable=protected-access
+        _, self._signatures = _model_io.load_signatures(path)
+        return self
+
+    def __exit__(self, *exc_info):
+        if self._temporary is not None:
+            shutil.rmtree(self._temporary, ignore_errors=True)
+
+    def __call__(self, label, feed):
+        outputs = self._signatures[label](**{k: tf.constant(v) for k, v in feed.items()})
+        return {k: v.numpy() for k, v in outputs.items()}
