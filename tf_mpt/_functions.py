@@ -56,7 +56,10 @@ def rewrite_function(concrete_function, *, dtype="float16"):
     graph_def = cf.graph.as_graph_def()
     fetches = ([t.op.name for t in cf.outputs] + [op.name for op in cf.graph.control_outputs]
                + [t.op.name for t in cf.inputs])
-    result = _rewrite.rewrite_graph_def(graph_def, dtype=dtype_name, fetches=fetches)
+    from tf_mpt import _cost  # pylint: disable=g-import-not-at-top
+    result = _rewrite.rewrite_with_library(graph_def, dtype=dtype_name, fetches=fetches,
+                                           lists=None, strict=False,
+                                           shapes=lambda: _cost.shapes_of_graph(cf.graph))
     if not result.modified:
         return cf
     graph_def = _rename_library(result.graph_def, f"_tf_mpt_{dtype_name}")

@@ -79,6 +79,7 @@ class Paint:
         self.reason = [f"already {self.target_name}" if a else None for a in self.allow]
         self._candidate = [None] * n
         self._why_not = [None] * n
+        self.cost = None  # (cost-model Constants, {node name: output shapes}) when it is on
 
     # --- vertex facts ----------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ TF_MPT_GRAPH_REWRITE = "TF_MPT_GRAPH_REWRITE"
 TF_MPT_LOSS_SCALING = "TF_MPT_LOSS_SCALING"
 TF_MPT_DTYPE = "TF_MPT_DTYPE"
 TF_MPT_LOSS_SCALE = "TF_MPT_LOSS_SCALE"
+TF_MPT_COST_MODEL = "TF_MPT_COST_MODEL"
 
 # (variable, default, meaning): the README's env-var table is checked against this by a test.
 ENV_VARS = (
@@ -50,6 +51,9 @@ ENV_VARS = (
     (TF_MPT_DENYLIST_REMOVE, "", "Comma-separated op names to take off the deny list."),
     (TF_MPT_CLEARLIST_ADD, "", "Comma-separated op names to put on the clear list."),
     (TF_MPT_CLEARLIST_REMOVE, "", "Comma-separated op names to take off the clear list."),
+    (TF_MPT_COST_MODEL, "auto", "Cost model: keep a half cluster float32 when its Casts cost "
+     "more than half precision saves (static shapes needed). auto: on for bfloat16 (calibrated "
+     "on CPU), off for float16; 1: on for both; 0: off."),
     (TF_MPT_DUMP_DIR, "", "Directory; every rewrite writes the graph before and after "
      "(.pb and .pbtxt), the effective op lists and the report (JSON) there."),
 )
@@ -96,6 +100,19 @@ def _parse_dtype(environ):
     return value.lower()
 
 
+def _parse_cost_model(environ):
+    value = environ.get(TF_MPT_COST_MODEL, "").strip().lower()
+    if not value or value == "auto":
+        return "auto"
+    if value in _TRUE:
+        return "1"
+    if value in _FALSE:
+        return "0"
+    raise ValueError(f"{TF_MPT_COST_MODEL} must be auto, or one of "
+                     f"{', '.join(_TRUE + _FALSE)}. Received: {TF_MPT_COST_MODEL}="
+                     f"{environ.get(TF_MPT_COST_MODEL)!r}")
+
+
 def _parse_loss_scale(environ):
     value = environ.get(TF_MPT_LOSS_SCALE, "").strip()
     if not value or value.lower() == "dynamic":
@@ -124,6 +141,7 @@ class Config:
             `loss_scaling_for`).
         dtype: 'float16', 'bfloat16' or 'auto'.
         loss_scale: 'dynamic' or a positive float.
+        cost_model: 'auto', '1' or '0' (TF_MPT_COST_MODEL).
     """
     list_add: tuple = ()
     list_remove: tuple = ()
@@ -133,6 +151,7 @@ class Config:
     loss_scaling: typing.Optional[bool] = None
     dtype: str = "auto"
     loss_scale: typing.Union[str, float] = "dynamic"
+    cost_model: str = "auto"
 
     @classmethod
     def from_env(cls, environ):
@@ -153,7 +172,8 @@ class Config:
                    enable=enable,
                    graph_rewrite=enable if graph_rewrite is None else graph_rewrite,
                    loss_scaling=loss_scaling, dtype=_parse_dtype(environ),
-                   loss_scale=_parse_loss_scale(environ))
+                   loss_scale=_parse_loss_scale(environ),
+                   cost_model=_parse_cost_model(environ))
 
     def loss_scaling_for(self, dtype):
         """Whether the automatic path scales the loss for `dtype` ('float16'/'bfloat16').

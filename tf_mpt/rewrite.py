@@ -31,6 +31,7 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.core.framework import graph_pb2
 
 from tf_mpt import _casts
+from tf_mpt import _cost
 from tf_mpt import _function_library
 from tf_mpt import _graph_view
 from tf_mpt import _loops
@@ -53,6 +54,7 @@ _PASSES = (
     ("add_infer_to_allow_if_following_allow", _paint.add_infer_to_allow_if_following_allow),
     ("propagate_allow_through_clear", _paint.propagate_allow_through_clear),
     ("force_colour_match_on_loop_back_edges", _paint.force_colour_match_on_loop_back_edges),
+    ("keep_unprofitable_clusters_fp32", _cost.keep_unprofitable_clusters_fp32),
     ("let_existing_casts_read_and_emit_half", _paint.let_existing_casts_read_and_emit_half),
     ("store_constants_in_half", _paint.store_constants_in_half),
 )
@@ -159,26 +161,30 @@ def rewrite_graph_def(graph_def, *, dtype="float16", fetches=None, lists=None, s
         TypeError, ValueError (GraphDefError): malformed input, in both modes.
         RewriteError: an internal error, with strict=True.
     """
-    # The rewrite allocates many small objects while TensorFlow keeps ~300k tracked ones:
-    # pausing the cyclic collector halves the time on large graphs (nothing here is cyclic).
     return rewrite_with_library(graph_def, dtype=dtype, fetches=fetches, lists=lists,
                                 strict=strict)
 
 
-def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_roots=()):
+def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_roots=(),
+                         shapes=None):
     """rewrite_graph_def that also rewrites the library functions named in `function_roots`
     (and what they call) when the graph itself does not call them: a SavedModel's object
-    graph calls its functions from outside its GraphDef."""
+    graph calls its functions from outside its GraphDef. `shapes`: a callable returning
+    {node name: output shapes} of the graph, called only when the cost model is on (default:
+    the nodes' `_output_shapes` attrs)."""
+    # The rewrite allocates many small objects while TensorFlow keeps ~300k tracked ones:
+    # pausing the cyclic collector halves the time on large graphs (nothing here is cyclic).
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots)
+        return _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
+                                  shapes)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots):
+def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots, shapes):
     dtype_name = _lists._dtype_name(dtype)  # pylint: disable=protected-access
     _check_graph_def(graph_def)
     config = _config.Config.from_env(os.environ)
@@ -188,8 +194,10 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots)
     signatures = {f.signature.name: f.signature for f in graph_def.library.function}
     view = _graph_view.GraphView(graph_def)
     fetched = _fetch_node_names(fetches, view)
+    constants = _cost.constants_for(config.cost_model, _DTYPE_ENUM[dtype_name])
     new_graph_def, report, modified, error = _rewrite_one(
-        graph_def, view, fetched, dtype_name, lists, signatures, strict)
+        graph_def, view, fetched, dtype_name, lists, signatures, strict,
+        None if constants is None else (constants, shapes() if shapes else None))
     if error is not None:
         unchanged = graph_pb2.GraphDef()
         unchanged.CopyFrom(graph_def)
@@ -200,7 +208,7 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots)
         if fdef.signature.name not in reachable:
             continue  # e.g. a While body TF replaced by its '_rewritten' copy: never runs
         new_fdef, function_report = _rewrite_function_body(fdef, dtype_name, lists, signatures,
-                                                           strict)
+                                                           strict, constants)
         if function_report is not None:
             function_reports[fdef.signature.name] = function_report
         if new_fdef is not None:
@@ -208,7 +216,8 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots)
             modified = True
     if function_reports:
         report = _report.merge_function_reports(report, function_reports)
-        switched = _loops.keep_loop_variables_half(new_graph_def, _DTYPE_ENUM[dtype_name])
+        switched = _loops.keep_loop_variables_half(new_graph_def, _DTYPE_ENUM[dtype_name],
+                                                   fetched)
         if switched:
             report = _report.recount_casts(report, graph_def, new_graph_def, switched)
     if _log.isEnabledFor(logging.DEBUG):
@@ -248,12 +257,19 @@ def _reachable_functions(graph_def, roots=()):
     return seen
 
 
-def _rewrite_one(graph_def, view, fetched, dtype_name, lists, signatures, strict):
-    """Paints one graph (no library). Returns (graph_def, report, modified, error or None)."""
+def _rewrite_one(graph_def, view, fetched, dtype_name, lists, signatures, strict, cost):
+    """Paints one graph (no library). Returns (graph_def, report, modified, error or None).
+
+    cost: None (cost model off) or (Constants, shapes or None for `_output_shapes` attrs).
+    """
     types = [ta.node_types(node, signatures) for node in view.nodes]
     skip = _node_skip_reasons(view, types, fetched)
     paint = _paint.Paint(view, types, _DTYPE_ENUM[dtype_name], lists, skip,
                          ta.default_device_type())
+    if cost is not None:
+        constants, shapes = cost
+        paint.cost = (constants, _cost.output_shapes_from_attrs(view) if shapes is None
+                      else shapes)
     step = "build"
     try:
         for step, run_pass in _PASSES:
@@ -276,7 +292,7 @@ def _rewrite_one(graph_def, view, fetched, dtype_name, lists, signatures, strict
     return new_graph_def, report, modified, None
 
 
-def _rewrite_function_body(fdef, dtype_name, lists, signatures, strict):
+def _rewrite_function_body(fdef, dtype_name, lists, signatures, strict, constants):
     """Rewrites one library function, its signature unchanged.
 
     Returns (new FunctionDef or None if unchanged, report or None if not rewritable).
@@ -289,7 +305,8 @@ def _rewrite_function_body(fdef, dtype_name, lists, signatures, strict):
         _log.debug("function %s is left as it is: %s", name, error)
         return None, None
     new_body, report, modified, error = _rewrite_one(
-        body, view, set(fetches), dtype_name, lists, signatures, strict)
+        body, view, set(fetches), dtype_name, lists, signatures, strict,
+        None if constants is None else (constants, None))
     if error is not None or not modified:
         return None, report
     try:
@@ -347,7 +364,8 @@ def rewrite_graph(graph, *, dtype="float16", fetches=None):
         _log.debug("export_meta_graph failed (%s); collections are not carried over", error)
         meta_graph = None
     graph_def = meta_graph.graph_def if meta_graph is not None else graph.as_graph_def()
-    result = rewrite_graph_def(graph_def, dtype=dtype, fetches=fetches)
+    result = rewrite_with_library(graph_def, dtype=dtype, fetches=fetches, lists=None,
+                                  strict=False, shapes=lambda: _cost.shapes_of_graph(graph))
     new_graph = tf.Graph()
     with new_graph.as_default():
         if meta_graph is not None:
