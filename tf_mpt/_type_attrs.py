@@ -85,6 +85,11 @@ def _static_layout(op_name):
     return ins, outs
 
 
+# Type attrs that type no port but must agree with the ops sharing the object they declare
+# (a TensorArray's element dtype); see _arrays.py.
+_PORTLESS_TYPE_ATTRS = {"TensorArrayV3": "dtype"}
+
+
 def node_types(node, library_signatures):
     """Returns the NodeTypes of one NodeDef (library_signatures: name -> OpDef)."""
     nt = NodeTypes()
@@ -123,6 +128,9 @@ def node_types(node, library_signatures):
             dtypes[key] = _attr_value(node, key[0], attrs).list.type[key[1]]
         else:
             dtypes[key] = _attr_value(node, key, attrs).type
+    portless = _PORTLESS_TYPE_ATTRS.get(node.op)
+    if portless is not None:
+        dtypes[portless] = _attr_value(node, portless, attrs).type
     nt.dtypes = dtypes
     return nt
 

@@ -31,6 +31,7 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.core.framework import graph_pb2
 
 from tf_mpt import _casts
+from tf_mpt import _arrays
 from tf_mpt import _cost
 from tf_mpt import _function_library
 from tf_mpt import _graph_view
@@ -53,6 +54,7 @@ _PASSES = (
      _paint.add_clear_and_infer_to_allow_if_between_allow),
     ("add_infer_to_allow_if_following_allow", _paint.add_infer_to_allow_if_following_allow),
     ("propagate_allow_through_clear", _paint.propagate_allow_through_clear),
+    ("store_tensor_arrays_in_half", _arrays.store_tensor_arrays_in_half),
     ("force_colour_match_on_loop_back_edges", _paint.force_colour_match_on_loop_back_edges),
     ("keep_unprofitable_clusters_fp32", _cost.keep_unprofitable_clusters_fp32),
     ("let_existing_casts_read_and_emit_half", _paint.let_existing_casts_read_and_emit_half),

@@ -1,0 +1,105 @@
+"""TensorArray v3 element dtypes: one array, one dtype, half where it saves Casts."""
+
+import numpy as np
+import tensorflow as tf
+
+import tf_mpt
+from conftest import TOLERANCES
+from helpers import run
+
+tf1 = tf.compat.v1
+_ARRAY_ATTRS = {"TensorArrayV3": "dtype", "TensorArrayWriteV3": "T", "TensorArrayScatterV3": "T",
+                "TensorArraySplitV3": "T", "TensorArrayReadV3": "dtype",
+                "TensorArrayGatherV3": "dtype", "TensorArrayConcatV3": "dtype"}
+
+
+def _array_dtypes(graph_def):
+    return {n.name: n.attr[_ARRAY_ATTRS[n.op]].type for n in graph_def.node
+            if n.op in _ARRAY_ATTRS}
+
+
+def test_lstm_output_array_is_stored_in_half_with_its_gradient(half_dtype):
+    import lstm
+    graph = lstm.build_v1_graph()
+    fetches = ["loss", "grad0", "grad1", "grad2", "init"]
+    result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype=half_dtype, fetches=fetches)
+    gd = result.graph_def
+    half = tf.as_dtype(half_dtype).as_datatype_enum
+    dtypes = _array_dtypes(gd)
+    # Declaration, the write in the loop, the stack, and the gradient array's scatter and read.
+    assert len(dtypes) == 5 and set(dtypes.values()) == {half}, dtypes
+    nodes = {n.name: n for n in gd.node}
+    write = [n for n in gd.node if n.op == "TensorArrayWriteV3"][0]
+    assert nodes[write.input[2].split(":")[0]].op != "Cast"  # no Cast per loop step
+    decision = result.report.decisions["TensorArray"]
+    assert decision.converted and "stored in half" in decision.reason
+    feeds = {"xs:0": lstm.inputs()}
+    names = [f"{f}:0" for f in fetches[:-1]]
+    expected = run(graph.as_graph_def(), names, feeds, init="init")
+    actual = run(gd, names, feeds, init="init")
+    for a, e in zip(actual, expected):
+        assert a.dtype == e.dtype == np.float32
+        np.testing.assert_allclose(a, e, **TOLERANCES[half_dtype])
+
+
+def _loop_writing(value, reader):
+    """A v1 loop h <- tanh(h @ w) writing value(h) per step to a TensorArray; `reader` maps
+    the stacked array to the output 'y'."""
+    tf1.disable_control_flow_v2()
+    try:
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf1.placeholder(tf.float32, [4, 8], name="x")
+            w = tf.constant(np.random.RandomState(0).uniform(-0.5, 0.5, (8, 8)).astype(np.float32))
+
+            def body(t, h, ta):
+                h = tf.tanh(tf.matmul(h, w))
+                return t + 1, h, ta.write(t, value(h))
+
+            _, _, ta = tf1.while_loop(lambda t, *_: t < 3, body,
+                                      [tf.constant(0), x, tf.TensorArray(tf.float32, size=3)])
+            tf.identity(reader(ta.stack()), name="y")
+    finally:
+        tf1.enable_control_flow_v2()
+    return graph
+
+
+def _check_numbers(graph, result, dtype):
+    x = np.random.RandomState(1).uniform(-1, 1, (4, 8)).astype(np.float32)
+    expected = run(graph.as_graph_def(), ["y:0"], {"x:0": x})[0]
+    actual = run(result.graph_def, ["y:0"], {"x:0": x})[0]
+    assert actual.dtype == np.float32
+    np.testing.assert_allclose(actual, expected, **TOLERANCES[dtype])
+
+
+def _log(t):
+    return tf.math.log(tf.abs(t) + 1.0)  # Log: a deny op for both half types
+
+
+def test_float32_values_read_by_float32_ops_stay_float32(half_dtype):
+    graph = _loop_writing(_log, _log)
+    result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype=half_dtype, fetches=["y"])
+    assert set(_array_dtypes(result.graph_def).values()) == {tf.float32.as_datatype_enum}
+    _check_numbers(graph, result, half_dtype)
+
+
+def test_half_values_are_stored_in_half_even_when_a_deny_op_reads_them(half_dtype):
+    # tanh(h @ w) is computed in half: half storage rounds nothing, and the Cast to float32
+    # moves from every loop step to the one read after the loop.
+    graph = _loop_writing(lambda h: h, _log)
+    result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype=half_dtype, fetches=["y"])
+    assert set(_array_dtypes(result.graph_def).values()) == {
+        tf.as_dtype(half_dtype).as_datatype_enum}
+    _check_numbers(graph, result, half_dtype)
+
+
+def test_array_written_in_half_and_read_by_a_half_op_is_half(half_dtype):
+    w2 = np.random.RandomState(2).uniform(-0.5, 0.5, (8, 2)).astype(np.float32)
+    graph = _loop_writing(lambda h: h, lambda s: tf.matmul(tf.reshape(s, [12, 8]), w2))
+    result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype=half_dtype, fetches=["y"])
+    half = tf.as_dtype(half_dtype).as_datatype_enum
+    assert set(_array_dtypes(result.graph_def).values()) == {half}
+    # Casts: x in, y out; the weights are half constants; none at the array.
+    casts = sorted(n.name for n in result.graph_def.node if n.op == "Cast")
+    assert len(casts) == 2, casts
+    _check_numbers(graph, result, half_dtype)
