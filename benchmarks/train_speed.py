@@ -1,4 +1,4 @@
-"""Training-step time: float32 against tf_mpt and Grappler's auto mixed precision.
+"""Training-step time, peak memory and accuracy: float32 against tf_mpt and Grappler's AMP.
 
 Models (TF1 graphs built with tf.compat.v1, MomentumOptimizer, inputs fed as numpy arrays):
 
@@ -12,7 +12,7 @@ Models (TF1 graphs built with tf.compat.v1, MomentumOptimizer, inputs fed as num
   TensorArray and writing its outputs to another, mean over time + dense(10), sparse softmax
   cross-entropy; sequence 32, batch 64, hidden 512; resource variables.
 
-Variants, each in its own Session on the same process:
+Variants (the timing runs each in its own Session on the same process):
 
 * fp32: the graph as built.
 * tf_mpt: `tf_mpt.rewrite_graph(graph, dtype=..., fetches=[loss, train, init])`, in bfloat16
@@ -33,18 +33,47 @@ like-for-like count the details also give tf_mpt's Casts ('...-TfMpt') left in i
 partition graphs.
 Half FLOPs: MatMul / BatchMatMul / Conv2D (and their gradients) FLOPs from static shapes in
 the tf_mpt graph, counted as half when the op's T is the half type; ops inside the LSTM's
-while loops are weighted by the trip count. Peak memory is not measured (it needs one
-subprocess per variant).
+while loops are weighted by the trip count.
+
+Peak memory (section 'memory'): every measurement of a (model, variant) runs in a child process
+of its own (this script with a hidden flag), so one variant's memory never counts for another.
+The peak varies from run to run, so there are `memory_repeats` children per (model, variant),
+the variants interleaved, and the table shows medians. Each child builds the float32 graph and
+its feeds, takes that point as the baseline, then prepares the variant (tf_mpt: the rewrite;
+Grappler: its pass runs at the Session's first step), opens the Session, initialises and runs
+MEMORY_STEPS training steps. Two numbers per variant:
+* RSS: the process's peak resident set size from the baseline to the end minus its resident
+  size at the baseline (Linux: the peak mark VmHWM of /proc/self/status, reset to the current
+  size at the baseline through /proc/self/clear_refs). It holds everything the variant adds:
+  the rewritten graph, the Session, TensorFlow's tensors, oneDNN's buffers and code pages
+  touched for the first time. Not getrusage's ru_maxrss: a child started by subprocess
+  inherits its parent's peak in it, and it cannot be reset.
+* tensors: the peak bytes in use of TensorFlow's CPU allocator over the same span
+  (tf.config.experimental.get_memory_info('CPU:0')['peak'] after reset_memory_stats at the
+  baseline): the buffers TensorFlow allocates for variables, optimizer slots, activations and
+  gradients. Shown as n/a when the allocator keeps no statistics (reset_memory_stats raises
+  ValueError, as with TF_ENABLE_ONEDNN_OPTS=0).
+
+Accuracy (section 'accuracy'): the training-parity tasks of tests/integration/digits.py (an MLP
+and a conv net on scikit-learn's digits, which must be installed), trained with the same seed
+and minibatches for the same number of epochs by each variant: fp32 is the float32 graph;
+tf_mpt its rewrite (with tf_mpt.LossScaleOptimizer when the dtype is float16); Grappler the
+float32 graph in the timing's Session config. The table gives test accuracy (389 images, so
+one image is 0.26 points), its difference to fp32 in points, and the Casts in one training
+step's partition graphs (checking that each mixed variant did run in half).
 
 Usage: python benchmarks/train_speed.py [--quick] [--models conv,mlp,transformer,lstm]
-       [--rounds N] [--steps N] [--warmup N] [--intra-threads N] [--plot PATH]
+       [--sections timing,memory,accuracy] [--rounds N] [--steps N] [--warmup N]
+       [--intra-threads N] [--plot PATH]
 """
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -52,18 +81,25 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(_REPO, "tests"))
+sys.path.insert(0, os.path.join(_REPO, "tests", "integration"))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.core.protobuf import rewriter_config_pb2  # noqa: E402
 
+import digits  # noqa: E402
 import grappler_oracle  # noqa: E402
 import tf_mpt  # noqa: E402
+from tf_mpt import _flops  # noqa: E402
 
 tf1 = tf.compat.v1
 
-MODELS = ("conv", "mlp", "transformer", "lstm")
+MODELS = ("conv", "mlp", "transformer", "lstm", "small")
 VARIANTS = ("fp32", "tf_mpt", "grappler")
+# Timing also runs tf_mpt with its cost model off (TF_MPT_COST_MODEL=0): where the model
+# changes nothing the two graphs are the same and the column shows the noise.
+TIMING_VARIANTS = ("fp32", "tf_mpt", "tf_mpt_no_cost", "grappler")
+SECTIONS = ("timing", "memory", "accuracy")
 LOSS, TRAIN, INIT = "loss", "train", "init"
 SEED = 0
 LEARNING_RATE = 0.01
@@ -73,7 +109,20 @@ BN_EPSILON = 1e-3
 LN_EPSILON = 1e-5
 GRAPPLER_CAST_MARK = "AutoMixedPrecision"
 TF_MPT_CAST_MARK = grappler_oracle.TF_MPT_CAST_SUFFIX
+CAST_MARKS = {"tf_mpt": TF_MPT_CAST_MARK, "grappler": GRAPPLER_CAST_MARK}
 DEFAULT_PLOT = "train_speed.png"
+MEMORY_STEPS = 3
+MEMORY_CHILD_FLAG = "--memory-child"
+MEMORY_TIMEOUT_S = 600
+STDERR_TAIL_CHARS = 2000
+CPU_DEVICE = "CPU:0"
+PROC_STATUS = "/proc/self/status"
+PEAK_RSS_FIELD = "VmHWM:"
+PROC_CLEAR_REFS = "/proc/self/clear_refs"
+RESET_PEAK_RSS = "5"  # what clear_refs takes to reset the peak RSS mark
+MIB = 2 ** 20
+DIGITS_TASKS = ("mlp", "conv")  # the kinds of digits.build
+COST_MODEL_VAR = "TF_MPT_COST_MODEL"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,14 +142,24 @@ class Settings:
     lstm_seq: int
     lstm_batch: int
     lstm_hidden: int
+    small_batch: int
+    small_width: int
+    small_depth: int
+    memory_repeats: int
+    accuracy_epochs: int
 
 
+# The full run trains the digits tasks for as many epochs as test_training_parity.py.
 FULL = Settings(warmup=3, rounds=9, steps=5, conv_batch=64, conv_side=32, mlp_batch=256,
                 mlp_hidden=2048, tf_batch=32, tf_seq=128, tf_model=256, tf_heads=4,
-                lstm_seq=32, lstm_batch=64, lstm_hidden=512)
+                lstm_seq=32, lstm_batch=64, lstm_hidden=512, small_batch=32,
+                small_width=64, small_depth=16, memory_repeats=3,
+                accuracy_epochs=6)
 QUICK = Settings(warmup=2, rounds=5, steps=3, conv_batch=32, conv_side=32, mlp_batch=128,
                  mlp_hidden=1024, tf_batch=8, tf_seq=64, tf_model=128, tf_heads=4,
-                 lstm_seq=16, lstm_batch=32, lstm_hidden=256)
+                 lstm_seq=16, lstm_batch=32, lstm_hidden=256, small_batch=32,
+                 small_width=64, small_depth=8, memory_repeats=1,
+                 accuracy_epochs=2)
 
 MLP_INPUT = 784
 CONV_CHANNELS = ((32, 1), (64, 2), (128, 2))
@@ -198,6 +257,22 @@ def build_mlp(s, rng):
     return Model("mlp", graph, feeds)
 
 
+def build_small(s, rng):
+    """Many small layers: depth x (width -> width, relu), then 10 classes. Each MatMul is too
+    small for half precision to pay for its Casts on a CPU: where the cost model acts."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(SEED)
+        x = tf1.placeholder(tf.float32, [s.small_batch, s.small_width], "inputs")
+        labels = tf1.placeholder(tf.int32, [s.small_batch], "labels")
+        for k in range(s.small_depth):
+            x = tf.nn.relu(_dense(x, s.small_width, f"fc{k}", True))
+        _finish(_classifier_loss(_dense(x, CLASSES, "logits", True), labels))
+    feeds = {"inputs:0": _normal(rng, [s.small_batch, s.small_width]),
+             "labels:0": _labels(rng, s.small_batch)}
+    return Model("small", graph, feeds)
+
+
 def _layer_norm(x, name):
     """Layer norm over the last axis from tf.nn.moments."""
     depth = x.shape[-1]
@@ -283,70 +358,7 @@ def build_lstm(s, rng):
 
 
 BUILDERS = {"conv": build_conv, "mlp": build_mlp, "transformer": build_transformer,
-            "lstm": build_lstm}
-
-
-# --- FLOPs -------------------------------------------------------------------------------------
-
-
-def _dims(tensor):
-    """The static shape as a list of ints, or None if any dimension is unknown."""
-    shape = tensor.shape
-    if shape.rank is None or any(d is None for d in shape.as_list()):
-        return None
-    return shape.as_list()
-
-
-def _matmul_flops(op):
-    out, a = _dims(op.outputs[0]), _dims(op.inputs[0])
-    if out is None or a is None:
-        return None
-    transposed = op.get_attr("transpose_a") if op.type == "MatMul" else op.get_attr("adj_x")
-    return 2 * math.prod(out) * (a[-2] if transposed else a[-1])
-
-
-def _conv_flops(op):
-    """2 * output elements of the forward conv * kernel height * width * input channels."""
-    if op.type == "Conv2D":
-        out, kernel = _dims(op.outputs[0]), _dims(op.inputs[1])
-    elif op.type == "Conv2DBackpropInput":
-        out, kernel = _dims(op.inputs[2]), _dims(op.inputs[1])
-    else:
-        out, kernel = _dims(op.inputs[2]), _dims(op.outputs[0])
-    if out is None or kernel is None:
-        return None
-    return 2 * math.prod(out) * math.prod(kernel[:3])
-
-
-FLOP_COUNTERS = {"MatMul": _matmul_flops, "BatchMatMul": _matmul_flops,
-                 "BatchMatMulV2": _matmul_flops, "BatchMatMulV3": _matmul_flops,
-                 "Conv2D": _conv_flops, "Conv2DBackpropInput": _conv_flops,
-                 "Conv2DBackpropFilter": _conv_flops}
-
-
-def half_flop_share(graph, half_dtype, loop_weights):
-    """Share of MatMul/Conv FLOPs per step computed in `half_dtype`.
-
-    Returns:
-        (share or None if no FLOPs were counted, number of ops skipped for unknown shapes).
-    """
-    half = tf.as_dtype(half_dtype)
-    total = in_half = 0
-    skipped = 0
-    for op in graph.get_operations():
-        counter = FLOP_COUNTERS.get(op.type)
-        if counter is None:
-            continue
-        flops = counter(op)
-        if flops is None:
-            skipped += 1
-            continue
-        flops *= max([runs for scope, runs in loop_weights.items() if scope in op.name],
-                     default=1)
-        total += flops
-        if op.get_attr("T") == half:
-            in_half += flops
-    return (in_half / total if total else None), skipped
+            "lstm": build_lstm, "small": build_small}
 
 
 # --- sessions and timing -----------------------------------------------------------------------
@@ -418,32 +430,49 @@ def interleaved_timing(runners, settings):
             runner.timed_round(settings.steps)
 
 
-def rewrite_with_tf_mpt(model, dtype):
-    """Returns (rewritten tf.Graph, RewriteReport) for the model's training graph."""
+def rewrite_with_tf_mpt(model, dtype, cost_model=None):
+    """Returns (rewritten tf.Graph, RewriteReport) for the model's training graph.
+
+    cost_model: a TF_MPT_COST_MODEL value for this rewrite, or None for the environment's.
+    """
     fetches = [LOSS, TRAIN, INIT]
-    graph = tf_mpt.rewrite_graph(model.graph, dtype=dtype, fetches=fetches)
-    report = tf_mpt.rewrite_graph_def(model.graph.as_graph_def(), dtype=dtype,
-                                      fetches=fetches).report
+    saved = os.environ.get(COST_MODEL_VAR)
+    if cost_model is not None:
+        os.environ[COST_MODEL_VAR] = cost_model
+    try:
+        graph = tf_mpt.rewrite_graph(model.graph, dtype=dtype, fetches=fetches)
+        # The report of the same rewrite: the GraphDef carries the shapes the cost model uses.
+        report = tf_mpt.rewrite_graph_def(model.graph.as_graph_def(add_shapes=True),
+                                          dtype=dtype, fetches=fetches).report
+    finally:
+        if saved is None:
+            os.environ.pop(COST_MODEL_VAR, None)
+        else:
+            os.environ[COST_MODEL_VAR] = saved
     return graph, report
 
 
 def measure(model, dtype, settings, intra_threads):
     """Times fp32, tf_mpt and Grappler on `model`; returns a row dict for the table."""
     mixed_graph, report = rewrite_with_tf_mpt(model, dtype)
+    no_cost_graph, no_cost_report = rewrite_with_tf_mpt(model, dtype, cost_model="0")
     plain = session_config(intra_threads, grappler_amp=False)
     runners = [Runner("fp32", model.graph, model.feeds, plain),
                Runner("tf_mpt", mixed_graph, model.feeds, plain),
+               Runner("tf_mpt_no_cost", no_cost_graph, model.feeds, plain),
                Runner("grappler", model.graph, model.feeds,
                       session_config(intra_threads, grappler_amp=True))]
     try:
         interleaved_timing(runners, settings)
-        grappler_casts = runners[2].partition_casts(model.feeds, GRAPPLER_CAST_MARK)
+        grappler_casts = runners[3].partition_casts(model.feeds, GRAPPLER_CAST_MARK)
         tf_mpt_run_casts = runners[1].partition_casts(model.feeds, TF_MPT_CAST_MARK)
     finally:
         for runner in runners:
             runner.close()
-    share, skipped = half_flop_share(mixed_graph, dtype, model.loop_weights)
+    share, skipped = _flops.half_flop_share(mixed_graph, dtype, model.loop_weights)
+    kept = sum(1 for d in report.decisions.values() if d.reason.startswith("cost model"))
     row = {"model": model.name, "tf_mpt_casts": report.casts_added,
+           "no_cost_casts": no_cost_report.casts_added, "cost_model_kept": kept,
            "tf_mpt_summary": report.summary(), "grappler_casts": grappler_casts,
            "tf_mpt_run_casts": tf_mpt_run_casts,
            "half_flops": share, "flop_ops_skipped": skipped}
@@ -451,6 +480,124 @@ def measure(model, dtype, settings, intra_threads):
         row[f"{runner.name}_ms"] = statistics.median(runner.round_ms)
         row[f"{runner.name}_spread"] = (min(runner.round_ms), max(runner.round_ms))
         row[f"{runner.name}_loss"] = runner.first_loss
+    return row
+
+
+def variant_graph_and_config(variant, graph, dtype, fetches, intra_threads):
+    """(graph, ConfigProto) with which `variant` trains the float32 `graph`.
+
+    fp32 and Grappler run `graph` itself, Grappler with its pass on in the config; tf_mpt runs
+    its rewrite in `dtype`, with `fetches` keeping their dtypes.
+    """
+    if variant == "tf_mpt":
+        graph = tf_mpt.rewrite_graph(graph, dtype=dtype, fetches=fetches)
+    return graph, session_config(intra_threads, grappler_amp=variant == "grappler")
+
+
+# --- peak memory -------------------------------------------------------------------------------
+
+
+def _peak_rss_mib():
+    """This process's peak resident set size (VmHWM of /proc/self/status, in kB) in MiB."""
+    with open(PROC_STATUS) as f:
+        for line in f:
+            if line.startswith(PEAK_RSS_FIELD):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {PEAK_RSS_FIELD} line in {PROC_STATUS}")
+
+
+def _reset_peak_rss():
+    """Lowers this process's peak RSS mark to its current RSS (Linux 4.0+, see proc(5))."""
+    with open(PROC_CLEAR_REFS, "w") as f:
+        f.write(RESET_PEAK_RSS)
+
+
+def _reset_allocator_peak():
+    """Resets the peak of TensorFlow's CPU allocator; False if it keeps no statistics."""
+    try:
+        tf.config.experimental.reset_memory_stats(CPU_DEVICE)
+    except ValueError:  # "Cannot reset memory stats for device 'CPU:0'"
+        return False
+    return True
+
+
+def memory_in_this_process(model_name, variant, settings, dtype, intra_threads):
+    """The child's side: builds the model, then trains `variant` for MEMORY_STEPS steps.
+
+    Returns:
+        {'baseline': RSS in MiB once the float32 graph and feeds are built,
+         'peak': peak RSS in MiB from then to the end of the steps,
+         'tensors': peak MiB in use by TensorFlow's CPU allocator over the same span, or None
+         if it keeps no statistics}.
+    """
+    model = BUILDERS[model_name](settings, np.random.RandomState(SEED))
+    allocator_tracked = _reset_allocator_peak()
+    _reset_peak_rss()
+    baseline = _peak_rss_mib()
+    graph, config = variant_graph_and_config(variant, model.graph, dtype, [LOSS, TRAIN, INIT],
+                                             intra_threads)
+    runner = Runner(variant, graph, model.feeds, config)
+    try:
+        for _ in range(MEMORY_STEPS):
+            runner.step()
+        tensors = (tf.config.experimental.get_memory_info(CPU_DEVICE)["peak"] / MIB
+                   if allocator_tracked else None)
+        return {"baseline": baseline, "peak": _peak_rss_mib(), "tensors": tensors}
+    finally:
+        runner.close()
+
+
+def measure_memory(model_name, variant, args):
+    """Runs `memory_in_this_process` in a child process (this script, MEMORY_CHILD_FLAG).
+
+    Returns:
+        The child's dict, or {'error': its exit status} if it failed (negative: killed by that
+        signal); the tail of its stderr then goes to stderr.
+    """
+    command = [sys.executable, os.path.abspath(__file__), MEMORY_CHILD_FLAG,
+               f"{model_name},{variant}", "--intra-threads", str(args.intra_threads)]
+    if args.quick:
+        command.append("--quick")
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=MEMORY_TIMEOUT_S,
+                          check=False)
+    if proc.returncode != 0:
+        print(proc.stderr[-STDERR_TAIL_CHARS:], file=sys.stderr)
+        return {"error": f"exit status {proc.returncode}"}
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+# --- accuracy ----------------------------------------------------------------------------------
+
+
+def _casts_in_a_step(graph, config, feeds, mark):
+    """Cast nodes named with `mark` in the partition graphs of one training step."""
+    runner = Runner("casts", graph, feeds, config)
+    try:
+        return runner.partition_casts(feeds, mark)
+    finally:
+        runner.close()
+
+
+def measure_accuracy(kind, data, dtype, epochs, intra_threads):
+    """Trains the digits task `kind` with every variant; returns a row dict for the table.
+
+    The digits graphs name their nodes as the benchmark models do (loss, train, init), so
+    Runner counts their Casts.
+    """
+    x_train, y_train, _, _ = data
+    first_batch = {"images:0": x_train[:digits.BATCH], "labels:0": y_train[:digits.BATCH]}
+    row = {"task": f"digits {kind}",
+           "steps": epochs * len(range(0, digits.TRAIN, digits.BATCH))}
+    for variant in VARIANTS:
+        scaled = variant == "tf_mpt" and dtype == "float16"
+        graph, config = variant_graph_and_config(
+            variant, digits.build(kind, loss_scale="dynamic" if scaled else None), dtype,
+            digits.FETCHES, intra_threads)
+        _, row[f"{variant}_loss"], row[f"{variant}_accuracy"] = digits.train_and_evaluate(
+            graph, data, epochs, config)
+        if variant in CAST_MARKS:
+            row[f"{variant}_casts"] = _casts_in_a_step(graph, config, first_batch,
+                                                       CAST_MARKS[variant])
     return row
 
 
@@ -463,14 +610,16 @@ def _speedup(row, variant):
 
 def markdown_table(rows):
     lines = ["| model | fp32 ms | tf_mpt ms | Grappler ms | tf_mpt speed-up | "
-             "Grappler speed-up | tf_mpt Casts | Grappler Casts | tf_mpt half FLOPs |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "tf_mpt, cost model off | Grappler speed-up | tf_mpt Casts (off) | "
+             "Grappler Casts | nodes kept fp32 by the cost model | tf_mpt half FLOPs |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         share = "n/a" if r["half_flops"] is None else f"{r['half_flops']:.1%}"
         lines.append(f"| {r['model']} | {r['fp32_ms']:.2f} | {r['tf_mpt_ms']:.2f} | "
                      f"{r['grappler_ms']:.2f} | {_speedup(r, 'tf_mpt'):.2f}x | "
-                     f"{_speedup(r, 'grappler'):.2f}x | {r['tf_mpt_casts']} | "
-                     f"{r['grappler_casts']} | {share} |")
+                     f"{_speedup(r, 'tf_mpt_no_cost'):.2f}x | {_speedup(r, 'grappler'):.2f}x | "
+                     f"{r['tf_mpt_casts']} ({r['no_cost_casts']}) | {r['grappler_casts']} | "
+                     f"{r['cost_model_kept']} | {share} |")
     return "\n".join(lines)
 
 
@@ -479,14 +628,86 @@ def details(rows):
     lines = []
     for r in rows:
         spreads = ", ".join(f"{v} {r[f'{v}_spread'][0]:.2f}-{r[f'{v}_spread'][1]:.2f}"
-                            for v in VARIANTS)
-        losses = ", ".join(f"{v} {r[f'{v}_loss']:.4f}" for v in VARIANTS)
+                            for v in TIMING_VARIANTS)
+        losses = ", ".join(f"{v} {r[f'{v}_loss']:.4f}" for v in TIMING_VARIANTS)
         skipped = (f"; {r['flop_ops_skipped']} MatMul/Conv op(s) with unknown shapes not "
                    "counted" if r["flop_ops_skipped"] else "")
         lines.append(f"- {r['model']}: round ms/step min-max: {spreads}. First-step loss: "
                      f"{losses}. tf_mpt: {r['tf_mpt_summary']}{skipped}; "
                      f"{r['tf_mpt_run_casts']} of its Casts left in the partition graphs.")
     return "\n".join(lines)
+
+
+def summarize_memory(records):
+    """Medians and ranges over one variant's child records, or {'error': the first failure}."""
+    failures = [r["error"] for r in records if "error" in r]
+    if failures:
+        return {"error": failures[0]}
+    rises = [r["peak"] - r["baseline"] for r in records]
+    summary = {"baseline": statistics.median(r["baseline"] for r in records),
+               "rss": statistics.median(rises), "rss_range": (min(rises), max(rises))}
+    if records[0]["tensors"] is not None:  # the same TensorFlow build in every child
+        tensors = [r["tensors"] for r in records]
+        summary.update(tensors=statistics.median(tensors),
+                       tensors_range=(min(tensors), max(tensors)))
+    return summary
+
+
+def _memory_cells(summary):
+    """(RSS rise, allocator peak) cells of one variant's summary."""
+    if "error" in summary:
+        return summary["error"], summary["error"]
+    tensors = f"{summary['tensors']:.1f}" if "tensors" in summary else "n/a"
+    return f"{summary['rss']:.1f}", tensors
+
+
+def memory_table(rows):
+    lines = ["| model | fp32 RSS MiB | tf_mpt RSS MiB | Grappler RSS MiB | fp32 tensors MiB | "
+             "tf_mpt tensors MiB | Grappler tensors MiB |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        rss, tensors = zip(*(_memory_cells(r[v]) for v in VARIANTS))
+        lines.append(f"| {r['model']} | {' | '.join(rss)} | {' | '.join(tensors)} |")
+    return "\n".join(lines)
+
+
+def memory_details(rows):
+    """Per model: the RSS at the baseline and the min-max of both measures over the children."""
+    lines = []
+    for r in rows:
+        parts = []
+        for what, key, form in (("RSS at the baseline", "baseline", "{:.0f}"),
+                                ("RSS min-max", "rss_range", "{0[0]:.1f}-{0[1]:.1f}"),
+                                ("tensors min-max", "tensors_range", "{0[0]:.1f}-{0[1]:.1f}")):
+            values = ", ".join(f"{v} {form.format(r[v][key])}" for v in VARIANTS if key in r[v])
+            if values:
+                parts.append(f"{what}: {values}")
+        lines.append(f"- {r['model']} (MiB): {'; '.join(parts)}.")
+    return "\n".join(lines)
+
+
+def _points(row, variant):
+    return 100 * (row[f"{variant}_accuracy"] - row["fp32_accuracy"])
+
+
+def accuracy_table(rows):
+    lines = ["| task | steps | fp32 accuracy | tf_mpt accuracy | Grappler accuracy | "
+             "tf_mpt - fp32 (points) | Grappler - fp32 (points) | tf_mpt Casts | "
+             "Grappler Casts |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        accuracies = " | ".join(f"{100 * r[f'{v}_accuracy']:.2f}%" for v in VARIANTS)
+        lines.append(f"| {r['task']} | {r['steps']} | {accuracies} | "
+                     f"{_points(r, 'tf_mpt'):+.2f} | {_points(r, 'grappler'):+.2f} | "
+                     f"{r['tf_mpt_casts']} | {r['grappler_casts']} |")
+    return "\n".join(lines)
+
+
+def accuracy_details(rows):
+    """Per task: each variant's loss on the last training batch."""
+    return "\n".join(f"- {r['task']}: last-batch loss: "
+                     + ", ".join(f"{v} {r[f'{v}_loss']:.4f}" for v in VARIANTS) + "."
+                     for r in rows)
 
 
 def header(dtype):
@@ -531,9 +752,12 @@ def plot(rows, path, dtype):
 
 def _parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller models, fewer steps")
+    parser.add_argument("--quick", action="store_true",
+                        help="smaller models, fewer steps and epochs")
     parser.add_argument("--models", default=",".join(MODELS),
-                        help=f"comma-separated subset of {','.join(MODELS)}")
+                        help=f"comma-separated subset of {','.join(MODELS)} (timing, memory)")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated subset of {','.join(SECTIONS)}")
     parser.add_argument("--rounds", type=int, help="timed rounds per variant")
     parser.add_argument("--steps", type=int, help="steps per round")
     parser.add_argument("--warmup", type=int, help="untimed steps per variant")
@@ -541,10 +765,13 @@ def _parse_args():
                         help="intra-op threads of every Session (0: TensorFlow's default)")
     parser.add_argument("--plot", default=DEFAULT_PLOT,
                         help="PNG path for the speed-up chart ('' for none)")
+    parser.add_argument(MEMORY_CHILD_FLAG, metavar="MODEL,VARIANT", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    unknown = set(args.models.split(",")) - set(MODELS)
-    if unknown:
-        parser.error(f"unknown model(s) {sorted(unknown)}; choose from {MODELS}")
+    for flag, names, known in (("model", args.models, MODELS),
+                               ("section", args.sections, SECTIONS)):
+        unknown = set(names.split(",")) - set(known)
+        if unknown:
+            parser.error(f"unknown {flag}(s) {sorted(unknown)}; choose from {known}")
     return args
 
 
@@ -555,12 +782,13 @@ def _settings(args):
     return dataclasses.replace(settings, **overrides)
 
 
-def main():
-    args = _parse_args()
-    settings = _settings(args)
-    dtype = "bfloat16" if grappler_oracle.native_bf16().native else "float16"
-    print(header(dtype))
-    print(f"Timing: {settings.warmup} warm-up steps per variant, then {settings.rounds} "
+def _progress(what, start):
+    print(f"  measured {what} in {time.perf_counter() - start:.0f} s", file=sys.stderr,
+          flush=True)
+
+
+def timing_section(args, settings, dtype):
+    print(f"\nTiming: {settings.warmup} warm-up steps per variant, then {settings.rounds} "
           f"interleaved rounds x {settings.steps} steps; median of the rounds' ms/step; "
           f"intra-op threads: {args.intra_threads or 'default'}.",
           flush=True)
@@ -569,15 +797,71 @@ def main():
     for name in args.models.split(","):
         start = time.perf_counter()
         rows.append(measure(BUILDERS[name](settings, rng), dtype, settings, args.intra_threads))
-        print(f"  measured {name} in {time.perf_counter() - start:.0f} s", file=sys.stderr,
-              flush=True)
+        _progress(name, start)
     print()
     print(markdown_table(rows))
     print()
     print(details(rows))
-    print("Peak memory: not measured (it would need one subprocess per variant).")
     if args.plot:
         print(plot(rows, args.plot, dtype))
+
+
+def memory_section(args, settings):
+    print(f"\nPeak memory: {settings.memory_repeats} child process(es) per model and variant, "
+          f"{MEMORY_STEPS} training steps each; medians over the children. RSS = the process's "
+          "peak resident set size from the point where the float32 graph is built to the end, "
+          "minus its resident size at that point; tensors = peak in use by TensorFlow's CPU "
+          "allocator over the same span.", flush=True)
+    rows = []
+    for name in args.models.split(","):
+        start = time.perf_counter()
+        records = {v: [] for v in VARIANTS}
+        for _ in range(settings.memory_repeats):
+            for variant in VARIANTS:
+                records[variant].append(measure_memory(name, variant, args))
+        rows.append({"model": name, **{v: summarize_memory(records[v]) for v in VARIANTS}})
+        _progress(f"the memory of {name}", start)
+    print()
+    print(memory_table(rows))
+    print()
+    print(memory_details(rows))
+
+
+def accuracy_section(args, settings, dtype):
+    data = digits.load()
+    print(f"\nAccuracy: scikit-learn digits, {settings.accuracy_epochs} epochs of batch "
+          f"{digits.BATCH}, seed 0, the same minibatches for every variant; tf_mpt in {dtype}"
+          f"{' with tf_mpt.LossScaleOptimizer' if dtype == 'float16' else ''}; test accuracy "
+          f"on {len(data[3])} images.", flush=True)
+    rows = []
+    for kind in DIGITS_TASKS:
+        start = time.perf_counter()
+        rows.append(measure_accuracy(kind, data, dtype, settings.accuracy_epochs,
+                                     args.intra_threads))
+        _progress(f"the accuracy on digits {kind}", start)
+    print()
+    print(accuracy_table(rows))
+    print()
+    print(accuracy_details(rows))
+
+
+def main():
+    args = _parse_args()
+    settings = _settings(args)
+    dtype = "bfloat16" if grappler_oracle.native_bf16().native else "float16"
+    if args.memory_child:
+        model_name, variant = args.memory_child.split(",")
+        print(json.dumps(memory_in_this_process(model_name, variant, settings, dtype,
+                                                args.intra_threads)))
+        return
+    sections = args.sections.split(",")
+    print(header(dtype))
+    if "timing" in sections:
+        timing_section(args, settings, dtype)
+    if "memory" in sections:
+        memory_section(args, settings)
+    if "accuracy" in sections:
+        accuracy_section(args, settings, dtype)
 
 
 if __name__ == "__main__":

@@ -64,11 +64,14 @@ def build(kind, compute_dtype=tf.float32, loss_scale=None, seed=0):
 FETCHES = ["loss", "accuracy", "train", "init"]
 
 
-def train_and_evaluate(graph, data, epochs):
-    """Trains with fixed minibatches; returns (first loss, last loss, test accuracy)."""
+def train_and_evaluate(graph, data, epochs, config=None):
+    """Trains with fixed minibatches; returns (first loss, last loss, test accuracy).
+
+    config: the Session's ConfigProto (None: TensorFlow's default).
+    """
     x_train, y_train, x_test, y_test = data
     losses = []
-    with tf1.Session(graph=graph) as sess:
+    with tf1.Session(graph=graph, config=config) as sess:
         sess.run("init")
         for _ in range(epochs):
             for start in range(0, TRAIN, BATCH):
