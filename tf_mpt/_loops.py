@@ -11,7 +11,8 @@ one Cast on each side of the loop, run once:
     x -> Cast(half) -> While(T=[half]) { a -> MatMul -> ret } -> Cast(f32) where float32 is used
 
 Only While nodes of the main graph whose body and cond functions no other node calls are
-changed (a shared function would need a copy per caller).
+changed (a shared function would need a copy per caller), and never a fetched or opted-out
+While (its outputs and attrs keep their dtypes).
 """
 
 from tf_mpt import _casts
@@ -99,7 +100,12 @@ def _try_switch(while_node, index, body, cond, half):
 
 
 class _Outer:
-    """Edits of the main graph around switched While nodes."""
+    """Edits of the main graph around switched While nodes.
+
+    Each (tensor, dtype) conversion has one Cast, shared with the Casts already in the graph;
+    a Cast to float32 that a switched loop variable no longer reads is dropped when nothing
+    else reads it (a loop fed by another switched loop reads its half output directly).
+    """
 
     def __init__(self, graph_def, half):
         self.graph_def, self.half = graph_def, half
@@ -107,14 +113,25 @@ class _Outer:
         self.taken = set(self.by_name)
         self.new = []
         self.removed = {}  # name of a Cast made redundant -> the tensor its readers now read
+        self.bypassed = set()  # Casts to float32 a loop variable stopped reading
+        self.casts = {}  # (tensor as (node, port), dtype) -> a Cast of that tensor to dtype
+        for node in graph_def.node:
+            if node.op == "Cast" and len(node.input) == 1:  # no control inputs
+                self.casts.setdefault((parse_input(node.input[0]), node.attr["DstT"].type),
+                                      node.name)
 
     def _cast(self, tensor, to):
-        producer = self.by_name.get(parse_input(tensor)[0])
-        from_dtype = self.half if to == ta.DT_FLOAT else ta.DT_FLOAT
-        cast = _casts.new_cast(self.taken, tensor, from_dtype, to,
-                               producer.device if producer is not None else "")
-        self.new.append(cast)
-        return cast.name
+        key = (parse_input(tensor), to)
+        name = self.casts.get(key)
+        if name is None:
+            producer = self.by_name.get(key[0][0])
+            from_dtype = self.half if to == ta.DT_FLOAT else ta.DT_FLOAT
+            cast = _casts.new_cast(self.taken, tensor, from_dtype, to,
+                                   producer.device if producer is not None else "")
+            self.new.append(cast)
+            self.by_name[cast.name] = cast
+            name = self.casts[key] = cast.name
+        return name
 
     def feed_half(self, while_node, index):
         tensor = while_node.input[index]
@@ -122,6 +139,7 @@ class _Outer:
         producer = self.by_name.get(name)
         if producer is not None and _is_our_cast(producer, self.half, ta.DT_FLOAT):
             while_node.input[index] = producer.input[0]
+            self.bypassed.add(producer.name)
         else:
             while_node.input[index] = self._cast(tensor, self.half)
 
@@ -143,20 +161,27 @@ class _Outer:
 
     def finish(self):
         self.graph_def.node.extend(self.new)
-        if not self.removed:
-            return
         for node in self.graph_def.node:
             for k, tensor in enumerate(node.input):
                 name, port = parse_input(tensor)
                 if port >= 0 and name in self.removed:
                     node.input[k] = self.removed[name]
-        keep = [n for n in self.graph_def.node if n.name not in self.removed]
+        read = {parse_input(t)[0] for n in self.graph_def.node if n.name not in self.removed
+                for t in n.input}
+        unread = (self.bypassed | {n.name for n in self.new}) - read
+        drop = set(self.removed) | unread
+        keep = [n for n in self.graph_def.node if n.name not in drop]
         del self.graph_def.node[:]
         self.graph_def.node.extend(keep)
 
 
-def keep_loop_variables_half(graph_def, half):
+def keep_loop_variables_half(graph_def, half, fetched):
     """Switches eligible While loop variables of the main graph to half, in place.
+
+    Args:
+        graph_def: the rewritten GraphDef, library included.
+        half: the half DataType enum.
+        fetched: names of the fetched nodes (they and opted-out nodes keep their dtypes).
 
     Returns the number of loop variables switched.
     """
@@ -165,7 +190,8 @@ def keep_loop_variables_half(graph_def, half):
     outer = _Outer(graph_def, half)
     switched = 0
     for node in list(graph_def.node):
-        if node.op not in _WHILE_OPS:
+        if node.op not in _WHILE_OPS or node.name in fetched or (
+                ta.KEEP_FP32_ATTR in node.attr and node.attr[ta.KEEP_FP32_ATTR].b):
             continue
         body = library.get(node.attr["body"].func.name)
         cond = library.get(node.attr["cond"].func.name)

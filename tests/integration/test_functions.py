@@ -1,5 +1,7 @@
 """TF2: rewrite_function and tf_mpt.function on tf.function graphs."""
 
+import contextlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -7,6 +9,7 @@ import tensorflow as tf
 import tf_mpt
 from conftest import TOLERANCES
 import digits
+from helpers import half_tag
 
 ACCURACY_POINTS = 0.01
 
@@ -205,3 +208,72 @@ def test_tf_mpt_function_decorates_methods_per_instance(half_dtype):
     np.testing.assert_allclose(one(x), np.ones([2, 4]))
     np.testing.assert_allclose(two(x), 2 * np.ones([2, 4]))
     assert len(_half_ops(one.__call__.get_concrete_function(x))) == 1
+
+
+def _matmul_loop(x, w):
+    return tf.while_loop(lambda i, h: i < 2, lambda i, h: (i + 1, tf.tanh(tf.matmul(h, w))),
+                         [0, x])[1]
+
+
+def _rewrite_and_check_numbers(f, half_dtype):
+    cf = f.get_concrete_function()
+    result = tf_mpt.rewrite_graph_def(cf.graph.as_graph_def(), dtype=half_dtype, strict=True,
+                                      fetches=[t.op.name for t in cf.outputs])
+    x = tf.random.stateless_uniform([4, 4], seed=(3, 4), minval=-1, maxval=1)
+    np.testing.assert_allclose(tf_mpt.rewrite_function(cf, dtype=half_dtype)(x), cf(x),
+                               **TOLERANCES[half_dtype])
+    return result
+
+
+def test_loop_variable_kept_half_shares_the_cast_of_its_input(half_dtype):
+    """Regression (fuzz): x read by a half MatMul and by a loop kept half got two Casts."""
+    @tf.function(input_signature=[tf.TensorSpec([4, 4], tf.float32, name="x")])
+    def f(x):
+        return tf.matmul(x, x) + _matmul_loop(x, x)
+
+    result = _rewrite_and_check_numbers(f, half_dtype)
+    gd, tag = result.graph_def, half_tag(half_dtype)
+    assert result.report.loop_variables_kept_half == 1
+    loop = [n for n in gd.node if n.op in ("While", "StatelessWhile")][0]
+    assert list(loop.input)[3] == f"x-0-CastTo{tag}-TfMpt"
+    assert sorted(n.name for n in gd.node if n.op == "Cast") == [
+        "add-0-CastToFp32-TfMpt", f"x-0-CastTo{tag}-TfMpt"]
+
+
+def test_loop_kept_half_feeds_the_next_loop_kept_half_without_a_round_trip(half_dtype):
+    """Regression (fuzz): a loop's half output went through Casts to float32 and back."""
+    @tf.function(input_signature=[tf.TensorSpec([4, 4], tf.float32, name="x")])
+    def f(x):
+        return _matmul_loop(_matmul_loop(x, x), x)
+
+    result = _rewrite_and_check_numbers(f, half_dtype)
+    gd, tag = result.graph_def, half_tag(half_dtype)
+    assert result.report.loop_variables_kept_half == 2
+    first, second = [n for n in gd.node if n.op in ("While", "StatelessWhile")]
+    assert list(second.input)[3] == f"{first.name}:3"
+    assert sorted(n.name for n in gd.node if n.op == "Cast") == [
+        f"{second.name}-3-CastToFp32-TfMpt", f"x-0-CastTo{tag}-TfMpt"]
+
+
+@pytest.mark.parametrize("kept", ["fetched", "opted_out"])
+def test_fetched_or_opted_out_loop_keeps_its_loop_variables_float32(kept, half_dtype):
+    """Regression (fuzz): a fetched While output, or an opted-out While, was switched to half."""
+    def loop_graph(opted_out):
+        @tf.function(input_signature=[tf.TensorSpec([4, 4], tf.float32, name="x")])
+        def f(x):
+            with tf_mpt.keep_fp32() if opted_out else contextlib.nullcontext():
+                return _matmul_loop(x, x) * 2.0
+        cf = f.get_concrete_function()
+        return cf.graph.as_graph_def(), [t.op.name for t in cf.outputs]
+
+    graph_def, fetches = loop_graph(opted_out=False)
+    plain = tf_mpt.rewrite_graph_def(graph_def, dtype=half_dtype, fetches=fetches, strict=True)
+    assert plain.report.loop_variables_kept_half == 1  # what `kept` prevents
+    if kept == "opted_out":
+        graph_def, fetches = loop_graph(opted_out=True)
+    loop = [n for n in graph_def.node if n.op in ("While", "StatelessWhile")][0]
+    if kept == "fetched":
+        fetches.append(f"{loop.name}:3")
+    result = tf_mpt.rewrite_graph_def(graph_def, dtype=half_dtype, fetches=fetches, strict=True)
+    assert result.report.loop_variables_kept_half == 0
+    assert [n for n in result.graph_def.node if n.name == loop.name][0].attr == loop.attr
