@@ -61,6 +61,8 @@ class RewriteReport:
         error: None, or the message of the internal error that made the rewrite give up.
         functions: names of the library functions whose bodies were rewritten or examined.
         loop_variables_kept_half: While loop variables switched to half across the loop.
+        call_values_kept_half: call/If/Case arguments and results switched to half across
+            the call (Casts on both sides of the boundary removed).
     """
     dtype: str
     total_nodes: int
@@ -71,6 +73,7 @@ class RewriteReport:
     error: typing.Optional[str] = None
     functions: tuple = ()
     loop_variables_kept_half: int = 0
+    call_values_kept_half: int = 0
 
     def summary(self):
         """One line: 'Converted 18/40 nodes to bfloat16 using 6 cast(s)'."""
@@ -94,6 +97,7 @@ class RewriteReport:
             "error": self.error,
             "functions": list(self.functions),
             "loop_variables_kept_half": self.loop_variables_kept_half,
+            "call_values_kept_half": self.call_values_kept_half,
             "summary": self.summary(),
             "nodes": {
                 name: {
@@ -175,8 +179,9 @@ def merge_function_reports(report, function_reports):
                                decisions=decisions, functions=tuple(function_reports))
 
 
-def recount_casts(report, before, after, loop_variables):
-    """The report after loop variables were kept half: Casts counted again in every graph."""
+def recount_casts(report, before, after, loop_variables, call_values=0):
+    """The report after loop variables or call arguments/results were kept half: Casts
+    counted again in every graph."""
     from tf_mpt._casts import CAST_SUFFIX  # pylint: disable=g-import-not-at-top
 
     def cast_names(graph_def):
@@ -187,6 +192,7 @@ def recount_casts(report, before, after, loop_variables):
 
     added = sorted(n for n in cast_names(after) - cast_names(before)
                    if n.endswith(CAST_SUFFIX))
-    # library functions were renamed nowhere here, so names compare directly
+    # functions keep their names (a specialised copy's Casts count under its new name)
     return dataclasses.replace(report, casts_added=len(added), cast_names=tuple(added),
-                               loop_variables_kept_half=loop_variables)
+                               loop_variables_kept_half=loop_variables,
+                               call_values_kept_half=call_values)

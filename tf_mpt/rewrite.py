@@ -32,6 +32,7 @@ from tensorflow.core.framework import graph_pb2
 
 from tf_mpt import _casts
 from tf_mpt import _arrays
+from tf_mpt import _calls
 from tf_mpt import _cost
 from tf_mpt import _function_library
 from tf_mpt import _graph_view
@@ -220,8 +221,11 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
         report = _report.merge_function_reports(report, function_reports)
         switched = _loops.keep_loop_variables_half(new_graph_def, _DTYPE_ENUM[dtype_name],
                                                    fetched)
-        if switched:
-            report = _report.recount_casts(report, graph_def, new_graph_def, switched)
+        across_calls = _calls.keep_call_values_half(new_graph_def, _DTYPE_ENUM[dtype_name],
+                                                    fetched)
+        if switched or across_calls:
+            report = _report.recount_casts(report, graph_def, new_graph_def, switched,
+                                           across_calls)
     if _log.isEnabledFor(logging.DEBUG):
         for decision in report.decisions.values():
             _log.debug("%s", decision)

@@ -134,6 +134,31 @@ def _loop_and_cond(control_flow_v2):
     return graph.as_graph_def(), ("loss", "train")
 
 
+def _lstm_tensor_array():
+    """The v1 LSTM over a TensorArray (tests/integration/lstm.py) with its gradients."""
+    import lstm  # pylint: disable=g-import-not-at-top
+    return lstm.build_v1_graph().as_graph_def(), ("loss", "grad0", "grad1", "grad2")
+
+
+def _call_and_cond():
+    """A tf.function graph: MatMul -> call(MatMul, Tanh) -> If(MatMul | MatMul, Relu) -> MatMul."""
+    w = tf.Variable(tf.random.stateless_uniform([FEATURES, FEATURES], seed=(1, 2)))
+
+    @tf.function
+    def inner(h):
+        return tf.tanh(tf.matmul(h, w))
+
+    @tf.function(input_signature=[tf.TensorSpec([BATCH, FEATURES], tf.float32, name="x"),
+                                  tf.TensorSpec([], tf.bool, name="pred")])
+    def f(x, pred):
+        h = inner(tf.matmul(x, w))
+        h = tf.cond(pred, lambda: tf.matmul(h, w), lambda: tf.nn.relu(tf.matmul(h, w)))
+        return tf.matmul(h, w)
+
+    cf = f.get_concrete_function()
+    return cf.graph.as_graph_def(), tuple(t.op.name for t in cf.outputs)
+
+
 BUILDERS = {
     "mlp_chain_ref_vars": lambda: _mlp_chain(use_resource=False),
     "mlp_chain_resource_vars": lambda: _mlp_chain(use_resource=True),
@@ -142,6 +167,8 @@ BUILDERS = {
     "conv_net_resource_vars": lambda: _conv_net(use_resource=True),
     "loop_and_cond_control_flow_v1": lambda: _loop_and_cond(control_flow_v2=False),
     "loop_and_cond_control_flow_v2": lambda: _loop_and_cond(control_flow_v2=True),
+    "lstm_tensor_array_control_flow_v1": _lstm_tensor_array,
+    "function_call_and_cond": _call_and_cond,
 }
 
 

@@ -1,0 +1,148 @@
+"""Decisions across call boundaries (PartitionedCall / If): arguments and results that are half
+on both sides cross in half, shared functions are specialised, signatures stay consistent."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_mpt
+from conftest import TOLERANCES
+from helpers import half_tag
+
+_CALLS = ("PartitionedCall", "StatefulPartitionedCall", "If", "StatelessIf")
+
+
+def _weights():
+    return tf.Variable(tf.random.stateless_uniform([8, 8], seed=(1, 2), minval=-0.5,
+                                                   maxval=0.5))
+
+
+def _call_then_cond():
+    w = _weights()
+
+    @tf.function
+    def inner(h):
+        return tf.tanh(tf.matmul(h, w))
+
+    @tf.function(input_signature=[tf.TensorSpec([4, 8], tf.float32, name="x"),
+                                  tf.TensorSpec([], tf.bool, name="p")])
+    def f(x, p):
+        h = inner(tf.matmul(x, w))
+        h = tf.cond(p, lambda: tf.matmul(h, w), lambda: tf.nn.relu(tf.matmul(h, w) * 2.0))
+        return tf.matmul(h, w)
+
+    return f.get_concrete_function()
+
+
+def _rewrite(cf, dtype):
+    fetches = [t.op.name for t in cf.outputs] + [t.op.name for t in cf.inputs]
+    return tf_mpt.rewrite_graph_def(cf.graph.as_graph_def(), dtype=dtype, fetches=fetches,
+                                    strict=True)
+
+
+def _check_signatures(graph_def):
+    """Every call's Tin/Tout equals the signature of every function it calls."""
+    library = {f.signature.name: f.signature for f in graph_def.library.function}
+    for node in graph_def.node:
+        if node.op not in _CALLS:
+            continue
+        names = ([node.attr["f"].func.name] if "f" in node.attr
+                 else [node.attr["then_branch"].func.name, node.attr["else_branch"].func.name])
+        for name in names:
+            signature = library[name]
+            assert [a.type for a in signature.input_arg] == list(node.attr["Tin"].list.type)
+            assert [a.type for a in signature.output_arg] == list(node.attr["Tout"].list.type)
+
+
+def test_half_values_cross_calls_and_conds_without_casts(half_dtype):
+    cf = _call_then_cond()
+    result = _rewrite(cf, half_dtype)
+    gd, half, tag = result.graph_def, tf.as_dtype(half_dtype).as_datatype_enum, half_tag(half_dtype)
+    _check_signatures(gd)
+    nodes = {n.name: n for n in gd.node}
+    call, cond = nodes["StatefulPartitionedCall"], nodes["cond"]
+    assert list(call.attr["Tin"].list.type)[0] == half and call.attr["Tout"].list.type[0] == half
+    assert list(cond.attr["Tin"].list.type)[1] == half and cond.attr["Tout"].list.type[0] == half
+    assert result.report.call_values_kept_half == 4
+    # Left: x in, the result out, and one Cast per variable read (in each function).
+    functions = {f.signature.name for f in gd.library.function}
+
+    def local(name):
+        head, _, rest = name.partition("/")
+        return rest if head in functions else name
+
+    assert sorted(map(local, result.report.cast_names)) == sorted(
+        ["MatMul_1-0-CastToFp32-TfMpt", f"x-0-CastTo{tag}-TfMpt",
+         f"MatMul_1/ReadVariableOp-0-CastTo{tag}-TfMpt"]
+        + [f"MatMul/ReadVariableOp-0-CastTo{tag}-TfMpt"] * 2
+        + [f"cond/MatMul/ReadVariableOp-0-CastTo{tag}-TfMpt"] * 2)
+    assert sorted(result.report.cast_names) == sorted(
+        [n.name for n in gd.node if n.op == "Cast"]
+        + [f"{f.signature.name}/{n.name}" for f in gd.library.function
+           for n in f.node_def if n.op == "Cast"])
+    rewritten = tf_mpt.rewrite_function(cf, dtype=half_dtype)
+    x = tf.random.stateless_uniform([4, 8], seed=(3, 4), minval=-1, maxval=1)
+    for p in (True, False):
+        expected, actual = cf(x, tf.constant(p)), rewritten(x, tf.constant(p))
+        assert actual.dtype == tf.float32
+        np.testing.assert_allclose(actual, expected, **TOLERANCES[half_dtype])
+
+
+def test_function_called_in_half_and_in_float32_is_specialised(half_dtype):
+    w = _weights()
+
+    @tf.function
+    def inner(h):
+        return tf.tanh(tf.matmul(h, w))
+
+    @tf.function(input_signature=[tf.TensorSpec([4, 8], tf.float32, name="x")])
+    def f(x):
+        in_half = inner(tf.matmul(x, w))             # half on both sides
+        in_fp32 = inner(tf.math.log(tf.abs(x) + 1))  # Log (deny) feeds it, Exp (deny) reads it
+        return tf.matmul(in_half, w) + tf.math.exp(in_fp32)
+
+    cf = f.get_concrete_function()
+    original = cf.graph.as_graph_def()
+    callee = {n.name: n.attr["f"].func.name for n in original.node
+              if n.op == "StatefulPartitionedCall"}
+    assert len(set(callee.values())) == 1  # one function, called twice
+    result = _rewrite(cf, half_dtype)
+    gd, half = result.graph_def, tf.as_dtype(half_dtype).as_datatype_enum
+    _check_signatures(gd)
+    called = {n.name: n.attr["f"].func.name for n in gd.node if n.op == "StatefulPartitionedCall"}
+    assert len(set(called.values())) == 2, called
+    library = {f.signature.name: f.signature for f in gd.library.function}
+    kinds = sorted(tuple(a.type for a in library[name].input_arg)[:1] for name in called.values())
+    assert kinds == sorted([(tf.float32.as_datatype_enum,), (half,)])
+    assert library[next(iter(callee.values()))].input_arg[0].type == tf.float32.as_datatype_enum
+    x = tf.random.stateless_uniform([4, 8], seed=(3, 4), minval=-1, maxval=1)
+    np.testing.assert_allclose(tf_mpt.rewrite_function(cf, dtype=half_dtype)(x), cf(x),
+                               **TOLERANCES[half_dtype])
+
+
+def test_fetched_call_keeps_its_signature(half_dtype):
+    cf = _call_then_cond()
+    graph_def = cf.graph.as_graph_def()
+    fetches = [t.op.name for t in cf.outputs] + [t.op.name for t in cf.inputs] + [
+        "StatefulPartitionedCall", "cond"]
+    result = tf_mpt.rewrite_graph_def(graph_def, dtype=half_dtype, fetches=fetches)
+    assert result.report.call_values_kept_half == 0
+    for node in result.graph_def.node:
+        if node.op in _CALLS:
+            assert set(node.attr["Tout"].list.type) == {tf.float32.as_datatype_enum}
+    _check_signatures(result.graph_def)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_unchanged_when_nothing_is_half_inside(dtype):
+    @tf.function
+    def inner(h):
+        return tf.math.exp(h)  # deny: the function stays float32
+
+    @tf.function(input_signature=[tf.TensorSpec([4, 8], tf.float32, name="x")])
+    def f(x):
+        return inner(tf.math.log(tf.abs(x) + 1.0))
+
+    result = _rewrite(f.get_concrete_function(), dtype)
+    assert result.report.call_values_kept_half == 0
+    assert result.report.casts_added == 0
