@@ -1,10 +1,14 @@
-"""TensorArray element dtypes: every op touching one array agrees, and the array may go half.
+"""TensorArray and Stack element dtypes: every op touching one agrees, and it may go half.
 
 A TensorArray (v3 ops) is one storage with one element dtype: `TensorArrayV3` declares it,
 `TensorArrayWriteV3` / `ScatterV3` / `SplitV3` put values in (attr T), `ReadV3` / `GatherV3` /
 `ConcatV3` take them out (attr dtype), and a gradient array made by `TensorArrayGradV3` has its
 source's dtype. The ops find their array through the resource handle, which may pass through
-Identity and v1 control flow (Enter, Merge, Switch, Exit, NextIteration).
+Identity and v1 control flow (Enter, Merge, Switch, Exit, NextIteration). A v1 Stack
+(`StackV2` elem_type, `StackPushV2` T, `StackPopV2` elem_type) is the same kind of unit: the
+gradient of a v1 while loop keeps the forward values it needs in Stacks, pushed in the
+forward loop and popped in the gradient loop, so a half intermediate would otherwise be cast
+to float32 and stored so at every step, and cast back after every pop.
 
 The name-based passes leave all of them float32 (they are on no list), so a value written
 from a half op is cast to float32 at every write and back at every read. This pass considers
@@ -17,11 +21,12 @@ declaration, the writes and the reads always agree.
 
 import collections
 
-SOURCES = {"TensorArrayV3": "dtype"}
+SOURCES = {"TensorArrayV3": "dtype", "StackV2": "elem_type"}
 GRADIENTS = ("TensorArrayGradV3", "TensorArrayGradWithShape")
-WRITERS = {"TensorArrayWriteV3": "T", "TensorArrayScatterV3": "T", "TensorArraySplitV3": "T"}
+WRITERS = {"TensorArrayWriteV3": "T", "TensorArrayScatterV3": "T", "TensorArraySplitV3": "T",
+           "StackPushV2": "T"}
 READERS = {"TensorArrayReadV3": "dtype", "TensorArrayGatherV3": "dtype",
-           "TensorArrayConcatV3": "dtype"}
+           "TensorArrayConcatV3": "dtype", "StackPopV2": "elem_type"}
 _PASS_THROUGH = frozenset({"Identity", "RefIdentity", "Enter", "RefEnter", "Exit", "RefExit",
                            "Merge", "RefMerge", "Switch", "RefSwitch", "NextIteration",
                            "RefNextIteration"})

@@ -86,8 +86,8 @@ def _static_layout(op_name):
 
 
 # Type attrs that type no port but must agree with the ops sharing the object they declare
-# (a TensorArray's element dtype); see _arrays.py.
-_PORTLESS_TYPE_ATTRS = {"TensorArrayV3": "dtype"}
+# (a TensorArray's or a Stack's element dtype); see _arrays.py.
+_PORTLESS_TYPE_ATTRS = {"TensorArrayV3": "dtype", "StackV2": "elem_type"}
 
 
 def node_types(node, library_signatures):

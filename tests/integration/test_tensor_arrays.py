@@ -103,3 +103,25 @@ def test_array_written_in_half_and_read_by_a_half_op_is_half(half_dtype):
     casts = sorted(n.name for n in result.graph_def.node if n.op == "Cast")
     assert len(casts) == 2, casts
     _check_numbers(graph, result, half_dtype)
+
+
+def test_lstm_gradient_stacks_hold_half_values_without_casts_per_step(half_dtype):
+    """The v1 gradient keeps forward values in Stacks (pushed in the forward loop, popped in the
+    gradient loop): half values go in and come out as they are."""
+    import lstm
+    graph = lstm.build_v1_graph()
+    gd = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype=half_dtype,
+                                  fetches=["loss", "grad0", "grad1", "grad2", "init"]).graph_def
+    nodes = {n.name: n for n in gd.node}
+    half = tf.as_dtype(half_dtype).as_datatype_enum
+    pushes = [n for n in gd.node if n.op == "StackPushV2"]
+    pops = [n for n in gd.node if n.op == "StackPopV2"]
+    assert sum(n.attr["T"].type == half for n in pushes) == 8
+    for push in pushes:
+        assert nodes[push.input[1].split(":")[0]].op != "Cast", push.name
+    for pop in pops:
+        readers = [n for n in gd.node if any(i.split(":")[0] == pop.name for i in n.input)]
+        assert not any(r.op == "Cast" for r in readers), pop.name
+    # Left: the three weight reads, the input, the loss gradient in, the array stack and three
+    # gradient accumulations out.
+    assert len([n for n in gd.node if n.op == "Cast"]) == 9
