@@ -145,7 +145,7 @@ def _inspect_command(options):
               f"{_inspect.REASON_ATTR})")
     if options.numerics:
         specs = model.input_specs()
-        feeds = _convert.sample_feeds(specs, options.numerics, seed=options.seed,
+        feeds = _convert.sample_feeds(specs, options.samples, seed=options.seed,
                                       inputs_file=options.inputs)
         for label, (graph_def, placeholders) in frozen.items():
             converted = _inspect.half_node_names(graph_def, options.dtype, lists)
@@ -174,9 +174,11 @@ def main(argv=None):
     inspect_.add_argument("--json", action="store_true", help="the full report as JSON")
     inspect_.add_argument("--tensorboard", metavar="LOGDIR",
                           help="write the converted graph, nodes annotated, for TensorBoard")
-    inspect_.add_argument("--numerics", type=int, nargs="?", const=8, default=0, metavar="N",
-                          help="run N (default 8) sample inputs through the float32 model and "
-                          "report tensors outside the half type's range")
+    inspect_.add_argument("--numerics", action="store_true",
+                          help="run sample inputs through the float32 model and report "
+                          "tensors outside the half type's range")
+    inspect_.add_argument("--samples", type=int, default=8, metavar="N",
+                          help="random samples for --numerics (default 8)")
     for sub in (convert, inspect_):
         sub.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
         sub.add_argument("--deny", default="", help="comma-separated op types kept float32")

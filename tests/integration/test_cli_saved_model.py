@@ -174,11 +174,11 @@ def test_auto_deny_needs_samples(saved, tmp_path, capsys):
 
 
 def test_numerics_names_the_first_overflow(saved, capsys):
-    code, out, err = _main(capsys, "inspect", saved / "overflows", "--numerics", "3")
+    code, out, err = _main(capsys, "inspect", "--numerics", saved / "overflows", "--samples", "3")
     assert code == 0, err
     first = [line for line in out.splitlines() if line.startswith("first overflow:")][0]
     assert "/overflow:0 (MatMul, runs in half)" in first
-    code, out, _ = _main(capsys, "inspect", saved / "overflows", "--numerics", "3",
+    code, out, _ = _main(capsys, "inspect", saved / "overflows", "--numerics", "--samples", "3",
                          "--dtype", "bfloat16")
     assert "no tensor overflows bfloat16." in out
     code, out, _ = _main(capsys, "inspect", saved / "dense", "--numerics")
