@@ -276,6 +276,23 @@ def propagate_allow_through_clear(p):
             p.paint_allow(v, f"clear op next to allow op {p.node_name(root)!r}")
 
 
+# --- passes 4 and 5 again --------------------------------------------------------------------
+
+def repeat_infer_and_clear_until_stable(p):
+    """Passes 4 and 5 again until nothing changes: an infer op fed by a clear op that pass 5
+    painted half goes half too (Grappler runs each pass once, so it stays float32 there).
+
+    MatMul -> Split -> Sigmoid   becomes   [MatMul] -> [Split] -> [Sigmoid]
+    (an LSTM's gates: once pass 5 paints the Split, the Sigmoids follow it).
+    """
+    while True:
+        before = sum(p.allow)
+        add_infer_to_allow_if_following_allow(p)
+        propagate_allow_through_clear(p)
+        if sum(p.allow) == before:
+            return
+
+
 # --- control-flow fix-up ---------------------------------------------------------------------
 
 def force_colour_match_on_loop_back_edges(p):

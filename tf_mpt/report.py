@@ -63,6 +63,8 @@ class RewriteReport:
         loop_variables_kept_half: While loop variables switched to half across the loop.
         call_values_kept_half: call/If/Case arguments and results switched to half across
             the call (Casts on both sides of the boundary removed).
+        tensor_lists_kept_half: TF2 TensorLists (e.g. a while_v2 gradient's accumulators)
+            whose elements were switched to half across the loops that carry them.
     """
     dtype: str
     total_nodes: int
@@ -74,6 +76,7 @@ class RewriteReport:
     functions: tuple = ()
     loop_variables_kept_half: int = 0
     call_values_kept_half: int = 0
+    tensor_lists_kept_half: int = 0
 
     def summary(self):
         """One line: 'Converted 18/40 nodes to bfloat16 using 6 cast(s)'."""
@@ -98,6 +101,7 @@ class RewriteReport:
             "functions": list(self.functions),
             "loop_variables_kept_half": self.loop_variables_kept_half,
             "call_values_kept_half": self.call_values_kept_half,
+            "tensor_lists_kept_half": self.tensor_lists_kept_half,
             "summary": self.summary(),
             "nodes": {
                 name: {
@@ -179,9 +183,9 @@ def merge_function_reports(report, function_reports):
                                decisions=decisions, functions=tuple(function_reports))
 
 
-def recount_casts(report, before, after, loop_variables, call_values=0):
-    """The report after loop variables or call arguments/results were kept half: Casts
-    counted again in every graph."""
+def recount_casts(report, before, after, loop_variables, call_values=0, tensor_lists=0):
+    """The report after loop variables, call arguments/results or TensorLists were kept
+    half: Casts counted again in every graph."""
     from tf_mpt._casts import CAST_SUFFIX  # pylint: disable=g-import-not-at-top
 
     def cast_names(graph_def):
@@ -195,4 +199,5 @@ def recount_casts(report, before, after, loop_variables, call_values=0):
     # functions keep their names (a specialised copy's Casts count under its new name)
     return dataclasses.replace(report, casts_added=len(added), cast_names=tuple(added),
                                loop_variables_kept_half=loop_variables,
-                               call_values_kept_half=call_values)
+                               call_values_kept_half=call_values,
+                               tensor_lists_kept_half=tensor_lists)

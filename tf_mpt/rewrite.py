@@ -30,14 +30,15 @@ import os
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.core.framework import graph_pb2
 
-from tf_mpt import _casts
 from tf_mpt import _arrays
 from tf_mpt import _calls
+from tf_mpt import _casts
 from tf_mpt import _cost
 from tf_mpt import _function_library
 from tf_mpt import _graph_view
 from tf_mpt import _loops
 from tf_mpt import _paint
+from tf_mpt import _tensor_lists
 from tf_mpt import _type_attrs as ta
 from tf_mpt import config as _config
 from tf_mpt import lists as _lists
@@ -55,6 +56,7 @@ _PASSES = (
      _paint.add_clear_and_infer_to_allow_if_between_allow),
     ("add_infer_to_allow_if_following_allow", _paint.add_infer_to_allow_if_following_allow),
     ("propagate_allow_through_clear", _paint.propagate_allow_through_clear),
+    ("repeat_infer_and_clear_until_stable", _paint.repeat_infer_and_clear_until_stable),
     ("store_tensor_arrays_in_half", _arrays.store_tensor_arrays_in_half),
     ("force_colour_match_on_loop_back_edges", _paint.force_colour_match_on_loop_back_edges),
     ("keep_unprofitable_clusters_fp32", _cost.keep_unprofitable_clusters_fp32),
@@ -223,9 +225,10 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
                                                    fetched)
         across_calls = _calls.keep_call_values_half(new_graph_def, _DTYPE_ENUM[dtype_name],
                                                     fetched)
-        if switched or across_calls:
+        lists = _tensor_lists.keep_tensor_lists_half(new_graph_def, _DTYPE_ENUM[dtype_name])
+        if switched or across_calls or lists:
             report = _report.recount_casts(report, graph_def, new_graph_def, switched,
-                                           across_calls)
+                                           across_calls, lists)
     if _log.isEnabledFor(logging.DEBUG):
         for decision in report.decisions.values():
             _log.debug("%s", decision)

@@ -72,12 +72,12 @@ def _check_numbers(graph, result, dtype):
     np.testing.assert_allclose(actual, expected, **TOLERANCES[dtype])
 
 
-def _log(t):
-    return tf.math.log(tf.abs(t) + 1.0)  # Log: a deny op for both half types
+def _exp(t):
+    return tf.math.exp(-tf.abs(t))  # Exp: a deny op for both half types
 
 
 def test_float32_values_read_by_float32_ops_stay_float32(half_dtype):
-    graph = _loop_writing(_log, _log)
+    graph = _loop_writing(_exp, _exp)
     result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype=half_dtype, fetches=["y"])
     assert set(_array_dtypes(result.graph_def).values()) == {tf.float32.as_datatype_enum}
     _check_numbers(graph, result, half_dtype)
@@ -86,7 +86,7 @@ def test_float32_values_read_by_float32_ops_stay_float32(half_dtype):
 def test_half_values_are_stored_in_half_even_when_a_deny_op_reads_them(half_dtype):
     # tanh(h @ w) is computed in half: half storage rounds nothing, and the Cast to float32
     # moves from every loop step to the one read after the loop.
-    graph = _loop_writing(lambda h: h, _log)
+    graph = _loop_writing(lambda h: h, _exp)
     result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype=half_dtype, fetches=["y"])
     assert set(_array_dtypes(result.graph_def).values()) == {
         tf.as_dtype(half_dtype).as_datatype_enum}
@@ -125,3 +125,43 @@ def test_lstm_gradient_stacks_hold_half_values_without_casts_per_step(half_dtype
     # Left: the three weight reads, the input, the loss gradient in, the array stack and three
     # gradient accumulations out.
     assert len([n for n in gd.node if n.op == "Cast"]) == 9
+
+
+def test_tf2_lstm_gradient_accumulators_are_half_tensor_lists(half_dtype):
+    """while_v2 keeps the forward values its gradient needs in TensorLists (pushed in the
+    forward body, popped in the gradient body, made in the main graph): lists of half values
+    are switched to half as a whole, so no value is cast to float32 before its push."""
+    import lstm
+    wx, wh, b = (tf.Variable(v) for v in lstm.weights())
+
+    @tf.function(input_signature=[tf.TensorSpec([lstm.T, lstm.B, lstm.D], tf.float32)])
+    def loss_and_grads(xs):
+        with tf.GradientTape() as tape:
+            loss = lstm.lstm_loss(xs, wx, wh, b)
+        return loss, tape.gradient(loss, [wx, wh, b])
+
+    cf = loss_and_grads.get_concrete_function()
+    result = tf_mpt.rewrite_graph_def(cf.graph.as_graph_def(), dtype=half_dtype,
+                                      fetches=[t.op.name for t in cf.outputs])
+    half = tf.as_dtype(half_dtype).as_datatype_enum
+    assert result.report.tensor_lists_kept_half == 10
+    gd = result.graph_def
+    list_ops = [n for f in gd.library.function for n in f.node_def if n.op.startswith("TensorList")
+                and "element_dtype" in n.attr] + [n for n in gd.node if n.op.startswith(
+                    ("TensorList", "EmptyTensorList"))]
+    assert sum(n.attr["element_dtype"].type == half for n in list_ops) >= 3 * 10
+    for fdef in gd.library.function:
+        nodes = {n.name: n for n in fdef.node_def}
+        for push in (n for n in fdef.node_def if n.op == "TensorListPushBack"):
+            producer = nodes.get(push.input[1].split(":")[0])
+            if push.attr["element_dtype"].type == half:
+                assert producer is None or producer.op != "Cast" or \
+                    producer.attr["SrcT"].type == tf.float32.as_datatype_enum, push.name
+    # Run forward and gradient: a list whose ops disagreed would fail at run time.
+    xs = lstm.inputs()
+    loss32, grads32 = cf(xs)
+    loss, grads = tf_mpt.rewrite_function(cf, dtype=half_dtype)(xs)
+    np.testing.assert_allclose(loss, loss32, **TOLERANCES[half_dtype])
+    for g, g32 in zip(grads, grads32):
+        assert g.dtype == tf.float32
+        np.testing.assert_allclose(g, g32, **TOLERANCES[half_dtype])

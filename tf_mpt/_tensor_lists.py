@@ -1,0 +1,234 @@
+"""TF2 TensorLists across While loops: one element dtype per list, half where it saves Casts.
+
+A TensorList is a variant tensor: made in the main graph (`EmptyTensorList`,
+`TensorListReserve`), carried into a While body as a loop variable, written there
+(`TensorListPushBack`, `TensorListSetItem`), carried out and into another loop (the gradient
+of a while_v2 loop keeps the forward values it needs in such lists, pushed in the forward body
+and popped in the gradient body) and read (`TensorListPopBack`, `TensorListGetItem`,
+`TensorListStack`). Every op of one list must agree on `element_dtype`.
+
+Bodies are rewritten one at a time with their signatures fixed, and the list ops are on no
+list, so a half value is cast to float32 before every push and back to half after every pop,
+at every loop step. This pass follows each list made in the main graph through the main
+graph's While loops (their body and cond functions, when no other node calls them) and
+switches the whole list to half when that needs no more Casts (on a tie the Casts only move,
+and the list's memory halves) and loses nothing (every value written is already half, or
+every value read goes straight to a Cast to half). A list that
+reaches anything else (a call, an op that is not a list op) is left alone.
+"""
+
+import collections
+
+from tf_mpt import _casts
+from tf_mpt import _function_library
+from tf_mpt import _type_attrs as ta
+from tf_mpt._graph_view import parse_input
+from tf_mpt._loops import _function_references
+from tf_mpt._loops import _is_our_cast
+
+MAKERS = ("EmptyTensorList", "TensorListReserve")
+# op -> index of the value input
+WRITERS = {"TensorListPushBack": 1, "TensorListSetItem": 2}
+# op -> port of the value output
+READERS = {"TensorListPopBack": 1, "TensorListGetItem": 0, "TensorListStack": 0}
+# list ops that only look at the list (no element values)
+NEUTRAL = ("TensorListLength", "TensorListElementShape")
+# op -> port of the output that continues the list
+CONTINUES = {"TensorListPushBack": 0, "TensorListSetItem": 0, "TensorListPopBack": 0}
+_WHILE_OPS = ("While", "StatelessWhile")
+_IDENTITY = ("Identity",)
+
+
+class _Scope:
+    """The main graph or one loop function, as a GraphDef with a reader index."""
+
+    def __init__(self, name, graph_def, fdef=None):
+        self.name, self.graph_def, self.fdef = name, graph_def, fdef
+        self.by_name = {n.name: n for n in graph_def.node}
+        self.readers = collections.defaultdict(list)
+        for node in graph_def.node:
+            for k, tensor in enumerate(node.input):
+                if not tensor.startswith("^"):
+                    self.readers[parse_input(tensor)].append((node, k))
+        self.taken = set(self.by_name)
+        self.casts = {(parse_input(n.input[0]), n.attr["DstT"].type): n.name
+                      for n in graph_def.node if n.op == "Cast" and len(n.input) == 1}
+        self.changed = False
+
+
+class _Group:
+    def __init__(self):
+        self.members = []   # (scope, node)
+        self.writers = []   # (scope, node)
+        self.readers = []   # (scope, node)
+        self.broken = False
+
+
+def _scopes(graph_def):
+    """{None: main scope, function name: scope} for the bodies/conds of main-graph Whiles
+    that no other node calls."""
+    library = {f.signature.name: f for f in graph_def.library.function}
+    signatures = {name: f.signature for name, f in library.items()}
+    references = _function_references(graph_def)
+    scopes = {None: _Scope(None, graph_def)}
+    for node in graph_def.node:
+        if node.op not in _WHILE_OPS:
+            continue
+        for attr in ("body", "cond"):
+            name = node.attr[attr].func.name
+            if name in scopes or name not in library or references.get(name) != 1:
+                continue
+            try:
+                body, _ = _function_library.function_to_graph_def(library[name], signatures)
+            except _function_library.UnsupportedFunction:
+                continue
+            scopes[name] = _Scope(name, body, library[name])
+    return scopes
+
+
+def _follow(scopes, start_scope, start_node):
+    """The group of list ops reachable from one maker."""
+    group = _Group()
+    group.members.append((start_scope, start_node))
+    stack = [(start_scope, (start_node.name, 0))]
+    seen = set()
+    while stack:
+        scope, tensor = stack.pop()
+        if (scope.name, tensor) in seen:
+            continue
+        seen.add((scope.name, tensor))
+        for node, k in scope.readers.get(tensor, ()):
+            op = node.op
+            if op in WRITERS or op in READERS or op in NEUTRAL:
+                if k != 0:  # the list is this op's value or index: not a list use
+                    group.broken = True
+                    continue
+                if op in WRITERS:
+                    group.writers.append((scope, node))
+                if op in READERS:
+                    group.readers.append((scope, node))
+                if op not in NEUTRAL:
+                    group.members.append((scope, node))
+                if op in CONTINUES:
+                    stack.append((scope, (node.name, CONTINUES[op])))
+            elif op in _IDENTITY:  # a body's return value is an Identity here too
+                stack.append((scope, (node.name, 0)))
+            elif op in _WHILE_OPS and scope.name is None:
+                for attr in ("body", "cond"):
+                    inner = scopes.get(node.attr[attr].func.name)
+                    if inner is None:
+                        group.broken = True
+                        continue
+                    arg = inner.fdef.signature.input_arg[k].name
+                    stack.append((inner, (arg, 0)))
+                stack.append((scope, (node.name, k)))
+            else:
+                group.broken = True
+    return group
+
+
+def _producer(scope, node, index):
+    name, port = parse_input(node.input[index])
+    return scope.by_name.get(name), port
+
+
+def _half_consumers(scope, node, port, half):
+    readers = scope.readers.get((node.name, port), ())
+    return ([r for r, _ in readers if _is_our_cast(r, ta.DT_FLOAT, half)],
+            [r for r, _ in readers if not _is_our_cast(r, ta.DT_FLOAT, half)])
+
+
+def _decide(group, half):
+    """True if switching the group to half removes Casts and loses nothing."""
+    if group.broken or not group.writers:
+        return False
+    if any(n.attr["element_dtype"].type != ta.DT_FLOAT for _, n in group.members):
+        return False
+    written_half = [_is_our_cast(p, half, ta.DT_FLOAT) if p is not None else False
+                    for p, _ in (_producer(s, n, WRITERS[n.op]) for s, n in group.writers)]
+    reads = [_half_consumers(s, n, READERS[n.op], half) for s, n in group.readers]
+    read_half = [bool(casts) and not others for casts, others in reads]
+    if not (all(written_half) or all(read_half)):
+        return False
+    now = sum(written_half) + sum(bool(casts) for casts, _ in reads)
+    after = written_half.count(False) + sum(bool(others) for _, others in reads)
+    # On a tie the Casts only move; half storage still halves the list's memory (a
+    # gradient's accumulators hold one value per loop step).
+    return after <= now
+
+
+def _new_cast(scope, tensor, from_dtype, to):
+    """A Cast of `tensor` to `to`: the one the scope already has, or a new one."""
+    key = (parse_input(tensor), to)
+    if key not in scope.casts:
+        cast = _casts.new_cast(scope.taken, tensor, from_dtype, to)
+        scope.graph_def.node.append(cast)
+        scope.casts[key] = cast.name
+    return scope.casts[key]
+
+
+def _switch(group, half):
+    for scope, node in group.members:
+        node.attr["element_dtype"].type = half
+        scope.changed = True
+    dropped = collections.defaultdict(set)
+    for scope, node in group.writers:
+        index = WRITERS[node.op]
+        producer, _ = _producer(scope, node, index)
+        if _is_our_cast(producer, half, ta.DT_FLOAT):
+            node.input[index] = producer.input[0]
+            dropped[scope.name].add(producer.name)
+        else:
+            node.input[index] = _new_cast(scope, node.input[index], ta.DT_FLOAT, half)
+    for scope, node in group.readers:
+        port = READERS[node.op]
+        tensor = node.name if port == 0 else f"{node.name}:{port}"
+        casts, others = _half_consumers(scope, node, port, half)
+        for cast in casts:
+            for reader, k in scope.readers.get((cast.name, 0), ()):
+                reader.input[k] = tensor
+            dropped[scope.name].add(cast.name)
+        if others:
+            fp32 = _new_cast(scope, tensor, half, ta.DT_FLOAT)
+            for reader in others:
+                for k, t in enumerate(reader.input):
+                    if not t.startswith("^") and parse_input(t) == (node.name, port):
+                        reader.input[k] = fp32
+    return dropped
+
+
+def _remove_unread(scope, names):
+    read = {parse_input(t)[0] for n in scope.graph_def.node for t in n.input}
+    drop = {name for name in names if name not in read}
+    keep = [n for n in scope.graph_def.node if n.name not in drop]
+    del scope.graph_def.node[:]
+    scope.graph_def.node.extend(keep)
+
+
+def keep_tensor_lists_half(graph_def, half):
+    """Switches eligible TensorLists of the main graph's While loops to half, in place.
+
+    Returns the number of lists switched.
+    """
+    scopes = _scopes(graph_def)
+    main = scopes[None]
+    switched = 0
+    dropped = collections.defaultdict(set)
+    for node in list(graph_def.node):
+        if node.op not in MAKERS:
+            continue
+        group = _follow(scopes, main, node)
+        if _decide(group, half):
+            for name, names in _switch(group, half).items():
+                dropped[name] |= names
+            switched += 1
+    if not switched:
+        return 0
+    signatures = {f.signature.name: f.signature for f in graph_def.library.function}
+    for name, scope in scopes.items():
+        _remove_unread(scope, dropped.get(name, set()))
+        if name is None or not scope.changed:
+            continue
+        new = _function_library.graph_def_to_function(scope.graph_def, scope.fdef, signatures)
+        scope.fdef.CopyFrom(new)
+    return switched
