@@ -183,9 +183,9 @@ def merge_function_reports(report, function_reports):
                                decisions=decisions, functions=tuple(function_reports))
 
 
-def recount_casts(report, before, after, loop_variables, call_values=0, tensor_lists=0):
-    """The report after loop variables, call arguments/results or TensorLists were kept
-    half: Casts counted again in every graph."""
+def recount_casts(report, before, after, kept):
+    """The report after values were kept half across loop, call and TensorList boundaries
+    (`kept`: the Counts of _boundaries): Casts counted again in every graph."""
     from tf_mpt._casts import CAST_SUFFIX  # pylint: disable=g-import-not-at-top
 
     def cast_names(graph_def):
@@ -198,6 +198,6 @@ def recount_casts(report, before, after, loop_variables, call_values=0, tensor_l
                    if n.endswith(CAST_SUFFIX))
     # functions keep their names (a specialised copy's Casts count under its new name)
     return dataclasses.replace(report, casts_added=len(added), cast_names=tuple(added),
-                               loop_variables_kept_half=loop_variables,
-                               call_values_kept_half=call_values,
-                               tensor_lists_kept_half=tensor_lists)
+                               loop_variables_kept_half=kept.loop_variables,
+                               call_values_kept_half=kept.call_values,
+                               tensor_lists_kept_half=kept.tensor_lists)

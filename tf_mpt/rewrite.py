@@ -31,14 +31,12 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.core.framework import graph_pb2
 
 from tf_mpt import _arrays
-from tf_mpt import _calls
+from tf_mpt import _boundaries
 from tf_mpt import _casts
 from tf_mpt import _cost
 from tf_mpt import _function_library
 from tf_mpt import _graph_view
-from tf_mpt import _loops
 from tf_mpt import _paint
-from tf_mpt import _tensor_lists
 from tf_mpt import _type_attrs as ta
 from tf_mpt import config as _config
 from tf_mpt import lists as _lists
@@ -221,14 +219,10 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
             modified = True
     if function_reports:
         report = _report.merge_function_reports(report, function_reports)
-        switched = _loops.keep_loop_variables_half(new_graph_def, _DTYPE_ENUM[dtype_name],
-                                                   fetched)
-        across_calls = _calls.keep_call_values_half(new_graph_def, _DTYPE_ENUM[dtype_name],
-                                                    fetched)
-        lists = _tensor_lists.keep_tensor_lists_half(new_graph_def, _DTYPE_ENUM[dtype_name])
-        if switched or across_calls or lists:
-            report = _report.recount_casts(report, graph_def, new_graph_def, switched,
-                                           across_calls, lists)
+        kept = _boundaries.keep_values_half_across_boundaries(
+            new_graph_def, _DTYPE_ENUM[dtype_name], fetched)
+        if kept:
+            report = _report.recount_casts(report, graph_def, new_graph_def, kept)
     if _log.isEnabledFor(logging.DEBUG):
         for decision in report.decisions.values():
             _log.debug("%s", decision)

@@ -146,3 +146,34 @@ def test_unchanged_when_nothing_is_half_inside(dtype):
     result = _rewrite(f.get_concrete_function(), dtype)
     assert result.report.call_values_kept_half == 0
     assert result.report.casts_added == 0
+
+
+def test_loop_inside_a_called_function_keeps_its_variable_half(half_dtype):
+    """The boundary passes run inside function bodies too: a While in a function that the
+    main graph calls gets its loop variable switched, as one in the main graph would."""
+    w = _weights()
+
+    @tf.function
+    def inner(h):
+        return tf.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, tf.tanh(tf.matmul(h, w))),
+                             [0, h])[1]
+
+    @tf.function(input_signature=[tf.TensorSpec([4, 8], tf.float32, name="x")])
+    def f(x):
+        return tf.math.exp(-tf.abs(inner(tf.math.exp(-tf.abs(x)))))  # Exp (deny) on both sides
+
+    cf = f.get_concrete_function()
+    result = _rewrite(cf, half_dtype)
+    assert result.report.loop_variables_kept_half == 1
+    gd, half = result.graph_def, tf.as_dtype(half_dtype).as_datatype_enum
+    _check_signatures(gd)
+    library = {fd.signature.name: fd for fd in gd.library.function}
+    called = [n.attr["f"].func.name for n in gd.node if n.op == "StatefulPartitionedCall"][0]
+    loop = [n for n in library[called].node_def if n.op in ("While", "StatelessWhile")][0]
+    assert half in list(loop.attr["T"].list.type)
+    body = library[loop.attr["body"].func.name]
+    assert half in [a.type for a in body.signature.input_arg]
+    assert library[called].signature.input_arg[0].type == tf.float32.as_datatype_enum
+    x = tf.random.stateless_uniform([4, 8], seed=(3, 4), minval=-1, maxval=1)
+    np.testing.assert_allclose(tf_mpt.rewrite_function(cf, dtype=half_dtype)(x), cf(x),
+                               **TOLERANCES[half_dtype])

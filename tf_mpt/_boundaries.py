@@ -1,0 +1,76 @@
+"""Values that stay half across boundaries, in the main graph and inside every function.
+
+Runs the three boundary passes (While loop variables `_loops`, call/If/Case arguments and
+results `_calls`, TensorLists carried by While loops `_tensor_lists`) on the main graph, then
+on the body of each library function that holds a While or a call: a function body is a
+graph of its own (its arguments and return values keep their dtypes), so a loop inside a
+function called from the main graph (a SavedModel's signature wrapper calling the model, a
+tf.function calling another) is treated like one in the main graph.
+"""
+
+import dataclasses
+
+from tensorflow.core.framework import graph_pb2
+
+from tf_mpt import _calls
+from tf_mpt import _function_library
+from tf_mpt import _loops
+from tf_mpt import _tensor_lists
+
+_BOUNDARY_OPS = frozenset(_calls.CALL_OPS) | {"While", "StatelessWhile"}
+
+
+@dataclasses.dataclass
+class Counts:
+    loop_variables: int = 0
+    call_values: int = 0
+    tensor_lists: int = 0
+
+    def add(self, other):
+        self.loop_variables += other.loop_variables
+        self.call_values += other.call_values
+        self.tensor_lists += other.tensor_lists
+
+    def __bool__(self):
+        return bool(self.loop_variables or self.call_values or self.tensor_lists)
+
+
+def _run(graph_def, half, fetched):
+    return Counts(_loops.keep_loop_variables_half(graph_def, half, fetched),
+                  _calls.keep_call_values_half(graph_def, half, fetched),
+                  _tensor_lists.keep_tensor_lists_half(graph_def, half))
+
+
+def keep_values_half_across_boundaries(graph_def, half, fetched):
+    """Runs the boundary passes on `graph_def` (in place) and on its functions' bodies.
+
+    Returns the Counts of values switched to half.
+    """
+    counts = _run(graph_def, half, fetched)
+    names = [f.signature.name for f in graph_def.library.function
+             if any(n.op in _BOUNDARY_OPS for n in f.node_def)]
+    for name in names:
+        index = next(i for i, f in enumerate(graph_def.library.function)
+                     if f.signature.name == name)
+        fdef = graph_def.library.function[index]
+        signatures = {f.signature.name: f.signature for f in graph_def.library.function}
+        try:
+            body, fetches = _function_library.function_to_graph_def(fdef, signatures)
+        except _function_library.UnsupportedFunction:
+            continue
+        scratch = graph_pb2.GraphDef()
+        scratch.node.extend(body.node)
+        scratch.library.CopyFrom(graph_def.library)
+        del scratch.library.function[index]  # its body is the graph here
+        # Control outputs only have to run: their dtypes may change.
+        found = _run(scratch, half, set(fetches) - set(fdef.control_ret.values()))
+        if not found:
+            continue
+        counts.add(found)
+        signatures = {f.signature.name: f.signature for f in scratch.library.function}
+        new_fdef = _function_library.graph_def_to_function(scratch, fdef, signatures)
+        library = graph_def.library
+        others = list(scratch.library.function)
+        del library.function[:]
+        library.function.extend(others[:index] + [new_fdef] + others[index:])
+    return counts
