@@ -206,8 +206,19 @@ def main(argv=None):
         _run(options.script, options.args)
         return
     from tf_mpt import _model_io  # pylint: disable=g-import-not-at-top
+    from tf_mpt import rewrite  # pylint: disable=g-import-not-at-top
+    from tf_mpt._graph_view import GraphDefError  # pylint: disable=g-import-not-at-top
     try:
         (_convert_command if options.command == "convert" else _inspect_command)(options)
     except _model_io.ModelError as error:
         sys.stderr.write(f"tf-mpt {options.command}: {error}\n")
         raise SystemExit(2) from None
+    except GraphDefError as error:
+        sys.stderr.write(f"tf-mpt {options.command}: {options.src!r} holds a malformed graph: "
+                         f"{error}\n")
+        raise SystemExit(2) from None
+    except rewrite.RewriteError as error:
+        sys.stderr.write(f"tf-mpt {options.command}: the rewrite failed inside tf_mpt ({error});"
+                         " nothing was written. Please report it with the model; --deny or "
+                         "--keep-fp32 on the op named may work around it.\n")
+        raise SystemExit(3) from None

@@ -243,3 +243,13 @@ def test_saved_model_options_and_errors(saved, tmp_path, capsys):
     code, _, err = _main(capsys, "convert", tmp_path / "d", tmp_path / "e")
     assert code == 2 and "already converted" in err
     assert sorted(os.listdir(tmp_path)) == ["c", "d"]
+
+
+def test_malformed_graph_gets_a_clear_error_and_nothing_is_written(tmp_path, capsys):
+    graph_def = tf.compat.v1.GraphDef()
+    node = graph_def.node.add(name="y", op="Relu", input=["missing"])
+    node.attr["T"].type = tf.float32.as_datatype_enum
+    (tmp_path / "bad.pb").write_bytes(graph_def.SerializeToString())
+    code, _, err = _main(capsys, "convert", tmp_path / "bad.pb", tmp_path / "out.pb")
+    assert code == 2 and "holds a malformed graph" in err and "missing" in err
+    assert not (tmp_path / "out.pb").exists()
