@@ -197,7 +197,10 @@ def keep_unprofitable_clusters_fp32(p):
 
 
 def _estimate(p, shapes, constants, cluster):
-    """(seconds half saves, seconds its Casts cost) of one cluster, or None if unknown."""
+    """(seconds half saves, seconds its Casts cost) of one cluster, or None if unknown or if
+    the cluster has no allow op (the model weighs compute against Casts, nothing else)."""
+    if not any(p.v_list[v] == "allow" for v in cluster):
+        return None
     saved = 0.0
     for v in cluster:
         if p.v_list[v] != "allow":

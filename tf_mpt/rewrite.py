@@ -55,9 +55,9 @@ _PASSES = (
     ("add_infer_to_allow_if_following_allow", _paint.add_infer_to_allow_if_following_allow),
     ("propagate_allow_through_clear", _paint.propagate_allow_through_clear),
     ("repeat_infer_and_clear_until_stable", _paint.repeat_infer_and_clear_until_stable),
+    ("keep_unprofitable_clusters_fp32", _cost.keep_unprofitable_clusters_fp32),
     ("store_tensor_arrays_in_half", _arrays.store_tensor_arrays_in_half),
     ("force_colour_match_on_loop_back_edges", _paint.force_colour_match_on_loop_back_edges),
-    ("keep_unprofitable_clusters_fp32", _cost.keep_unprofitable_clusters_fp32),
     ("let_existing_casts_read_and_emit_half", _paint.let_existing_casts_read_and_emit_half),
     ("store_constants_in_half", _paint.store_constants_in_half),
 )
@@ -222,6 +222,8 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
         kept = _boundaries.keep_values_half_across_boundaries(
             new_graph_def, _DTYPE_ENUM[dtype_name], fetched)
         if kept:
+            # also when painting changed nothing (a rewritten graph, now with fewer fetches)
+            modified = True
             report = _report.recount_casts(report, graph_def, new_graph_def, kept)
     if _log.isEnabledFor(logging.DEBUG):
         for decision in report.decisions.values():

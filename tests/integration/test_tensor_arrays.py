@@ -165,3 +165,51 @@ def test_tf2_lstm_gradient_accumulators_are_half_tensor_lists(half_dtype):
     for g, g32 in zip(grads, grads32):
         assert g.dtype == tf.float32
         np.testing.assert_allclose(g, g32, **TOLERANCES[half_dtype])
+
+
+def _array_groups_agree(graph_def):
+    """Every TensorArray op's dtype equals its array's declaration (handle traced back)."""
+    nodes = {n.name: n for n in graph_def.node}
+
+    def source(node):
+        while node.op not in ("TensorArrayV3",):
+            node = nodes[node.input[0].split(":")[0].lstrip("^")]
+            if node.op in ("TensorArrayGradV3",):
+                node = nodes[node.input[0].split(":")[0]]
+        return node
+
+    for node in graph_def.node:
+        if node.op in _ARRAY_ATTRS and node.op != "TensorArrayV3":
+            declared = source(node).attr["dtype"].type
+            assert node.attr[_ARRAY_ATTRS[node.op]].type == declared, node.name
+
+
+def test_unstacked_inputs_with_static_shapes_and_the_cost_model(half_dtype, monkeypatch):
+    """Regression: with static shapes (rewrite_graph) the cost model put the cluster of an
+    array's scatter back to float32 after the array had gone half (the Cast of the 4x64x512
+    inputs costs more than the model's noise floor, so it acted)."""
+    monkeypatch.setenv("TF_MPT_COST_MODEL", "1")
+    tf1.disable_control_flow_v2()
+    try:
+        graph = tf.Graph()
+        with graph.as_default():
+            xs = tf1.placeholder(tf.float32, [3, 64, 512], name="xs")
+            w = tf.constant(np.random.RandomState(0).uniform(-0.05, 0.05, (512, 512)).astype(np.float32))
+            inputs = tf.TensorArray(tf.float32, size=3).unstack(xs)
+
+            def body(t, h, out):
+                h = tf.tanh(tf.matmul(inputs.read(t) + h, w))
+                return t + 1, h, out.write(t, h)
+
+            _, _, out = tf1.while_loop(lambda t, *_: t < 3, body,
+                                       [tf.constant(0), tf.zeros([64, 512]),
+                                        tf.TensorArray(tf.float32, size=3)])
+            tf.reduce_mean(out.stack(), axis=2, name="y")
+    finally:
+        tf1.enable_control_flow_v2()
+    rewritten = tf_mpt.rewrite_graph(graph, dtype=half_dtype, fetches=["y"])
+    _array_groups_agree(rewritten.as_graph_def())
+    x = np.random.RandomState(1).uniform(-1, 1, (3, 64, 512)).astype(np.float32)
+    expected = run(graph.as_graph_def(), ["y:0"], {"xs:0": x})[0]
+    actual = run(rewritten.as_graph_def(), ["y:0"], {"xs:0": x})[0]
+    np.testing.assert_allclose(actual, expected, **TOLERANCES[half_dtype])
