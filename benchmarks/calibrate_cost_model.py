@@ -19,19 +19,6 @@ import tensorflow as tf  # noqa: E402
 CHAIN = 40
 
 
-def _time(graph, fetch, rounds=7, runs=10):
-    with tf.compat.v1.Session(graph=graph) as session:
-        for _ in range(3):
-            session.run(fetch)
-        samples = []
-        for _ in range(rounds):
-            start = time.perf_counter()
-            for _ in range(runs):
-                session.run(fetch)
-            samples.append((time.perf_counter() - start) / runs)
-    return statistics.median(samples)
-
-
 def matmul_chain(n, dtype):
     """Seconds per MatMul of [n, n] x [n, n] in a chain (inputs already of `dtype`)."""
     graph = tf.Graph()
@@ -44,15 +31,14 @@ def matmul_chain(n, dtype):
         for _ in range(CHAIN):
             h = tf.matmul(h, w)
         init = tf.compat.v1.global_variables_initializer()
-    with tf.compat.v1.Session(graph=graph) as session:
-        session.run(init)
     # Subtract the chain's start (variable reads and the two casts).
-    graph_start = _time_with_init(graph, init, base)
-    total = _time_with_init(graph, init, h)
+    graph_start = _time(graph, init, base)
+    total = _time(graph, init, h)
     return (total - graph_start) / CHAIN
 
 
-def _time_with_init(graph, init, fetch, rounds=7, runs=10):
+def _time(graph, init, fetch, rounds=7, runs=10):
+    """Median seconds per Session.run of `fetch` (variables initialised, 3 warm-up runs)."""
     with tf.compat.v1.Session(graph=graph) as session:
         session.run(init)
         for _ in range(3):
@@ -76,7 +62,7 @@ def cast_chain(elements, dtype):
         base = h
         for _ in range(CHAIN // 2):
             h = tf.cast(tf.cast(h, dtype), tf.float32)
-    return (_time_with_init(graph, init, h) - _time_with_init(graph, init, base)) / CHAIN
+    return (_time(graph, init, h) - _time(graph, init, base)) / CHAIN
 
 
 def main():

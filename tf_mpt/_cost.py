@@ -25,6 +25,7 @@ only (TF_MPT_COST_MODEL=auto); TF_MPT_COST_MODEL=1 applies the same constants to
 import dataclasses
 import math
 
+from tf_mpt import _flops
 from tf_mpt import _type_attrs as ta
 
 
@@ -57,35 +58,6 @@ CPU_BFLOAT16 = Constants(op_fp32=2.0e-6, op_half=4.0e-6, rate_fp32=100e9, rate_h
 
 def _dims(shape):
     return None if shape is None or any(d is None or d < 0 for d in shape) else list(shape)
-
-
-def _matmul_flops(node, shape_in, shape_out):
-    out, a = _dims(shape_out(0)), _dims(shape_in(0))
-    if out is None or a is None or len(a) < 2:
-        return None
-    if node.op == "MatMul":
-        transposed = node.attr["transpose_a"].b
-    else:
-        transposed = node.attr["adj_x"].b
-    return 2 * math.prod(out) * (a[-2] if transposed else a[-1])
-
-
-def _conv_flops(node, shape_in, shape_out):
-    if node.op == "Conv2D":
-        out, kernel = _dims(shape_out(0)), _dims(shape_in(1))
-    elif node.op == "Conv2DBackpropInput":
-        out, kernel = _dims(shape_in(2)), _dims(shape_in(1))
-    else:  # Conv2DBackpropFilter: the forward output (gradient) is its third input
-        out, kernel = _dims(shape_in(2)), _dims(shape_out(0))
-    if out is None or kernel is None or len(kernel) != 4:
-        return None
-    return 2 * math.prod(out) * math.prod(kernel[:3])
-
-
-_FLOPS = {"MatMul": _matmul_flops, "BatchMatMul": _matmul_flops,
-          "BatchMatMulV2": _matmul_flops, "BatchMatMulV3": _matmul_flops,
-          "Conv2D": _conv_flops, "Conv2DBackpropInput": _conv_flops,
-          "Conv2DBackpropFilter": _conv_flops}
 
 
 def output_shapes_from_attrs(view):
@@ -207,10 +179,13 @@ def _estimate(p, shapes, constants, cluster):
             continue
         i = p.v_node[v]
         node = p.view.nodes[i]
-        counter = _FLOPS.get(node.op)
-        flops = None if counter is None else counter(
-            node, lambda port, i=i: shapes.input(i, port),
-            lambda port, i=i: shapes.output(i, port))
+        if node.op not in _flops.COUNTED_OPS:
+            return None
+        transposed = (node.op in _flops.MATMUL_OPS
+                      and node.attr[_flops.transposed_attr(node.op)].b)
+        flops = _flops.flops_from_shapes(
+            node.op, transposed, lambda port, i=i: _dims(shapes.input(i, port)),
+            lambda port, i=i: _dims(shapes.output(i, port)))
         if flops is None:
             return None
         saved += constants.op_saving(flops)

@@ -18,36 +18,45 @@ def _dims(tensor):
     return shape.as_list()
 
 
-def _matmul_flops(op):
-    out, a = _dims(op.outputs[0]), _dims(op.inputs[0])
-    if out is None or a is None:
-        return None
-    transposed = op.get_attr("transpose_a") if op.type == "MatMul" else op.get_attr("adj_x")
-    return 2 * math.prod(out) * (a[-2] if transposed else a[-1])
+MATMUL_OPS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
+CONV_OPS = ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter")
+COUNTED_OPS = MATMUL_OPS + CONV_OPS
 
 
-def _conv_flops(op):
-    if op.type == "Conv2D":
-        out, kernel = _dims(op.outputs[0]), _dims(op.inputs[1])
-    elif op.type == "Conv2DBackpropInput":
-        out, kernel = _dims(op.inputs[2]), _dims(op.inputs[1])
-    else:  # Conv2DBackpropFilter: the forward output is its third input
-        out, kernel = _dims(op.inputs[2]), _dims(op.outputs[0])
-    if out is None or kernel is None:
+def transposed_attr(op_type):
+    """The attr saying whether a matrix product reads its first input transposed."""
+    return "transpose_a" if op_type == "MatMul" else "adj_x"
+
+
+def flops_from_shapes(op_type, transposed, input_dims, output_dims):
+    """FLOPs of one counted op, or None if a shape is unknown.
+
+    input_dims(port) / output_dims(port): the static shape as a list of ints, or None.
+    transposed: the product reads its first input transposed (matrix products only).
+    """
+    if op_type in MATMUL_OPS:
+        out, a = output_dims(0), input_dims(0)
+        if out is None or a is None or len(a) < 2:
+            return None
+        return 2 * math.prod(out) * (a[-2] if transposed else a[-1])
+    if op_type == "Conv2D":
+        out, kernel = output_dims(0), input_dims(1)
+    elif op_type == "Conv2DBackpropInput":
+        out, kernel = input_dims(2), input_dims(1)
+    else:  # Conv2DBackpropFilter: the forward output (gradient) is its third input
+        out, kernel = input_dims(2), output_dims(0)
+    if out is None or kernel is None or len(kernel) != 4:
         return None
     return 2 * math.prod(out) * math.prod(kernel[:3])
 
 
-FLOP_COUNTERS = {"MatMul": _matmul_flops, "BatchMatMul": _matmul_flops,
-                 "BatchMatMulV2": _matmul_flops, "BatchMatMulV3": _matmul_flops,
-                 "Conv2D": _conv_flops, "Conv2DBackpropInput": _conv_flops,
-                 "Conv2DBackpropFilter": _conv_flops}
-
-
 def op_flops(op):
-    """FLOPs of one op, or None if it is not counted or a shape is unknown."""
-    counter = FLOP_COUNTERS.get(op.type)
-    return None if counter is None else counter(op)
+    """FLOPs of one tf.Operation, or None if it is not counted or a shape is unknown."""
+    if op.type not in COUNTED_OPS:
+        return None
+    transposed = op.type in MATMUL_OPS and op.get_attr(transposed_attr(op.type))
+    return flops_from_shapes(op.type, transposed, lambda port: _dims(op.inputs[port]),
+                             lambda port: _dims(op.outputs[port]))
 
 
 def half_flop_share(graph, half_dtype, weights=None):
@@ -59,7 +68,7 @@ def half_flop_share(graph, half_dtype, weights=None):
     half = tf.as_dtype(half_dtype)
     total = in_half = skipped = 0
     for op in graph.get_operations():
-        if op.type not in FLOP_COUNTERS:
+        if op.type not in COUNTED_OPS:
             continue
         flops = op_flops(op)
         if flops is None:
