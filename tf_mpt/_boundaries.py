@@ -42,10 +42,23 @@ def _run(graph_def, half, fetched):
 
 
 def keep_values_half_across_boundaries(graph_def, half, fetched):
-    """Runs the boundary passes on `graph_def` (in place) and on its functions' bodies.
+    """Runs the boundary passes on `graph_def` (in place) and on its functions' bodies, again
+    until they switch nothing more: a switch inside a function (a loop variable kept half,
+    with a Cast to half of the argument that feeds it) can make one at its callers worth it,
+    which a single pass from the main graph down would leave to the next rewrite.
 
     Returns the Counts of values switched to half.
     """
+    counts = Counts()
+    while True:
+        found = _sweep(graph_def, half, fetched)
+        if not found:
+            return counts
+        counts.add(found)
+
+
+def _sweep(graph_def, half, fetched):
+    """The boundary passes once on the main graph, then once on each function body."""
     counts = _run(graph_def, half, fetched)
     names = [f.signature.name for f in graph_def.library.function
              if any(n.op in _BOUNDARY_OPS for n in f.node_def)]

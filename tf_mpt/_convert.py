@@ -6,8 +6,9 @@ Two kinds of source, one interface:
 * SavedModelDir: a SavedModel directory. The SavedModel protocol buffer is rewritten as it is:
   each MetaGraph's GraphDef and every function of its library that the graph or the object
   graph (tf.saved_model.load's functions, the signatures) calls. Function signatures do not
-  change, so the object graph, the signatures and the checkpoint stay valid; variables stay
-  float32 (the checkpoint is copied unchanged).
+  change, so the object graph, the signatures and the checkpoint stay valid. Variables stay
+  float32 (the checkpoint is copied unchanged) unless `store_variables_in_half` stores those
+  only half ops read in half (tf_mpt/_variables.py: object graph, functions and checkpoint).
 
 A node is named by (function or None, node name); `--keep-fp32` takes `node` (any graph or
 function holding a node of that name) or `function/node`.
@@ -27,6 +28,7 @@ from tf_mpt import _casts
 from tf_mpt import _graph_view
 from tf_mpt import _model_io
 from tf_mpt import _progress
+from tf_mpt import _variables
 from tf_mpt import rewrite as _rewrite
 from tf_mpt._type_attrs import KEEP_FP32_ATTR
 from tf_mpt._model_io import ModelError
@@ -48,6 +50,7 @@ class Conversion:
     """A converted model, not yet written."""
     payload: object    # GraphDef or SavedModel proto
     reports: dict      # graph label -> RewriteReport
+    variables: object = None  # _variables.VariableChoice when variables are stored in half
 
     @property
     def converted_nodes(self):
@@ -440,11 +443,33 @@ class SavedModelDir:
         proto = self.proto if conversion is None else conversion.payload
         return {self._label(i): m.graph_def for i, m in enumerate(proto.meta_graphs)}
 
-    def _write_directory(self, proto, directory, link):
-        """A SavedModel in `directory`: `proto` and this model's other files (links or copies)."""
+    def _checkpoint_prefix(self):
+        return os.path.join(self.path, "variables", "variables")
+
+    def store_variables_in_half(self, conversion, dtype):
+        """The conversion with the float32 variables only half ops read stored in `dtype`."""
+        proto = saved_model_pb2.SavedModel()
+        proto.CopyFrom(conversion.payload)
+        choice = _variables.store_in_half(proto, self._checkpoint_prefix(), dtype)
+        removed = set(choice.casts_removed)
+        reports = {label: dataclasses.replace(
+            report, casts_added=report.casts_added - len(removed & set(report.cast_names)),
+            cast_names=tuple(n for n in report.cast_names if n not in removed))
+            for label, report in conversion.reports.items()}
+        return Conversion(proto, reports, choice)
+
+    def _write_directory(self, conversion, directory, link):
+        """A SavedModel in `directory`: the conversion's proto, its checkpoint when variables
+        are stored in half, and this model's other files (links or copies)."""
+        proto, choice = conversion.payload, conversion.variables
         os.makedirs(directory, exist_ok=True)
         for entry in os.listdir(self.path):
             if entry in ("saved_model.pb", "saved_model.pbtxt", "fingerprint.pb"):
+                continue
+            if entry == "variables" and choice is not None and choice.converted:
+                os.makedirs(os.path.join(directory, entry))
+                _variables.write_checkpoint(self._checkpoint_prefix(),
+                                            os.path.join(directory, entry, "variables"), choice)
                 continue
             source, target = os.path.join(self.path, entry), os.path.join(directory, entry)
             if link:
@@ -460,7 +485,7 @@ class SavedModelDir:
 
     def write(self, conversion, dst):
         _model_io.write_atomically(
-            dst, lambda path: self._write_directory(conversion.payload, path, link=False))
+            dst, lambda path: self._write_directory(conversion, path, link=False))
 
     def runner(self, conversion):
         return _SavedModelRunner(self, conversion)
@@ -494,7 +519,7 @@ class _SavedModelRunner:
         if self._conversion is not None:
             self._temporary = tempfile.mkdtemp(prefix="tf_mpt-trial-")
             path = os.path.join(self._temporary, "model")
-            self._model._write_directory(self._conversion.payload, path, link=True)  # pylint: disable=protected-access
+            self._model._write_directory(self._conversion, path, link=True)  # pylint: disable=protected-access
         _, self._signatures = _model_io.load_signatures(path)
         return self
 

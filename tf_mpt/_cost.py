@@ -181,8 +181,8 @@ def _estimate(p, shapes, constants, cluster):
         node = p.view.nodes[i]
         if node.op not in _flops.COUNTED_OPS:
             return None
-        transposed = (node.op in _flops.MATMUL_OPS
-                      and node.attr[_flops.transposed_attr(node.op)].b)
+        attr = _flops.transposed_attr(node.op)  # absent when default (false): never add it
+        transposed = node.op in _flops.MATMUL_OPS and attr in node.attr and node.attr[attr].b
         flops = _flops.flops_from_shapes(
             node.op, transposed, lambda port, i=i: _dims(shapes.input(i, port)),
             lambda port, i=i: _dims(shapes.output(i, port)))

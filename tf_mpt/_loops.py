@@ -24,9 +24,12 @@ from tf_mpt._graph_view import parse_input
 _WHILE_OPS = ("While", "StatelessWhile")
 
 
+def _is_cast(node, src, dst):
+    return node.op == "Cast" and node.attr["SrcT"].type == src and node.attr["DstT"].type == dst
+
+
 def _is_our_cast(node, src, dst):
-    return (node.op == "Cast" and node.name.endswith(CAST_SUFFIX)
-            and node.attr["SrcT"].type == src and node.attr["DstT"].type == dst)
+    return node.name.endswith(CAST_SUFFIX) and _is_cast(node, src, dst)
 
 
 def _function_references(graph_def):
@@ -103,8 +106,9 @@ class _Outer:
     """Edits of the main graph around switched While nodes.
 
     Each (tensor, dtype) conversion has one Cast, shared with the Casts already in the graph;
-    a Cast to float32 that a switched loop variable no longer reads is dropped when nothing
-    else reads it (a loop fed by another switched loop reads its half output directly).
+    a value switched to half that a Cast from half (tf_mpt's or the graph's own) made float32
+    is read before that Cast, and tf_mpt's Cast is dropped when nothing else reads it (a loop
+    fed by another switched loop reads its half output directly).
     """
 
     def __init__(self, graph_def, half):
@@ -113,7 +117,7 @@ class _Outer:
         self.taken = set(self.by_name)
         self.new = []
         self.removed = {}  # name of a Cast made redundant -> the tensor its readers now read
-        self.bypassed = set()  # Casts to float32 a loop variable stopped reading
+        self.bypassed = set()  # tf_mpt's Casts to float32 a loop variable stopped reading
         self.casts = {}  # (tensor as (node, port), dtype) -> a Cast of that tensor to dtype
         for node in graph_def.node:
             if node.op == "Cast" and len(node.input) == 1:  # no control inputs
@@ -137,9 +141,11 @@ class _Outer:
         tensor = while_node.input[index]
         name, _ = parse_input(tensor)
         producer = self.by_name.get(name)
-        if producer is not None and _is_our_cast(producer, self.half, ta.DT_FLOAT):
+        if producer is not None and _is_cast(producer, self.half, ta.DT_FLOAT) and \
+                len(producer.input) == 1:  # a Cast with control inputs is kept: they order it
             while_node.input[index] = producer.input[0]
-            self.bypassed.add(producer.name)
+            if _is_our_cast(producer, self.half, ta.DT_FLOAT):
+                self.bypassed.add(producer.name)
         else:
             while_node.input[index] = self._cast(tensor, self.half)
 

@@ -76,8 +76,34 @@ def _convert_command(options):
         print(f"{label}: {report.summary()}")
     if options.validate or options.inputs:
         conversion = _validate_and_fix(model, conversion, lists, keep, options)
+    if options.variables == "half":
+        conversion = _store_variables_in_half(model, conversion, options)
     model.write(conversion, options.dst)
     print(f"wrote {options.dst}")
+
+
+def _store_variables_in_half(model, conversion, options):
+    """Variables only half ops read stored in half; validated again when asked (the numbers
+    are the same: each read cast the same float32 value to half before)."""
+    from tf_mpt import _convert  # pylint: disable=g-import-not-at-top
+    if isinstance(model, _convert.FrozenGraph):
+        print("--variables half: a frozen graph has no variables; its float32 constants that "
+              "only half ops read are already stored in half.")
+        return conversion
+    conversion = model.store_variables_in_half(conversion, options.dtype)
+    print("\n".join(conversion.variables.lines()))
+    if options.validate or options.inputs:
+        rtol, atol = _tolerances(options)
+        feeds = _convert.sample_feeds(model.input_specs(), options.validate or 1,
+                                      seed=options.seed, inputs_file=options.inputs)
+        errors = _convert.validate(model, conversion, feeds, rtol, atol)
+        print(_convert.error_table(errors, rtol, atol))
+        if not all(e.ok for e in errors):
+            from tf_mpt import _model_io  # pylint: disable=g-import-not-at-top
+            raise _model_io.ModelError("validation failed with the variables stored in half; "
+                                       "nothing was written. Keep them float32 (--variables "
+                                       "float32, the default).")
+    return conversion
 
 
 def _validate_and_fix(model, conversion, lists, keep, options):
@@ -190,6 +216,9 @@ def main(argv=None):
                          default=True, help="inputs and outputs keep their dtypes (default)")
     convert.add_argument("--no-keep-io-types", dest="keep_io_types", action="store_false",
                          help="frozen graphs: inputs and outputs may be half precision")
+    convert.add_argument("--variables", choices=("float32", "half"), default="float32",
+                         help="SavedModels: keep variables float32 (default) or store those "
+                         "only half ops read in the --dtype (checkpoint rewritten)")
     convert.add_argument("--force", action="store_true",
                          help="convert a model tf_mpt already converted")
     convert.add_argument("--validate", type=int, default=0, metavar="N",

@@ -9,7 +9,7 @@ import tensorflow as tf
 import tf_mpt
 from conftest import TOLERANCES
 import digits
-from helpers import half_tag
+from helpers import half_tag, run
 
 ACCURACY_POINTS = 0.01
 
@@ -153,7 +153,6 @@ def test_lstm_tensor_array_v1_loop_forward_and_gradients(half_dtype):
         if node.op == "NextIteration":
             merges = [n for n in gd.node if n.op == "Merge" and node.name in n.input]
             assert all(m.attr["T"].type == node.attr["T"].type for m in merges), node.name
-    from helpers import run
     feeds = {"xs:0": lstm.inputs()}
     names = [f"{f}:0" for f in fetches[:-1]]
     expected = run(graph.as_graph_def(), names, feeds, init="init")
@@ -253,6 +252,73 @@ def test_loop_kept_half_feeds_the_next_loop_kept_half_without_a_round_trip(half_
     assert list(second.input)[3] == f"{first.name}:3"
     assert sorted(n.name for n in gd.node if n.op == "Cast") == [
         f"{second.name}-3-CastToFp32-TfMpt", f"x-0-CastTo{tag}-TfMpt"]
+
+
+def test_loop_kept_half_reads_a_half_value_before_the_graphs_own_cast_to_float32(half_dtype):
+    """Regression (fuzz): x -> Cast(half) -> Cast(float32) -> loop kept half got a third Cast,
+    back to half, instead of reading the half value."""
+    half = tf.as_dtype(half_dtype)
+
+    @tf.function(input_signature=[tf.TensorSpec([4, 4], tf.float32, name="x")])
+    def f(x):
+        return _matmul_loop(tf.cast(tf.cast(x, half, name="to_half"), tf.float32,
+                                    name="to_float"), x)
+
+    result = _rewrite_and_check_numbers(f, half_dtype)
+    gd = result.graph_def
+    assert result.report.loop_variables_kept_half == 1
+    loop = [n for n in gd.node if n.op in ("While", "StatelessWhile")][0]
+    assert list(loop.input)[3] == "to_half"
+    assert not [n.name for n in gd.node if n.op == "Cast" and n.input[0] == "to_float"]
+
+
+def _half_value_into_a_looping_function():
+    """x -> [MatMul allow1] -> call { h -> loop of MatMuls over h } -> out. Returns the graph
+    and the call's name."""
+    @tf.function
+    def looped(h):
+        return _matmul_loop(h, tf.eye(4) * 0.5)
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 4], name="x")
+        call = looped(tf.matmul(x, x, name="allow1"))
+        tf.identity(call, name="out")
+    return graph, call.op.name
+
+
+def test_half_argument_of_a_function_that_loops_over_it_crosses_in_one_rewrite(half_dtype):
+    """Regression (fuzz): the loop variable inside the called function was kept half after
+    the call's arguments were decided, so only a second rewrite let the argument cross in
+    half (the rewrite was not idempotent)."""
+    graph, call_name = _half_value_into_a_looping_function()
+    result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype=half_dtype, fetches=["out"],
+                                      strict=True)
+    again = tf_mpt.rewrite_graph_def(result.graph_def, dtype=half_dtype, fetches=["out"],
+                                     strict=True)
+    assert not again.modified, again.report.summary()
+    assert again.graph_def == result.graph_def
+    assert result.report.loop_variables_kept_half == 1
+    assert result.report.call_values_kept_half == 1
+    call = [n for n in result.graph_def.node if n.name == call_name][0]
+    assert list(call.input) == ["allow1"]  # the half MatMul output, no Cast on either side
+    feeds = {"x:0": np.random.RandomState(0).uniform(-1, 1, [4, 4]).astype(np.float32)}
+    np.testing.assert_allclose(run(result.graph_def, "out:0", feeds),
+                               run(graph.as_graph_def(), "out:0", feeds), **TOLERANCES[half_dtype])
+
+
+def test_rewrite_whose_only_change_is_at_a_call_boundary_reports_modified(half_dtype):
+    """Regression (fuzz): when only the boundary passes changed the graph, the result said
+    modified=False. Here the second rewrite no longer fetches the call, so its argument and
+    result may cross in half, and nothing else changes."""
+    graph, call_name = _half_value_into_a_looping_function()
+    first = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype=half_dtype,
+                                     fetches=["out", call_name], strict=True)
+    second = tf_mpt.rewrite_graph_def(first.graph_def, dtype=half_dtype, fetches=["out"],
+                                      strict=True)
+    assert first.report.call_values_kept_half == 0
+    assert second.report.call_values_kept_half == 1
+    assert second.modified and second.graph_def != first.graph_def
 
 
 @pytest.mark.parametrize("kept", ["fetched", "opted_out"])

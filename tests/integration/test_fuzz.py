@@ -1,4 +1,4 @@
-"""Property-based fuzzing: random float32 DAGs, rewritten to float16 and bfloat16.
+"""Property-based fuzzing: random float32 graphs, rewritten to float16 and bfloat16.
 
 Hypothesis draws a *recipe* (`Recipe`): 1-3 float32 placeholders of shape [8, 8], 0-2 float32
 constants of that shape, a seed for their values and the feeds, and up to MAX_STEPS steps.
@@ -6,23 +6,41 @@ Each step applies one entry of `OP_TABLE` (allow, infer, deny, clear and unliste
 Casts, a control dependency, a library function call) to earlier tensors and adds one [8, 8]
 float32 tensor; about one step in ten is built inside `tf_mpt.keep_fp32()`. Node names come
 from the recipe alone (`x0`, `c1`, `s3_MatMul/...`; a constant may take the name tf_mpt would
-give a Cast), so a failing example that hypothesis prints names the same nodes on every run.
+give a Cast), so a failing example that hypothesis prints names the same nodes on every run
+(library functions carry TensorFlow's counters in their names).
+
+Control-flow recipes (`recipes(max_depth=...)`) also have *blocks* (`Block`): a step that runs
+sub-recipes, over a pool of its own starting with the block's inputs, in
+    a while loop:  h <- body(h, *other inputs), 1-3 times;
+    a cond:        one of two bodies, chosen by the parity of an int32 counter;
+    a call:        a tf.function of the body, called once or twice (the second call reads the
+                   first one's output), so a library function may have two callers;
+and bodies hold blocks in turn, up to MAX_DEPTH deep (a cond in a loop in a function call).
+The counter is the fed int32 scalar `k`, plus the iteration number inside loops; it is exact
+in every dtype, so the float32 and the half graph always take the same branch. A recipe is
+built either in a tf.Graph with control flow v1 (Enter/Switch/Merge/NextIteration/Exit; a call
+is a PartitionedCall whose function has functional While/If inside) or *traced*: as the
+graph_def of a tf.function, where every loop and cond is a functional While/If whose bodies
+are library functions.
 
 Every step keeps its output within [-BOUND, BOUND] whenever its inputs are (inputs are
-uniform in [-1, 1]), so float16 cannot overflow and the comparison with float32 uses the
-shared TOLERANCES unchanged.
+uniform in [-1, 1]), so float16 cannot overflow, and loops stay bounded at every iteration;
+the comparison with float32 uses the shared TOLERANCES unchanged.
 
 Each graph is rewritten to both half dtypes (strict=True, so an internal error fails instead of
 returning the input) with the default fetches and, when the recipe asks for it, with explicit
-fetches. Structure is checked first (input not mutated, node names and ops kept, added Casts
-named `*-TfMpt`, fetched and opted-out nodes untouched, no round trip, one Cast per (tensor,
-dtype), idempotence), then numbers (imports, runs, fetched dtypes and shapes kept, values
-within tolerance of the float32 graph).
+fetches. Structure is checked first, in the main graph and in every library function (input
+not mutated, node names and ops kept, library functions and their signatures kept but for
+values a While or call takes across in half, each function's copy for one caller made the
+documented way, added Casts named `*-TfMpt`, fetched and opted-out nodes untouched, no round
+trip, one Cast per (tensor, dtype), idempotence), then numbers (imports, runs, fetched dtypes
+and shapes kept, values within tolerance of the float32 graph).
 
 Profiles (environment variable TF_MPT_FUZZ_PROFILE):
-    ci (default): 300 graphs, derandomized (the same graphs on every run), under a minute on
-        2 cores.
-    thorough: 10,000 random graphs, about 25 minutes on 2 cores:
+    ci (default): 300 straight-line and CONTROL_FLOW_EXAMPLES['ci'] control-flow graphs,
+        derandomized (the same graphs on every run), each test under a minute on 2 cores.
+    thorough: 10,000 straight-line graphs (about 25 minutes on 2 cores) and
+        CONTROL_FLOW_EXAMPLES['thorough'] control-flow graphs (about 10 minutes):
         TF_MPT_FUZZ_PROFILE=thorough python -m pytest tests/integration/test_fuzz.py
     A thorough failure prints a `@reproduce_failure` blob that replays it.
 """
@@ -33,9 +51,12 @@ import os
 import typing
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
+from tensorflow.core.framework import op_def_pb2
+from tensorflow.core.protobuf import rewriter_config_pb2
 
 import tf_mpt
 from conftest import HALF_DTYPES, TOLERANCES
@@ -56,23 +77,51 @@ KEEP_FP32_ONE_IN = 10  # about one step in ten is opted out with tf_mpt.keep_fp3
 ALLOW_ONE_IN = 5  # one step in five is an allow op, so most graphs have something to convert
 CAST_SUFFIX = "-TfMpt"
 KEEP_FP32_ATTR = "_tf_mpt_keep_fp32"
+# Control-flow recipes: fewer steps per level, as blocks multiply the graph's size.
+MAX_CONTROL_FLOW_STEPS = 8
+MAX_BODY_STEPS = 3
+MAX_DEPTH = 3  # blocks nest up to three deep
+# One top-level step in two is a block, one body step in four: of the graphs, about half nest
+# blocks three deep, a fifth two deep, a sixth one deep, and an eighth have none.
+TOP_BLOCK_ONE_IN = 2
+BODY_BLOCK_ONE_IN = 4
+MAX_BLOCK_INPUTS = 3
+# Loop iterations and calls of a block; few, as rounding errors compound with each.
+MAX_TRIPS = {"while": 3, "cond": 1, "call": 2}
+COUNTER = "k"  # the fed int32 scalar that chooses cond branches
+WHILE_OPS = ("While", "StatelessWhile")
+# Nodes that may take values across into the functions they call in half: op -> its function
+# attrs, in the order tf_mpt numbers copies of shared functions.
+BOUNDARY_FUNCTION_ATTRS = {
+    "While": ("body", "cond"), "StatelessWhile": ("body", "cond"),
+    "PartitionedCall": ("f",), "StatefulPartitionedCall": ("f",),
+    "If": ("then_branch", "else_branch"), "StatelessIf": ("then_branch", "else_branch"),
+    "Case": ("branches",), "StatelessCase": ("branches",),
+}
+SPECIALISED = "_tf_mpt_call_"  # <function>_tf_mpt_call_<node>_<k>: a copy for one caller
+RUN_TIMEOUT_MS = 60_000  # a rewritten loop that never ends fails instead of hanging the test
 
 PROFILE_ENV_VAR = "TF_MPT_FUZZ_PROFILE"
 _COMMON = dict(deadline=None, database=None,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("ci", max_examples=300, derandomize=True, **_COMMON)
 settings.register_profile("thorough", max_examples=10_000, print_blob=True, **_COMMON)
+# A control-flow graph is several times larger than a straight-line one, and slower to trace.
+CONTROL_FLOW_EXAMPLES = {"ci": 120, "thorough": 2_000}
 
 
-def _fuzz_settings():
-    """The settings of the profile named by TF_MPT_FUZZ_PROFILE (default 'ci')."""
+def _fuzz_profile():
+    """The profile named by TF_MPT_FUZZ_PROFILE (default 'ci')."""
     name = os.environ.get(PROFILE_ENV_VAR, "ci")
     if name not in ("ci", "thorough"):
         raise ValueError(f"{PROFILE_ENV_VAR}={name!r}; use 'ci' (default) or 'thorough'.")
-    return settings.get_profile(name)
+    return name
 
 
-FUZZ_SETTINGS = _fuzz_settings()
+FUZZ_PROFILE = _fuzz_profile()
+FUZZ_SETTINGS = settings.get_profile(FUZZ_PROFILE)
+CONTROL_FLOW_SETTINGS = settings(FUZZ_SETTINGS,
+                                 max_examples=CONTROL_FLOW_EXAMPLES[FUZZ_PROFILE])
 
 
 # --- the op table ------------------------------------------------------------------------------
@@ -254,17 +303,45 @@ class Step:
 
 
 @dataclasses.dataclass(frozen=True)
+class Block:
+    """A step that runs sub-recipes in a loop, a cond or a library function.
+
+    Each body is a tuple of steps (Step or Block) over a pool of its own that starts with the
+    block's inputs (`operands`); its output is the last tensor of that pool.
+
+    Attributes:
+        kind: 'while' (h <- bodies[0](h, *other inputs), `trips` times, h the first input),
+            'cond' (bodies[0] when the counter's parity is `parity`, else bodies[1]) or 'call'
+            (a tf.function of bodies[0], called `trips` times; a call after the first reads the
+            previous call's output as its first input).
+        operands: indices into the tensor pool: the block's inputs.
+        bodies: one body, or two for a cond.
+        trips: loop iterations or calls.
+        parity: for a cond, the counter parity that takes bodies[0].
+        keep_fp32: build the block inside `tf_mpt.keep_fp32()`.
+    """
+    kind: str
+    operands: tuple
+    bodies: tuple
+    trips: int = 1
+    parity: int = 0
+    keep_fp32: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class Recipe:
     """A random graph: the pool starts with placeholders, then constants, then step outputs.
 
     Attributes:
         placeholders: number of placeholders (x0, x1, ...).
         constants: names of the [8, 8] constants (see CONSTANT_NAMES).
-        steps: the ops, in order.
+        steps: the steps (Step or Block), in order.
         seed: seeds the constants' values and the feeds.
         fetches: indices into the tensor pool of tensors that are also passed as explicit
             fetches (empty: only the default fetches are tested).
         fetch_by_node: pass the explicit fetches as node names instead of tensor names.
+        traced: build the graph as the graph_def of a tf.function (functional While/If)
+            instead of in a tf.Graph with control flow v1.
     """
     placeholders: int
     constants: tuple
@@ -272,70 +349,169 @@ class Recipe:
     seed: int
     fetches: tuple = ()
     fetch_by_node: bool = False
+    traced: bool = False
+
+    @property
+    def has_blocks(self):
+        return any(isinstance(step, Block) for step in self.steps)
 
 
 @dataclasses.dataclass
 class BuiltGraph:
-    """A recipe turned into a GraphDef, its feeds and the names of its pool tensors."""
+    """A recipe turned into a GraphDef, its feeds, the names of its pool tensors and the name
+    scopes of its (top-level) blocks."""
     graph_def: typing.Any
     feeds: dict
     pool: list
+    block_scopes: tuple
+
+
+def _draw_operands(draw, pool_size, count):
+    # Operands count back from the newest tensor, so examples shrink towards chains.
+    return tuple(pool_size - 1 - draw(st.integers(0, pool_size - 1)) for _ in range(count))
+
+
+def _draw_steps(draw, pool_size, max_steps, depth, block_one_in=TOP_BLOCK_ONE_IN):
+    """Steps over a pool of `pool_size` tensors; blocks nest at most `depth` levels."""
+    steps = []
+    for _ in range(draw(st.integers(1, max_steps))):
+        if depth > 0 and draw(st.integers(0, block_one_in - 1)) == 0:
+            steps.append(_draw_block(draw, pool_size, depth))
+        else:
+            from_allow = draw(st.integers(0, ALLOW_ONE_IN - 1)) == 0
+            spec = draw(st.sampled_from(ALLOW_ENTRIES if from_allow else OP_TABLE))
+            operands = _draw_operands(draw, pool_size, spec.arity)
+            keep_fp32 = draw(st.integers(0, KEEP_FP32_ONE_IN - 1)) == 0
+            steps.append(Step(spec.name, operands, keep_fp32))
+        pool_size += 1
+    return tuple(steps)
+
+
+def _draw_block(draw, pool_size, depth):
+    kind = draw(st.sampled_from(BLOCK_KINDS))
+    operands = _draw_operands(draw, pool_size, draw(st.integers(1, MAX_BLOCK_INPUTS)))
+    bodies = tuple(_draw_steps(draw, len(operands), MAX_BODY_STEPS, depth - 1, BODY_BLOCK_ONE_IN)
+                   for _ in range(2 if kind == "cond" else 1))
+    trips = draw(st.integers(1, MAX_TRIPS[kind]))
+    parity = draw(st.integers(0, 1)) if kind == "cond" else 0
+    keep_fp32 = draw(st.integers(0, KEEP_FP32_ONE_IN - 1)) == 0
+    return Block(kind, operands, bodies, trips, parity, keep_fp32)
 
 
 @st.composite
-def recipes(draw):
-    """Hypothesis strategy for Recipe."""
+def recipes(draw, max_steps=MAX_STEPS, max_depth=0):
+    """Hypothesis strategy for Recipe; max_depth > 0 gives control-flow recipes."""
     placeholders = draw(st.integers(1, MAX_PLACEHOLDERS))
     constants = tuple(draw(st.sampled_from(names))
                       for names in CONSTANT_NAMES[:draw(st.integers(0, len(CONSTANT_NAMES)))])
-    pool_size = placeholders + len(constants)
-    steps = []
-    for _ in range(draw(st.integers(1, MAX_STEPS))):
-        from_allow = draw(st.integers(0, ALLOW_ONE_IN - 1)) == 0
-        spec = draw(st.sampled_from(ALLOW_ENTRIES if from_allow else OP_TABLE))
-        # Operands count back from the newest tensor, so examples shrink towards chains.
-        operands = tuple(pool_size - 1 - draw(st.integers(0, pool_size - 1))
-                         for _ in range(spec.arity))
-        keep_fp32 = draw(st.integers(0, KEEP_FP32_ONE_IN - 1)) == 0
-        steps.append(Step(spec.name, operands, keep_fp32))
-        pool_size += 1
+    steps = _draw_steps(draw, placeholders + len(constants), max_steps, max_depth)
+    pool_size = placeholders + len(constants) + len(steps)
+    traced = max_depth > 0 and draw(st.booleans())
     seed = draw(st.integers(0, 2**31 - 1))
     if not draw(st.booleans()):
-        return Recipe(placeholders, constants, tuple(steps), seed)
+        return Recipe(placeholders, constants, steps, seed, traced=traced)
     fetches = draw(st.sets(st.integers(0, pool_size - 1), min_size=1, max_size=4))
-    return Recipe(placeholders, constants, tuple(steps), seed, tuple(sorted(fetches)),
-                  draw(st.booleans()))
+    return Recipe(placeholders, constants, steps, seed, tuple(sorted(fetches)),
+                  draw(st.booleans()), traced)
 
 
 def _uniform(rng):
     return rng.uniform(-1.0, 1.0, SHAPE).astype(np.float32)
 
 
+def _while_block(block, inputs, counter):
+    def body(i, h):
+        return i + 1, _build_steps(block.bodies[0], [h, *inputs[1:]], counter + i)
+    return tf.while_loop(lambda i, h: i < block.trips, body, [tf.constant(0), inputs[0]])[1]
+
+
+def _cond_block(block, inputs, counter):
+    def branch(steps):
+        return lambda: _build_steps(steps, list(inputs), counter)
+    taken = tf.equal(tf.math.floormod(counter, 2), block.parity)
+    return tf.cond(taken, branch(block.bodies[0]), branch(block.bodies[1]))
+
+
+def _call_block(block, inputs, counter):
+    @tf.function(autograph=False)
+    def called(*args):
+        return _build_steps(block.bodies[0], list(args[:-1]), args[-1])
+
+    out = called(*inputs, counter)
+    for _ in range(block.trips - 1):
+        out = called(out, *inputs[1:], counter)
+    return out
+
+
+BLOCK_BUILDERS = {"while": _while_block, "cond": _cond_block, "call": _call_block}
+BLOCK_KINDS = tuple(BLOCK_BUILDERS)
+
+
+def _scope(k, step):
+    return f"s{k}_{step.kind if isinstance(step, Block) else step.op}"
+
+
+def _build_steps(steps, pool, counter):
+    """Appends each step's output to `pool` (a list of tensors) and returns the last one."""
+    for k, step in enumerate(steps):
+        with tf.name_scope(_scope(k, step)), _maybe_keep_fp32(step.keep_fp32):
+            inputs = [pool[i] for i in step.operands]
+            if isinstance(step, Block):
+                out = BLOCK_BUILDERS[step.kind](step, inputs, counter)
+            else:
+                out = OPS_BY_NAME[step.op].build(*inputs)
+        assert out.dtype == tf.float32 and out.shape == SHAPE, (step, out)
+        pool.append(out)
+    return pool[-1]
+
+
 def build_graph(recipe):
-    """Builds the recipe's graph in a fresh tf.Graph.
+    """Builds the recipe's graph: in a fresh tf.Graph, or traced (see Recipe.traced).
 
     Args:
         recipe: a Recipe.
 
     Returns:
-        BuiltGraph: the GraphDef, feeds {tensor name: value} and the pool tensor names.
+        BuiltGraph.
     """
     rng = np.random.RandomState(recipe.seed)
-    feeds = {}
-    with tf.Graph().as_default() as graph:
-        pool = []
-        for k in range(recipe.placeholders):
-            placeholder = tf1.placeholder(tf.float32, SHAPE, name=f"x{k}")
-            feeds[placeholder.name] = _uniform(rng)
-            pool.append(placeholder)
-        for name in recipe.constants:
-            pool.append(tf.constant(_uniform(rng), name=name))
-        for k, step in enumerate(recipe.steps):
-            with tf.name_scope(f"s{k}_{step.op}"), _maybe_keep_fp32(step.keep_fp32):
-                out = OPS_BY_NAME[step.op].build(*(pool[i] for i in step.operands))
-            assert out.dtype == tf.float32 and out.shape == SHAPE, (step, out)
-            pool.append(out)
-    return BuiltGraph(graph.as_graph_def(), feeds, [t.name for t in pool])
+    feeds = {f"x{k}:0": _uniform(rng) for k in range(recipe.placeholders)}
+    constants = {name: _uniform(rng) for name in recipe.constants}
+    specs = [tf.TensorSpec(SHAPE, tf.float32, name=f"x{k}") for k in range(recipe.placeholders)]
+    if recipe.has_blocks:
+        feeds[f"{COUNTER}:0"] = np.int32(rng.randint(0, 4))
+        specs.append(tf.TensorSpec([], tf.int32, name=COUNTER))
+    pool = []
+
+    def build(*args):
+        pool.extend(args[:recipe.placeholders])
+        pool.extend(tf.constant(value, name=name) for name, value in constants.items())
+        counter = args[recipe.placeholders] if recipe.has_blocks else None
+        return _build_steps(recipe.steps, pool, counter)
+
+    if recipe.traced:
+        graph = tf.function(build, autograph=False).get_concrete_function(*specs).graph
+    else:
+        with _control_flow_v1(), tf.Graph().as_default() as graph:
+            build(*(tf1.placeholder(s.dtype, s.shape, name=s.name) for s in specs))
+    block_scopes = tuple(f"{_scope(k, step)}/" for k, step in enumerate(recipe.steps)
+                         if isinstance(step, Block))
+    return BuiltGraph(graph.as_graph_def(), feeds, [t.name for t in pool], block_scopes)
+
+
+@contextlib.contextmanager
+def _control_flow_v1():
+    """Loops and conds built inside are v1 (the TF2 default is v2 even in a tf.Graph).
+
+    The switch is global: it is restored on exit so no other test sees it.
+    """
+    was_v2 = tf1.control_flow_v2_enabled()
+    tf1.disable_control_flow_v2()
+    try:
+        yield
+    finally:
+        if was_v2:
+            tf1.enable_control_flow_v2()
 
 
 def _maybe_keep_fp32(keep):
@@ -356,16 +532,26 @@ def all_ops_recipe():
 # --- helpers over GraphDefs --------------------------------------------------------------------
 
 def _node_of(tensor_name):
-    """'a:1' -> 'a', '^a' -> 'a', 'a' -> 'a'."""
-    name = tensor_name.lstrip("^")
-    head, sep, tail = name.rpartition(":")
-    return head if sep and tail.isdigit() else name
+    """'a:1' -> 'a', '^a' -> 'a', 'a' -> 'a'; in a function body 'a:output:0' -> 'a'."""
+    return tensor_name.lstrip("^").split(":")[0]
 
 
 def _canonical_tensor(tensor_name):
-    """'a' -> 'a:0'; 'a:1' -> 'a:1'."""
+    """'a' -> 'a:0'; 'a:1' -> 'a:1'; 'a:output:0' -> 'a:output:0'."""
     head, sep, tail = tensor_name.rpartition(":")
     return tensor_name if sep and tail.isdigit() else f"{tensor_name}:0"
+
+
+def _graphs(graph_def):
+    """{None: the main graph's nodes by name, function name: its body's nodes by name}."""
+    graphs = {None: {node.name: node for node in graph_def.node}}
+    for fdef in graph_def.library.function:
+        graphs[fdef.signature.name] = {node.name: node for node in fdef.node_def}
+    return graphs
+
+
+def _where(function):
+    return "main graph" if function is None else f"function {function}"
 
 
 def _serialize(graph_def):
@@ -386,10 +572,15 @@ def _sink_nodes(graph_def):
     return [node.name for node in graph_def.node if node.name not in consumed]
 
 
-def _default_fetch_tensors(graph_def):
-    """Every output of every node with no data consumer, except placeholders (fed)."""
-    graph = _import(graph_def)
-    operations = [graph.get_operation_by_name(name) for name in _sink_nodes(graph_def)]
+def _default_fetch_tensors(built):
+    """Every output of every node with no data consumer, except placeholders (fed) and nodes
+    inside a block other than its output: a Session cannot fetch a tensor of a v1 loop (set
+    once per iteration) or of a v1 cond (dead in the branch not taken)."""
+    graph = _import(built.graph_def)
+    outputs = {_node_of(t) for t in built.pool}
+    names = [name for name in _sink_nodes(built.graph_def)
+             if name in outputs or not name.startswith(built.block_scopes)]
+    operations = [graph.get_operation_by_name(name) for name in names]
     return [t.name for op in operations if op.type != "Placeholder" for t in op.outputs]
 
 
@@ -397,15 +588,27 @@ def _run(graph_def, fetches, feeds):
     """Imports `graph_def` into a new graph and runs `fetches`.
 
     Returns:
-        (values, static dtypes, static shapes), each a dict keyed by fetch name.
+        (values, static dtypes, static shapes), each a dict keyed by fetch name. A static
+        shape may be unknown (an imported v1 loop's outputs have none).
     """
     graph = _import(graph_def)
     tensors = {name: graph.get_tensor_by_name(name) for name in fetches}
     config = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
+    if any(node.op == "Switch" for node in graph_def.node):
+        # Grappler (TF 2.21) breaks v1 control flow, in the float32 graph as in any other: its
+        # arithmetic optimizer makes a cond's output dead ("Retval[0] does not have value")
+        # when the branch taken computes x + x or AddN(x, x, ...) of a tensor from outside the
+        # cond; its model pruner and its dependency optimizer each make a loop whose body
+        # returns a tensor from outside the loop through IdentityN spin forever (past the
+        # timeout). Those three are off for graphs with v1 control flow.
+        options = config.graph_options.rewrite_options
+        options.arithmetic_optimization = rewriter_config_pb2.RewriterConfig.OFF
+        options.dependency_optimization = rewriter_config_pb2.RewriterConfig.OFF
+        options.disable_model_pruning = True
     with tf1.Session(graph=graph, config=config) as sess:
-        values = sess.run(tensors, feeds)
+        values = sess.run(tensors, feeds, options=tf1.RunOptions(timeout_in_ms=RUN_TIMEOUT_MS))
     return (values, {n: t.dtype for n, t in tensors.items()},
-            {n: tuple(t.shape.as_list()) for n, t in tensors.items()})
+            {n: t.shape for n, t in tensors.items()})
 
 
 # --- structural checks -------------------------------------------------------------------------
@@ -418,58 +621,183 @@ def check_input_not_mutated(before, graph_def, what):
     assert _serialize(graph_def) == before, f"{what}: rewrite_graph_def mutated its input"
 
 
-def check_names_and_added_casts(original, result, what):
-    """Original nodes all kept (same op); every new node is a `*-TfMpt` Cast."""
-    old = {node.name: node for node in original.node}
-    new = {node.name: node for node in result.graph_def.node}
-    missing = sorted(set(old) - set(new))
-    assert not missing, f"{what}: nodes of the input missing from the output: {missing}"
-    changed_op = sorted(n for n in old if new[n].op != old[n].op)
-    assert not changed_op, f"{what}: nodes whose op type changed: {changed_op}"
-    added = [new[n] for n in new if n not in old]
-    for node in added:
-        assert node.op == "Cast" and node.name.endswith(CAST_SUFFIX), (
-            f"{what}: added node {node.name!r} (op {node.op}) is not a Cast named *{CAST_SUFFIX}")
-    assert sorted(n.name for n in added) == sorted(result.report.cast_names), (
+def _called_functions(node):
+    """Names of the library functions a node calls through its function-valued attrs."""
+    for value in node.attr.values():
+        if value.HasField("func"):
+            yield value.func.name
+        yield from (func.name for func in value.list.func)
+
+
+def _boundary_functions(node):
+    """[(function attr, function name)] of a While or call, in the order tf_mpt numbers the
+    copies it makes of shared ones."""
+    return [(attr, name) for attr in BOUNDARY_FUNCTION_ATTRS[node.op]
+            for name in ([f.name for f in node.attr[attr].list.func]
+                         if node.attr[attr].WhichOneof("value") == "list"
+                         else [node.attr[attr].func.name])]
+
+
+def _typed_args(op, type_attr, function_attr):
+    """The signature arg lists of a called function that a While's or call's type attr types."""
+    if op in WHILE_OPS:
+        return ("input_arg", "output_arg") if function_attr == "body" else ("input_arg",)
+    return ("input_arg",) if type_attr == "Tin" else ("output_arg",)
+
+
+def check_library(original, result, dtype, what):
+    """Library functions keep their names and signatures, but for values kept half.
+
+    A While or call (PartitionedCall, If, Case), in the main graph or in a function, may
+    switch a float32 loop variable, argument or result to half, in its type attr and at the
+    same position in the signatures of the functions it calls (a loop body takes and returns
+    it, a loop cond takes it). It first copies a function that others call too, as
+    `<function>_tf_mpt_call_<node>_<k>`. Every other caller sees the signature of the input.
+
+    Returns:
+        {function of the output: the function of the input it is, or copies}.
+    """
+    half, float32 = tf.as_dtype(dtype).as_datatype_enum, tf.float32.as_datatype_enum
+    old_graphs, new_graphs = _graphs(original), _graphs(result.graph_def)
+    old_signatures = {f.signature.name: f.signature for f in original.library.function}
+    origins = {name: name for name in old_signatures}
+    expected = {}  # function of the output -> (its expected signature, the caller that expects it)
+
+    def expect(name, signature, caller):
+        if name in expected:
+            assert expected[name][0] == signature, (
+                f"{what}: {caller} and {expected[name][1]} call function {name} with different "
+                "signatures")
+        expected[name] = (signature, caller)
+
+    todo, examined = [None], set()  # graphs whose callers to examine, from the main graph down
+    while todo:
+        graph = todo.pop()
+        if graph in examined:
+            continue
+        examined.add(graph)
+        old_nodes = old_graphs[origins.get(graph)]
+        for node in new_graphs[graph].values():
+            caller = f"{node.op} {node.name!r} in the {_where(graph)}"
+            if node.op not in BOUNDARY_FUNCTION_ATTRS:
+                for name in _called_functions(node):
+                    expect(name, old_signatures[name], caller)
+                    todo.append(name)
+                continue
+            old = old_nodes[node.name]
+            switched = {}
+            for type_attr in ("T",) if node.op in WHILE_OPS else ("Tin", "Tout"):
+                before, after = old.attr[type_attr].list.type, node.attr[type_attr].list.type
+                switched[type_attr] = [k for k, (b, a) in enumerate(zip(before, after)) if b != a]
+                assert len(before) == len(after) and all(
+                    before[k] == float32 and after[k] == half for k in switched[type_attr]), (
+                    f"{what}: {caller} has {type_attr} {list(after)}, was {list(before)}")
+            calls = zip(_boundary_functions(old), _boundary_functions(node))
+            for k, ((attr, before_name), (_, name)) in enumerate(calls):
+                if name != before_name:
+                    assert name == f"{before_name}{SPECIALISED}{node.name}_{k}", (
+                        f"{what}: {caller} calls {name} instead of {before_name}")
+                    origins[name] = before_name
+                signature = op_def_pb2.OpDef()
+                signature.CopyFrom(old_signatures[before_name])
+                signature.name = name
+                for type_attr, positions in switched.items():
+                    for arg_list in _typed_args(node.op, type_attr, attr):
+                        for position in positions:
+                            getattr(signature, arg_list)[position].type = half
+                expect(name, signature, caller)
+                todo.append(name)
+    new_signatures = {f.signature.name: f.signature for f in result.graph_def.library.function}
+    assert len(new_signatures) == len(result.graph_def.library.function), (
+        f"{what}: two library functions share a name")
+    assert set(new_signatures) == set(origins), (
+        f"{what}: library functions changed: {sorted(set(origins) ^ set(new_signatures))}")
+    for name, signature in new_signatures.items():
+        wanted = expected.get(name, (old_signatures.get(name),))[0]
+        assert signature == wanted, (
+            f"{what}: function {name} has the signature {signature}, expected {wanted}")
+    return origins
+
+
+def check_names_and_added_casts(original, result, origins, what):
+    """Nodes all kept (same op), in the main graph and in every function (a copy keeps those
+    of the function it copies, see check_library); every new node is a `*-TfMpt` Cast.
+
+    Returns:
+        {None (the main graph) or function name: the Casts added to that graph}.
+    """
+    old_graphs, new_graphs = _graphs(original), _graphs(result.graph_def)
+    assert result.graph_def.library.gradient == original.library.gradient, (
+        f"{what}: the library's gradient table changed")
+    added, cast_names = {}, []
+    for function, new in new_graphs.items():
+        old, where = old_graphs[origins.get(function)], f"{what}, {_where(function)}"
+        missing = sorted(set(old) - set(new))
+        assert not missing, f"{where}: nodes of the input missing from the output: {missing}"
+        changed_op = sorted(n for n in old if new[n].op != old[n].op)
+        assert not changed_op, f"{where}: nodes whose op type changed: {changed_op}"
+        added[function] = [new[n] for n in new if n not in old]
+        for node in added[function]:
+            assert node.op == "Cast" and node.name.endswith(CAST_SUFFIX), (
+                f"{where}: added node {node.name!r} (op {node.op}) is not a Cast named "
+                f"*{CAST_SUFFIX}")
+        cast_names += [node.name if function is None else f"{function}/{node.name}"
+                       for node in added[function]]
+    assert sorted(cast_names) == sorted(result.report.cast_names), (
         f"{what}: the report's cast_names differ from the Casts in the graph")
     assert result.modified == (_serialize(result.graph_def) != _serialize(original)), (
         f"{what}: modified={result.modified} disagrees with the GraphDefs")
     return added
 
 
-def check_kept_nodes_unchanged(original, result, fetches, what):
+def check_kept_nodes_unchanged(original, result, origins, fetches, what):
     """Fetched and opted-out nodes keep every attr (only their inputs may read Casts)."""
     fetched = set(_sink_nodes(original)) if fetches is None else {_node_of(f) for f in fetches}
-    new = {node.name: node for node in result.graph_def.node}
-    for node in original.node:
-        opted_out = node.attr[KEEP_FP32_ATTR].b if KEEP_FP32_ATTR in node.attr else False
-        if node.name in fetched or opted_out:
-            why = "fetched" if node.name in fetched else "opted out"
-            assert new[node.name].attr == node.attr, (
-                f"{what}: {why} node {node.name!r} ({node.op}) had its attrs changed")
+    old_graphs = _graphs(original)
+    for function, new in _graphs(result.graph_def).items():
+        for node in old_graphs[origins.get(function)].values():
+            opted_out = node.attr[KEEP_FP32_ATTR].b if KEEP_FP32_ATTR in node.attr else False
+            is_fetched = function is None and node.name in fetched
+            if is_fetched or opted_out:
+                why = "fetched" if is_fetched else "opted out"
+                assert new[node.name].attr == node.attr, (
+                    f"{what}, {_where(function)}: {why} node {node.name!r} ({node.op}) had its "
+                    "attrs changed")
 
 
 def check_no_round_trip(result, added, what):
-    """No added Cast reads a Cast that converts the opposite way."""
-    nodes = {node.name: node for node in result.graph_def.node}
-    for cast in added:
-        producer = nodes[_node_of(cast.input[0])]
-        if producer.op != "Cast":
-            continue
-        src, dst = cast.attr["SrcT"].type, cast.attr["DstT"].type
-        assert not (producer.attr["SrcT"].type == dst and producer.attr["DstT"].type == src), (
-            f"{what}: added Cast {cast.name!r} undoes Cast {producer.name!r} "
-            f"({tf.as_dtype(dst).name} -> {tf.as_dtype(src).name} -> {tf.as_dtype(dst).name})")
+    """No added Cast reads a Cast of the same graph that converts the opposite way."""
+    for function, nodes in _graphs(result.graph_def).items():
+        for cast in added[function]:
+            producer = nodes.get(_node_of(cast.input[0]))  # None: a function argument
+            if producer is None or producer.op != "Cast":
+                continue
+            src, dst = cast.attr["SrcT"].type, cast.attr["DstT"].type
+            assert not (producer.attr["SrcT"].type == dst and producer.attr["DstT"].type == src), (
+                f"{what}, {_where(function)}: added Cast {cast.name!r} undoes Cast "
+                f"{producer.name!r} ({tf.as_dtype(dst).name} -> {tf.as_dtype(src).name} -> "
+                f"{tf.as_dtype(dst).name})")
 
 
 def check_one_cast_per_tensor_and_dtype(added, what):
-    seen = {}
-    for cast in added:
-        key = (_canonical_tensor(cast.input[0]), cast.attr["DstT"].type)
-        assert key not in seen, (
-            f"{what}: Casts {seen[key]!r} and {cast.name!r} both convert {key[0]} to "
-            f"{tf.as_dtype(key[1]).name}")
-        seen[key] = cast.name
+    """Within each graph (main or function body), one added Cast per (tensor, dtype)."""
+    for function, casts in added.items():
+        seen = {}
+        for cast in casts:
+            key = (_canonical_tensor(cast.input[0]), cast.attr["DstT"].type)
+            assert key not in seen, (
+                f"{what}, {_where(function)}: Casts {seen[key]!r} and {cast.name!r} both "
+                f"convert {key[0]} to {tf.as_dtype(key[1]).name}")
+            seen[key] = cast.name
+
+
+def check_every_attr_has_a_value(result, what):
+    """No AttrValue without a value (reading a missing attr through the map adds one, which
+    TensorFlow's importer refuses)."""
+    for function, nodes in _graphs(result.graph_def).items():
+        empty = [(name, key) for name, node in nodes.items() for key, value in node.attr.items()
+                 if value.WhichOneof("value") is None]
+        assert not empty, f"{what}, {_where(function)}: attrs without a value: {empty}"
 
 
 def check_idempotent(result, dtype, fetches, what):
@@ -490,10 +818,12 @@ def rewrite_and_check_structure(graph_def, dtype, fetches):
     result = _rewrite(graph_def, dtype, fetches)
     what = f"{dtype}, fetches={fetches} ({result.report.summary()})"
     check_input_not_mutated(before, graph_def, what)
-    added = check_names_and_added_casts(graph_def, result, what)
-    check_kept_nodes_unchanged(graph_def, result, fetches, what)
+    origins = check_library(graph_def, result, dtype, what)
+    added = check_names_and_added_casts(graph_def, result, origins, what)
+    check_kept_nodes_unchanged(graph_def, result, origins, fetches, what)
     check_no_round_trip(result, added, what)
     check_one_cast_per_tensor_and_dtype(added, what)
+    check_every_attr_has_a_value(result, what)
     check_idempotent(result, dtype, fetches, what)
     check_input_not_mutated(before, graph_def, what)
     return result
@@ -523,8 +853,11 @@ def check_outputs(result, dtype, fetch_tensors, feeds, reference, what):
 
 
 def check_values_bounded(values):
-    """The float32 graph stays within [-BOUND, BOUND], the premise of the tolerances."""
+    """The float32 graph stays within [-BOUND, BOUND], the premise of the tolerances (integer
+    outputs, such as a loop's iteration count, are not compared with tolerances)."""
     for name, value in values.items():
+        if np.asarray(value).dtype.kind != "f":
+            continue
         largest = np.max(np.abs(value))
         assert largest <= BOUND, (
             f"float32 value of {name} reaches {largest} > BOUND={BOUND}: an OP_TABLE builder "
@@ -538,6 +871,48 @@ def _explicit_fetches(recipe, built):
     tensors = [built.pool[k] for k in recipe.fetches]
     names = sorted({_node_of(t) for t in tensors}) if recipe.fetch_by_node else tensors
     return names, tensors
+
+
+def check_recipe(recipe):
+    """Both dtypes, default and explicit fetches: structure first, then numbers."""
+    built = build_graph(recipe)
+    default_tensors = _default_fetch_tensors(built)
+    explicit = _explicit_fetches(recipe, built)
+    variants = [(None, default_tensors)] + ([explicit] if explicit else [])
+    rewrites = [(dtype, fetches, tensors,
+                 rewrite_and_check_structure(built.graph_def, dtype, fetches))
+                for dtype in HALF_DTYPES for fetches, tensors in variants]
+    all_tensors = sorted({t for _, tensors in variants for t in tensors})
+    reference = _run(built.graph_def, all_tensors, built.feeds)
+    check_values_bounded(reference[0])
+    for dtype, _, _, result in rewrites:
+        event(f"{dtype} rewrite {'modified the graph' if result.modified else 'changed nothing'}")
+    for dtype, fetches, tensors, result in rewrites:
+        check_outputs(result, dtype, tensors, built.feeds, reference,
+                      f"{dtype}, fetches={fetches}")
+
+
+def nested_recipe(traced):
+    """Blocks three deep: a cond in a loop in a function called twice, a loop in a cond in a
+    loop whose variable a MatMul reads first (so a traced While may keep it half)."""
+    cond_in_loop = Block("cond", (0, 1), (
+        (Step("MatMul", (0, 1)),),
+        (Step("Exp", (0,)), Step("Tanh", (2,)))))
+    loop_in_call = Block("call", (0, 1), ((Block("while", (0, 1), ((cond_in_loop,),), trips=2),),),
+                         trips=2)
+    loop_in_cond = Block("cond", (2, 1), (
+        (Block("while", (0, 1), ((Step("Conv2D", (0, 1)),),), trips=2),),
+        (Step("Relu", (0,)),)), parity=1)
+    outer_loop = Block("while", (2, 1), ((Step("MatMul", (0, 1)), loop_in_cond,
+                                          Step("AddV2", (3, 2))),), trips=3)
+    return Recipe(placeholders=2, constants=(), seed=0, traced=traced,
+                  steps=(loop_in_call, outer_loop, Step("MatMul", (3, 2))))
+
+
+def _depth(steps):
+    """How deep blocks nest in `steps` (0: no block)."""
+    return max((1 + max(_depth(body) for body in step.bodies) for step in steps
+                if isinstance(step, Block)), default=0)
 
 
 # --- tests -------------------------------------------------------------------------------------
@@ -569,23 +944,53 @@ def test_all_ops_graph_is_rewritten_not_just_copied():
         assert result.report.converted_nodes >= 10, result.report.summary()
 
 
+@pytest.mark.parametrize("traced", [False, True], ids=["control_flow_v1", "traced"])
+def test_nested_control_flow_graph_has_its_structure_and_is_rewritten_inside(traced):
+    """Guards the control-flow fuzz test against vacuity: the blocks build the control flow
+    they stand for, and the rewrite converts ops inside loops, conds and called functions."""
+    graph_def = build_graph(nested_recipe(traced)).graph_def
+    main_ops = {node.op for node in graph_def.node}
+    function_ops = {node.op for f in graph_def.library.function for node in f.node_def}
+    if traced:
+        assert {"PartitionedCall", "StatelessWhile"} <= main_ops, main_ops
+    else:
+        assert {"Enter", "Switch", "Merge", "NextIteration", "Exit",
+                "PartitionedCall"} <= main_ops, main_ops
+    assert {"StatelessWhile", "StatelessIf"} <= function_ops, function_ops
+    for dtype in HALF_DTYPES:
+        result = rewrite_and_check_structure(graph_def, dtype, None)
+        converted = [d for d in result.report.decisions.values() if d.converted]
+        assert {d.op for d in converted} >= {"MatMul", "Conv2D"}, result.report.summary()
+        # The cond's MatMul, in a loop in the called function, is half.
+        assert any(d.function and d.op == "MatMul" for d in converted), result.report.summary()
+        # The Conv2D in a loop in a cond in a loop: v1 frames in the main graph, or a function.
+        assert any(d.op == "Conv2D" and bool(d.function) == traced for d in converted)
+        # The traced outer loop keeps its variable half, which changes signatures (see
+        # check_library); v1 loops have no signatures.
+        assert result.report.loop_variables_kept_half >= (1 if traced else 0), result.report
+
+
+def test_control_flow_v1_switch_is_restored():
+    """Building a control-flow v1 recipe leaves control flow v2 on for every other test."""
+    assert tf1.control_flow_v2_enabled()
+    build_graph(nested_recipe(traced=False))
+    assert tf1.control_flow_v2_enabled()
+
+
 @FUZZ_SETTINGS
 @given(recipe=recipes())
 @example(recipe=all_ops_recipe())
 def test_rewritten_random_graph_is_well_formed_and_matches_float32(recipe):
-    """Both dtypes, default and explicit fetches: structure first, then numbers."""
-    built = build_graph(recipe)
-    default_tensors = _default_fetch_tensors(built.graph_def)
-    explicit = _explicit_fetches(recipe, built)
-    variants = [(None, default_tensors)] + ([explicit] if explicit else [])
-    rewrites = [(dtype, fetches, tensors,
-                 rewrite_and_check_structure(built.graph_def, dtype, fetches))
-                for dtype in HALF_DTYPES for fetches, tensors in variants]
-    all_tensors = sorted({t for _, tensors in variants for t in tensors})
-    reference = _run(built.graph_def, all_tensors, built.feeds)
-    check_values_bounded(reference[0])
-    for dtype, _, _, result in rewrites:
-        event(f"{dtype} rewrite {'modified the graph' if result.modified else 'changed nothing'}")
-    for dtype, fetches, tensors, result in rewrites:
-        check_outputs(result, dtype, tensors, built.feeds, reference,
-                      f"{dtype}, fetches={fetches}")
+    """Straight-line graphs."""
+    check_recipe(recipe)
+
+
+@CONTROL_FLOW_SETTINGS
+@given(recipe=recipes(max_steps=MAX_CONTROL_FLOW_STEPS, max_depth=MAX_DEPTH))
+@example(recipe=nested_recipe(traced=False))
+@example(recipe=nested_recipe(traced=True))
+def test_rewritten_random_control_flow_graph_is_well_formed_and_matches_float32(recipe):
+    """Graphs with loops, conds and function calls nested up to MAX_DEPTH deep."""
+    event("traced: functional While/If" if recipe.traced else "tf.Graph: control flow v1")
+    event(f"blocks nested {_depth(recipe.steps)} deep")
+    check_recipe(recipe)
