@@ -33,7 +33,9 @@ like-for-like count the details also give tf_mpt's Casts ('...-TfMpt') left in i
 partition graphs.
 Half FLOPs: MatMul / BatchMatMul / Conv2D (and their gradients) FLOPs from static shapes in
 the tf_mpt graph, counted as half when the op's T is the half type; ops inside the LSTM's
-while loops are weighted by the trip count.
+while loops are weighted by the trip count. Grappler's: its AMP pass alone on the float32
+graph in a child process (tests/grappler_oracle.py), the ops it converts counted on the
+float32 graph's shapes (n/a when the pass does not run on this CPU).
 
 Peak memory (section 'memory'): every measurement of a (model, variant) runs in a child process
 of its own (this script with a hidden flag), so one variant's memory never counts for another.
@@ -452,6 +454,19 @@ def rewrite_with_tf_mpt(model, dtype, cost_model=None):
     return graph, report
 
 
+def grappler_half_flop_share(model, dtype):
+    """Grappler's share of FLOPs in half: its AMP pass alone on the float32 graph (in a child
+    process, grappler_oracle), the nodes it converts counted on the float32 graph's shapes.
+    None when the pass did not run (a crash, or a no-op on this CPU)."""
+    _, info = grappler_oracle.run_grappler_amp(model.graph.as_graph_def(),
+                                               [LOSS, TRAIN, INIT], dtype)
+    if info["skip_reason"]:
+        return None
+    share, _ = _flops.half_flop_share(model.graph, dtype, model.loop_weights,
+                                      half_names=set(info["converted_nodes"]))
+    return share
+
+
 def measure(model, dtype, settings, intra_threads):
     """Times fp32, tf_mpt and Grappler on `model`; returns a row dict for the table."""
     mixed_graph, report = rewrite_with_tf_mpt(model, dtype)
@@ -470,12 +485,14 @@ def measure(model, dtype, settings, intra_threads):
         for runner in runners:
             runner.close()
     share, skipped = _flops.half_flop_share(mixed_graph, dtype, model.loop_weights)
+    grappler_share = grappler_half_flop_share(model, dtype)
     kept = sum(1 for d in report.decisions.values() if d.reason.startswith("cost model"))
     row = {"model": model.name, "tf_mpt_casts": report.casts_added,
            "no_cost_casts": no_cost_report.casts_added, "cost_model_kept": kept,
            "tf_mpt_summary": report.summary(), "grappler_casts": grappler_casts,
            "tf_mpt_run_casts": tf_mpt_run_casts,
-           "half_flops": share, "flop_ops_skipped": skipped}
+           "half_flops": share, "flop_ops_skipped": skipped,
+           "grappler_half_flops": grappler_share}
     for runner in runners:
         row[f"{runner.name}_ms"] = statistics.median(runner.round_ms)
         row[f"{runner.name}_spread"] = (min(runner.round_ms), max(runner.round_ms))
@@ -611,15 +628,17 @@ def _speedup(row, variant):
 def markdown_table(rows):
     lines = ["| model | fp32 ms | tf_mpt ms | Grappler ms | tf_mpt speed-up | "
              "tf_mpt, cost model off | Grappler speed-up | tf_mpt Casts (off) | "
-             "Grappler Casts | nodes kept fp32 by the cost model | tf_mpt half FLOPs |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "Grappler Casts | nodes kept fp32 by the cost model | tf_mpt half FLOPs | "
+             "Grappler half FLOPs |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        share = "n/a" if r["half_flops"] is None else f"{r['half_flops']:.1%}"
+        share, grappler_share = ("n/a" if r[k] is None else f"{r[k]:.1%}"
+                                 for k in ("half_flops", "grappler_half_flops"))
         lines.append(f"| {r['model']} | {r['fp32_ms']:.2f} | {r['tf_mpt_ms']:.2f} | "
                      f"{r['grappler_ms']:.2f} | {_speedup(r, 'tf_mpt'):.2f}x | "
                      f"{_speedup(r, 'tf_mpt_no_cost'):.2f}x | {_speedup(r, 'grappler'):.2f}x | "
                      f"{r['tf_mpt_casts']} ({r['no_cost_casts']}) | {r['grappler_casts']} | "
-                     f"{r['cost_model_kept']} | {share} |")
+                     f"{r['cost_model_kept']} | {share} | {grappler_share} |")
     return "\n".join(lines)
 
 

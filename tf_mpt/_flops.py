@@ -59,11 +59,13 @@ def op_flops(op):
                              lambda port: _dims(op.outputs[port]))
 
 
-def half_flop_share(graph, half_dtype, weights=None):
+def half_flop_share(graph, half_dtype, weights=None, half_names=None):
     """(share of counted FLOPs whose op's T is `half_dtype` or None, ops skipped for shapes).
 
     weights: optional {name scope: runs per step}, e.g. a loop's trip count; an op in several
     scopes takes the largest.
+    half_names: optional names of the ops that run in half, for a float32 `graph` another tool
+    converts (the shapes are the float32 graph's, the decisions the tool's).
     """
     half = tf.as_dtype(half_dtype)
     total = in_half = skipped = 0
@@ -77,6 +79,6 @@ def half_flop_share(graph, half_dtype, weights=None):
         flops *= max([runs for scope, runs in (weights or {}).items() if scope in op.name],
                      default=1)
         total += flops
-        if op.get_attr("T") == half:
+        if (op.name in half_names) if half_names is not None else op.get_attr("T") == half:
             in_half += flops
     return (in_half / total if total else None), skipped
