@@ -20,7 +20,7 @@ gradient, fetched or opted-out call nodes, and polymorphic signatures are left a
 from tf_mpt import _type_attrs as ta
 from tf_mpt._graph_view import parse_input
 from tf_mpt._loops import _Outer
-from tf_mpt._loops import _delete_nodes
+from tf_mpt._loops import return_before_exit_cast
 from tf_mpt._loops import _function_references
 from tf_mpt._loops import _half_entry_casts
 from tf_mpt._loops import _is_our_cast
@@ -106,13 +106,7 @@ def _switch_arg(node, bodies, k, half):
 def _switch_ret(node, bodies, k, half):
     for body in bodies:
         out = body.signature.output_arg[k]
-        exit_cast = _exit_cast(body, out.name, half)
-        body.ret[out.name] = exit_cast.input[0]
-        still_read = any(t.split(":")[0] == exit_cast.name for n in body.node_def
-                         for t in n.input) or any(
-                             v.split(":")[0] == exit_cast.name for v in body.ret.values())
-        if not still_read:
-            _delete_nodes(body, {exit_cast.name})
+        return_before_exit_cast(body, out.name, _exit_cast(body, out.name, half))
         out.type = half
     node.attr["Tout"].list.type[k] = half
 

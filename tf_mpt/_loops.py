@@ -76,6 +76,17 @@ def _delete_nodes(fdef, names):
     fdef.node_def.extend(keep)
 
 
+def return_before_exit_cast(body, out_name, exit_cast):
+    """The function returns its exit Cast's input as `out_name`; the Cast goes when nothing
+    else reads it (another output or a node may)."""
+    body.ret[out_name] = exit_cast.input[0]
+    still_read = any(t.split(":")[0].lstrip("^") == exit_cast.name for n in body.node_def
+                     for t in n.input) or any(
+                         v.split(":")[0] == exit_cast.name for v in body.ret.values())
+    if not still_read:
+        _delete_nodes(body, {exit_cast.name})
+
+
 def _try_switch(while_node, index, body, cond, half):
     """Switches loop variable `index` to half in body and cond if that removes body Casts."""
     body_arg = body.signature.input_arg[index].name
@@ -90,10 +101,7 @@ def _try_switch(while_node, index, body, cond, half):
     if cond_entry is None:
         return False
     _remove_entry_casts(body, body_arg, entry)
-    body.ret[body_out] = exit_cast.input[0]
-    if not any(t.split(":")[0] == exit_cast.name for n in body.node_def for t in n.input) and \
-            not any(v.split(":")[0] == exit_cast.name for k, v in body.ret.items()):
-        _delete_nodes(body, {exit_cast.name})
+    return_before_exit_cast(body, body_out, exit_cast)
     _remove_entry_casts(cond, cond_arg, cond_entry)
     body.signature.input_arg[index].type = half
     body.signature.output_arg[index].type = half

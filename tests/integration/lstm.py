@@ -34,6 +34,27 @@ def lstm_loss(xs, wx, wh, b):
     return tf.reduce_mean(tf.square(ta.stack()), name="loss")
 
 
+def tf2_loss_and_grads(nested=False):
+    """A ConcreteFunction xs -> (loss, [d loss / d wx, wh, b]) over fresh tf.Variables (TF2:
+    functional While, TensorLists). nested: the LSTM and its gradient run in an inner
+    tf.function the outer one calls (a StatefulPartitionedCall), so its lists are made inside
+    a library function. Returns (the ConcreteFunction, the variables it captures)."""
+    variables = [tf.Variable(v) for v in weights()]
+
+    def loss_and_grads(xs):
+        with tf.GradientTape() as tape:
+            loss = lstm_loss(xs, *variables)
+        return loss, tape.gradient(loss, variables)
+
+    spec = tf.TensorSpec([T, B, D], tf.float32)
+    if nested:
+        inner = tf.function(loss_and_grads)
+        outer = tf.function(lambda xs: inner(xs * 1.0), input_signature=[spec])
+    else:
+        outer = tf.function(loss_and_grads, input_signature=[spec])
+    return outer.get_concrete_function(), variables
+
+
 def build_v1_graph():
     """TF1 graph, control flow v1: loss and gradients w.r.t. the three ref variables."""
     tf1.disable_control_flow_v2()

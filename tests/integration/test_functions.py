@@ -115,15 +115,7 @@ def test_keras_training_step_rewritten_trains_to_float32_accuracy(half_dtype):
 
 def test_lstm_while_loop_in_tf_function_forward_and_gradients(half_dtype):
     import lstm
-    wx, wh, b = (tf.Variable(v) for v in lstm.weights())
-
-    @tf.function(input_signature=[tf.TensorSpec([lstm.T, lstm.B, lstm.D], tf.float32)])
-    def loss_and_grads(xs):
-        with tf.GradientTape() as tape:
-            loss = lstm.lstm_loss(xs, wx, wh, b)
-        return loss, tape.gradient(loss, [wx, wh, b])
-
-    cf = loss_and_grads.get_concrete_function()
+    cf, _ = lstm.tf2_loss_and_grads()
     result = tf_mpt.rewrite_graph_def(cf.graph.as_graph_def(), dtype=half_dtype,
                                       fetches=[t.op.name for t in cf.outputs])
     half_matmuls = {(d.function, d.name) for d in result.report.decisions.values()

@@ -1,6 +1,7 @@
 """TensorArray v3 element dtypes: one array, one dtype, half where it saves Casts."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import tf_mpt
@@ -127,28 +128,22 @@ def test_lstm_gradient_stacks_hold_half_values_without_casts_per_step(half_dtype
     assert len([n for n in gd.node if n.op == "Cast"]) == 9
 
 
-def test_tf2_lstm_gradient_accumulators_are_half_tensor_lists(half_dtype):
+@pytest.mark.parametrize("nested", [False, True], ids=["main_graph", "in_a_called_function"])
+def test_tf2_lstm_gradient_accumulators_are_half_tensor_lists(half_dtype, nested):
     """while_v2 keeps the forward values its gradient needs in TensorLists (pushed in the
-    forward body, popped in the gradient body, made in the main graph): lists of half values
-    are switched to half as a whole, so no value is cast to float32 before its push."""
+    forward body, popped in the gradient body, made in the graph that runs the loops, here the
+    main graph or a function it calls): lists of half values are switched to half as a whole,
+    so no value is cast to float32 before its push."""
     import lstm
-    wx, wh, b = (tf.Variable(v) for v in lstm.weights())
-
-    @tf.function(input_signature=[tf.TensorSpec([lstm.T, lstm.B, lstm.D], tf.float32)])
-    def loss_and_grads(xs):
-        with tf.GradientTape() as tape:
-            loss = lstm.lstm_loss(xs, wx, wh, b)
-        return loss, tape.gradient(loss, [wx, wh, b])
-
-    cf = loss_and_grads.get_concrete_function()
+    cf, _ = lstm.tf2_loss_and_grads(nested=nested)
     result = tf_mpt.rewrite_graph_def(cf.graph.as_graph_def(), dtype=half_dtype,
                                       fetches=[t.op.name for t in cf.outputs])
     half = tf.as_dtype(half_dtype).as_datatype_enum
     assert result.report.tensor_lists_kept_half == 10
     gd = result.graph_def
-    list_ops = [n for f in gd.library.function for n in f.node_def if n.op.startswith("TensorList")
-                and "element_dtype" in n.attr] + [n for n in gd.node if n.op.startswith(
-                    ("TensorList", "EmptyTensorList"))]
+    nodes = list(gd.node) + [n for f in gd.library.function for n in f.node_def]
+    list_ops = [n for n in nodes if n.op.startswith(("TensorList", "EmptyTensorList"))
+                and "element_dtype" in n.attr]
     assert sum(n.attr["element_dtype"].type == half for n in list_ops) >= 3 * 10
     for fdef in gd.library.function:
         nodes = {n.name: n for n in fdef.node_def}
