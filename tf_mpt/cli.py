@@ -219,6 +219,10 @@ def main(argv=None):
     convert.add_argument("--variables", choices=("float32", "half"), default="float32",
                          help="SavedModels: keep variables float32 (default) or store those "
                          "only half ops read in the --dtype (checkpoint rewritten)")
+    convert.add_argument("--convert-variables", dest="variables", action="store_const",
+                         const="half", help="same as --variables half")
+    convert.add_argument("--keep-variables", dest="variables", action="store_const",
+                         const="float32", help="same as --variables float32 (the default)")
     convert.add_argument("--force", action="store_true",
                          help="convert a model tf_mpt already converted")
     convert.add_argument("--validate", type=int, default=0, metavar="N",

@@ -151,7 +151,7 @@ def test_converted_saved_model_has_no_empty_attr_values(saved, tmp_path, capsys)
 
 def test_variable_a_signature_assigns_stays_float32(saved, tmp_path, capsys):
     code, out, err = _main(capsys, "convert", saved / "trained", tmp_path / "half", "--dtype",
-                           "bfloat16", "--variables", "half")
+                           "bfloat16", "--convert-variables")
     assert code == 0, err
     assert "variables: 1 of 4 float32 variable(s) stored in bfloat16" in out
     assert "kept float32: w2: " in out and "AssignAddVariableOp" in out
