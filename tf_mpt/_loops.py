@@ -10,6 +10,11 @@ one Cast on each side of the loop, run once:
     becomes
     x -> Cast(half) -> While(T=[half]) { a -> MatMul -> ret } -> Cast(f32) where float32 is used
 
+A loop invariant (the body returns the argument as it is, as while_v2 does with captured
+weights) that the body only casts to half is switched the same way: one Cast before the loop
+instead of one per iteration; readers of the loop's output that need float32 read the
+float32 tensor the loop was given (the same value, never rounded).
+
 Only While nodes of the main graph whose body and cond functions no other node calls are
 changed (a shared function would need a copy per caller), and never a fetched or opted-out
 While (its outputs and attrs keep their dtypes).
@@ -110,6 +115,61 @@ def _try_switch(while_node, index, body, cond, half):
     return True
 
 
+def _identity_chain(body, out_name, arg):
+    """The Identity nodes through which `body` returns `arg` unchanged as `out_name` (returned
+    one first; [] when it returns the argument itself), or None when the output is not the
+    argument or a chain node has another reader."""
+    nodes = {n.name: n for n in body.node_def}
+    chain, ref = [], body.ret[out_name]
+    while ref != arg:
+        node = nodes.get(ref.split(":")[0])
+        data = [t for t in node.input if not t.startswith("^")] if node is not None else []
+        if node is None or node.op != "Identity" or len(data) != 1:
+            return None
+        chain.append(node)
+        ref = data[0]
+    names = {n.name for n in chain}
+    for node in body.node_def:
+        for tensor in node.input:
+            name = tensor.lstrip("^").split(":")[0]
+            if name in names and node.name not in names:
+                return None  # another node reads the chain
+    if any(ref.split(":")[0] in names for name, ref in body.ret.items() if name != out_name):
+        return None
+    return chain
+
+
+def _try_switch_invariant(while_node, index, body, cond, half):
+    """Switches a loop invariant (the body returns the argument unchanged, maybe through
+    Identity nodes) to half when the body only casts it to half, at every iteration: one Cast
+    before the loop instead."""
+    body_arg = body.signature.input_arg[index].name
+    body_out = body.signature.output_arg[index].name
+    cond_arg = cond.signature.input_arg[index].name
+    chain = _identity_chain(body, body_out, body_arg)
+    if chain is None:
+        return False
+    last = {chain[-1].name} if chain else set()
+    readers = _arg_consumers(body, body_arg)
+    entry = [n for n, _ in readers if _is_our_cast(n, ta.DT_FLOAT, half)]
+    if not entry or any(n not in entry and n.name not in last for n, _ in readers):
+        return False
+    if sum(ref == body_arg for ref in body.ret.values()) > (0 if chain else 1):
+        return False  # another output returns the argument too
+    cond_entry = _half_entry_casts(cond, cond_arg, half)
+    if cond_entry is None:
+        return False
+    for node in chain:  # before removing nodes, which copies the body's NodeDefs
+        node.attr["T"].type = half
+    _remove_entry_casts(body, body_arg, entry)
+    _remove_entry_casts(cond, cond_arg, cond_entry)
+    body.signature.input_arg[index].type = half
+    body.signature.output_arg[index].type = half
+    cond.signature.input_arg[index].type = half
+    while_node.attr["T"].list.type[index] = half
+    return True
+
+
 class _Outer:
     """Edits of the main graph around switched While nodes.
 
@@ -173,6 +233,21 @@ class _Outer:
                     fp32 = self._cast(out, ta.DT_FLOAT)
                 node.input[k] = fp32
 
+    def read_invariant(self, while_node, index, original):
+        """Readers of a loop invariant switched to half: tf_mpt's Casts to half read the half
+        output, every other reader the float32 tensor the loop was given (the same value,
+        unrounded)."""
+        for node in list(self.graph_def.node) + list(self.new):
+            if node.name in self.removed:
+                continue
+            for k, tensor in enumerate(node.input):
+                if tensor.startswith("^") or parse_input(tensor) != (while_node.name, index):
+                    continue
+                if _is_our_cast(node, ta.DT_FLOAT, self.half):
+                    self.removed[node.name] = tensor
+                    continue
+                node.input[k] = original
+
     def finish(self):
         self.graph_def.node.extend(self.new)
         for node in self.graph_def.node:
@@ -213,9 +288,16 @@ def keep_loop_variables_half(graph_def, half, fetched):
                 references.get(cond.signature.name) != 1:
             continue
         for index, dtype in enumerate(node.attr["T"].list.type):
-            if dtype == ta.DT_FLOAT and _try_switch(node, index, body, cond, half):
+            if dtype != ta.DT_FLOAT:
+                continue
+            if _try_switch(node, index, body, cond, half):
                 outer.feed_half(node, index)
                 outer.read_half(node, index)
+                switched += 1
+            elif _try_switch_invariant(node, index, body, cond, half):
+                original = node.input[index]
+                outer.feed_half(node, index)
+                outer.read_invariant(node, index, original)
                 switched += 1
     outer.finish()
     return switched

@@ -104,7 +104,8 @@ def _object_paths(nodes):
         for child in nodes[node_id].children:
             if child.node_id not in paths:
                 prefix = paths[node_id]
-                paths[child.node_id] = f"{prefix}/{child.local_name}" if prefix else child.local_name
+                paths[child.node_id] = (f"{prefix}/{child.local_name}" if prefix
+                                        else child.local_name)
                 todo.append(child.node_id)
     return paths
 

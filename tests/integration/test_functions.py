@@ -224,11 +224,42 @@ def test_loop_variable_kept_half_shares_the_cast_of_its_input(half_dtype):
 
     result = _rewrite_and_check_numbers(f, half_dtype)
     gd, tag = result.graph_def, half_tag(half_dtype)
-    assert result.report.loop_variables_kept_half == 1
+    assert result.report.loop_variables_kept_half == 2  # h, and w (= x), a loop invariant
     loop = [n for n in gd.node if n.op in ("While", "StatelessWhile")][0]
-    assert list(loop.input)[3] == f"x-0-CastTo{tag}-TfMpt"
+    assert list(loop.input)[3] == list(loop.input)[4] == f"x-0-CastTo{tag}-TfMpt"
     assert sorted(n.name for n in gd.node if n.op == "Cast") == [
         "add-0-CastToFp32-TfMpt", f"x-0-CastTo{tag}-TfMpt"]
+
+
+def test_loop_invariant_is_cast_once_before_the_loop_and_read_unrounded_after(half_dtype):
+    """A loop variable the body returns as it is (while_v2 carries captured weights so) and
+    only casts to half, at every iteration, is cast once before the loop; a float32 reader of
+    the loop's output gets the float32 value the loop was given, not a rounded one."""
+    spec = tf.TensorSpec([4, 4], tf.float32)
+
+    @tf.function(input_signature=[spec, spec])
+    def f(x, w):
+        _, h, w_out = tf.while_loop(lambda i, h, w: i < 3,
+                                    lambda i, h, w: (i + 1, tf.tanh(tf.matmul(h, w)), w),
+                                    [0, x, w])
+        return h, tf.exp(w_out, name="exp")  # Exp is a deny op: float32
+
+    cf = f.get_concrete_function()
+    result = tf_mpt.rewrite_graph_def(cf.graph.as_graph_def(), dtype=half_dtype, strict=True,
+                                      fetches=[t.op.name for t in cf.outputs])
+    gd, tag = result.graph_def, half_tag(half_dtype)
+    assert result.report.loop_variables_kept_half == 2
+    loop = [n for n in gd.node if n.op in ("While", "StatelessWhile")][0]
+    body = [fdef for fdef in gd.library.function
+            if fdef.signature.name == loop.attr["body"].func.name][0]
+    assert [n.name for n in body.node_def if n.op == "Cast"] == []  # no Cast per iteration
+    assert list(loop.input)[3:5] == [f"x-0-CastTo{tag}-TfMpt", f"w-0-CastTo{tag}-TfMpt"]
+    assert list(next(n for n in gd.node if n.name == "exp").input) == ["w"]
+    rng = np.random.RandomState(5)
+    x, w = (rng.uniform(-1, 1, [4, 4]).astype(np.float32) for _ in range(2))
+    (h32, e32), (h, e) = cf(x, w), tf_mpt.rewrite_function(cf, dtype=half_dtype)(x, w)
+    np.testing.assert_allclose(h, h32, **TOLERANCES[half_dtype])
+    np.testing.assert_array_equal(e, e32)  # exp of the exact float32 w
 
 
 def test_loop_kept_half_feeds_the_next_loop_kept_half_without_a_round_trip(half_dtype):
@@ -239,7 +270,7 @@ def test_loop_kept_half_feeds_the_next_loop_kept_half_without_a_round_trip(half_
 
     result = _rewrite_and_check_numbers(f, half_dtype)
     gd, tag = result.graph_def, half_tag(half_dtype)
-    assert result.report.loop_variables_kept_half == 2
+    assert result.report.loop_variables_kept_half == 4  # h and the invariant w, per loop
     first, second = [n for n in gd.node if n.op in ("While", "StatelessWhile")]
     assert list(second.input)[3] == f"{first.name}:3"
     assert sorted(n.name for n in gd.node if n.op == "Cast") == [
@@ -258,7 +289,7 @@ def test_loop_kept_half_reads_a_half_value_before_the_graphs_own_cast_to_float32
 
     result = _rewrite_and_check_numbers(f, half_dtype)
     gd = result.graph_def
-    assert result.report.loop_variables_kept_half == 1
+    assert result.report.loop_variables_kept_half == 2  # h and the invariant x
     loop = [n for n in gd.node if n.op in ("While", "StatelessWhile")][0]
     assert list(loop.input)[3] == "to_half"
     assert not [n.name for n in gd.node if n.op == "Cast" and n.input[0] == "to_float"]
@@ -290,7 +321,7 @@ def test_half_argument_of_a_function_that_loops_over_it_crosses_in_one_rewrite(h
                                      strict=True)
     assert not again.modified, again.report.summary()
     assert again.graph_def == result.graph_def
-    assert result.report.loop_variables_kept_half == 1
+    assert result.report.loop_variables_kept_half == 2  # h and the invariant 0.5 * eye
     assert result.report.call_values_kept_half == 1
     call = [n for n in result.graph_def.node if n.name == call_name][0]
     assert list(call.input) == ["allow1"]  # the half MatMul output, no Cast on either side
@@ -326,7 +357,7 @@ def test_fetched_or_opted_out_loop_keeps_its_loop_variables_float32(kept, half_d
 
     graph_def, fetches = loop_graph(opted_out=False)
     plain = tf_mpt.rewrite_graph_def(graph_def, dtype=half_dtype, fetches=fetches, strict=True)
-    assert plain.report.loop_variables_kept_half == 1  # what `kept` prevents
+    assert plain.report.loop_variables_kept_half == 2  # h, invariant x: what `kept` prevents
     if kept == "opted_out":
         graph_def, fetches = loop_graph(opted_out=True)
     loop = [n for n in graph_def.node if n.op in ("While", "StatelessWhile")][0]
