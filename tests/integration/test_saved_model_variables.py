@@ -205,3 +205,28 @@ def test_frozen_graph_variables_option_says_there_are_none(saved, tmp_path, caps
     assert code == 0, err
     assert "a frozen graph has no variables" in out
     assert (tmp_path / "half.pb").exists()
+
+
+def test_convert_example_serves_digits_in_half_with_half_the_checkpoint():
+    """examples/convert_saved_model_digits.py: a Keras model trained on digits, exported and
+    converted with --variables half, keeps its test accuracy within a point and halves its
+    checkpoint."""
+    import os
+    import re
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    env.update(PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "examples/convert_saved_model_digits.py",
+                           "--epochs", "3"], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "validation passed on 16 sample(s)" in proc.stdout
+    assert "variables: 12 of 12 float32 variable(s) stored in bfloat16" in proc.stdout
+    accuracy = {name: float(value) for name, value in
+                re.findall(r"(\w+) SavedModel: test accuracy ([0-9.]+)%", proc.stdout)}
+    assert accuracy["float32"] > 90.0, proc.stdout
+    assert abs(accuracy["bfloat16"] - accuracy["float32"]) <= 1.0, proc.stdout
+    (percent,) = re.findall(r"checkpoint: .* \((\d+)%\)", proc.stdout)
+    assert 45 <= int(percent) <= 55, proc.stdout
