@@ -48,3 +48,15 @@ def run(graph_def, fetches, feeds=None, init=None):
 
 def random_feed(shape, seed=0, low=-1.0, high=1.0):
     return np.random.RandomState(seed).uniform(low, high, shape).astype(np.float32)
+
+
+def cli_main(capsys, *args):
+    """(exit code, stdout, stderr) of `tf-mpt args...` run in this process (cli.main)."""
+    from tf_mpt import cli  # pylint: disable=g-import-not-at-top
+    try:
+        cli.main([str(a) for a in args])
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -108,11 +108,16 @@ def _try_switch(while_node, index, body, cond, half):
     _remove_entry_casts(body, body_arg, entry)
     return_before_exit_cast(body, body_out, exit_cast)
     _remove_entry_casts(cond, cond_arg, cond_entry)
+    _set_half(while_node, index, body, cond, half)
+    return True
+
+
+def _set_half(while_node, index, body, cond, half):
+    """Loop variable `index` is half in the While's T and the body and cond signatures."""
     body.signature.input_arg[index].type = half
     body.signature.output_arg[index].type = half
     cond.signature.input_arg[index].type = half
     while_node.attr["T"].list.type[index] = half
-    return True
 
 
 def _identity_chain(body, out_name, arg):
@@ -163,10 +168,7 @@ def _try_switch_invariant(while_node, index, body, cond, half):
         node.attr["T"].type = half
     _remove_entry_casts(body, body_arg, entry)
     _remove_entry_casts(cond, cond_arg, cond_entry)
-    body.signature.input_arg[index].type = half
-    body.signature.output_arg[index].type = half
-    cond.signature.input_arg[index].type = half
-    while_node.attr["T"].list.type[index] = half
+    _set_half(while_node, index, body, cond, half)
     return True
 
 
@@ -217,9 +219,12 @@ class _Outer:
         else:
             while_node.input[index] = self._cast(tensor, self.half)
 
-    def read_half(self, while_node, index):
+    def read_half(self, while_node, index, original=None):
+        """Readers of a While output switched to half: tf_mpt's Casts to half read it as it
+        is; every other reader reads a Cast of it to float32 or, for a loop invariant,
+        `original`: the float32 tensor the loop was given (the same value, unrounded)."""
         out = while_node.name if index == 0 else f"{while_node.name}:{index}"
-        fp32 = None
+        fp32 = original
         for node in list(self.graph_def.node) + list(self.new):
             if node.name in self.removed:
                 continue
@@ -232,21 +237,6 @@ class _Outer:
                 if fp32 is None:
                     fp32 = self._cast(out, ta.DT_FLOAT)
                 node.input[k] = fp32
-
-    def read_invariant(self, while_node, index, original):
-        """Readers of a loop invariant switched to half: tf_mpt's Casts to half read the half
-        output, every other reader the float32 tensor the loop was given (the same value,
-        unrounded)."""
-        for node in list(self.graph_def.node) + list(self.new):
-            if node.name in self.removed:
-                continue
-            for k, tensor in enumerate(node.input):
-                if tensor.startswith("^") or parse_input(tensor) != (while_node.name, index):
-                    continue
-                if _is_our_cast(node, ta.DT_FLOAT, self.half):
-                    self.removed[node.name] = tensor
-                    continue
-                node.input[k] = original
 
     def finish(self):
         self.graph_def.node.extend(self.new)
@@ -297,7 +287,7 @@ def keep_loop_variables_half(graph_def, half, fetched):
             elif _try_switch_invariant(node, index, body, cond, half):
                 original = node.input[index]
                 outer.feed_half(node, index)
-                outer.read_invariant(node, index, original)
+                outer.read_half(node, index, original)
                 switched += 1
     outer.finish()
     return switched

@@ -9,18 +9,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import TOLERANCES
-from tf_mpt import cli
-
-
-def _main(capsys, *args):
-    """(exit code, stdout, stderr) of `tf-mpt args...`."""
-    try:
-        cli.main([str(a) for a in args])
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
+from helpers import cli_main
 
 
 class _Dense(tf.Module):
@@ -85,7 +74,7 @@ def _x(rows=5, seed=0):
 def test_converted_tf_module_loads_with_same_signature_and_numbers(saved, tmp_path, capsys,
                                                                    dtype):
     dst = tmp_path / "half"
-    code, out, err = _main(capsys, "convert", saved / "dense", dst, "--dtype", dtype)
+    code, out, err = cli_main(capsys, "convert", saved / "dense", dst, "--dtype", dtype)
     assert code == 0, err
     assert f"nodes to {dtype} using" in out
     before = tf.saved_model.load(str(saved / "dense"))
@@ -111,7 +100,7 @@ def test_converted_keras_model_serves_in_half(tmp_path, capsys):
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),
                               keras.layers.Dense(4)])
     model.export(str(tmp_path / "keras"), verbose=False)
-    code, _, err = _main(capsys, "convert", tmp_path / "keras", tmp_path / "half",
+    code, _, err = cli_main(capsys, "convert", tmp_path / "keras", tmp_path / "half",
                          "--dtype", "bfloat16", "--validate", "3")
     assert code == 0, err
     served = tf.saved_model.load(str(tmp_path / "half"))
@@ -125,13 +114,13 @@ def test_converted_keras_model_serves_in_half(tmp_path, capsys):
 
 
 def test_validate_reports_errors_and_fails_past_the_tolerance(saved, tmp_path, capsys):
-    code, out, _ = _main(capsys, "convert", saved / "dense", tmp_path / "ok", "--validate", "4")
+    code, out, _ = cli_main(capsys, "convert", saved / "dense", tmp_path / "ok", "--validate", "4")
     assert code == 0
     assert "validation passed on 4 sample(s)" in out
     row = [line for line in out.splitlines() if line.startswith("serving_default/y")][0]
     max_abs = float(row.split()[1])
     assert 0 < max_abs < TOLERANCES["float16"]["atol"]  # half really ran, and within tolerance
-    code, out, err = _main(capsys, "convert", saved / "dense", tmp_path / "strict",
+    code, out, err = cli_main(capsys, "convert", saved / "dense", tmp_path / "strict",
                            "--validate", "4", "--rtol", "0", "--atol", "1e-9")
     assert code == 2
     assert "validation failed: y differ(s) from float32" in err and "FAIL" in out
@@ -140,22 +129,22 @@ def test_validate_reports_errors_and_fails_past_the_tolerance(saved, tmp_path, c
 
 def test_inputs_file_feeds_the_given_arrays(saved, tmp_path, capsys):
     np.savez(tmp_path / "in.npz", x=np.full((2, 8), 300.0, np.float32))
-    code, out, err = _main(capsys, "convert", saved / "dense", tmp_path / "ok",
+    code, out, err = cli_main(capsys, "convert", saved / "dense", tmp_path / "ok",
                            "--inputs", tmp_path / "in.npz")
     assert code == 0, err
     assert "validation passed on 1 sample(s)" in out
     np.savez(tmp_path / "wrong.npz", z=np.zeros((2, 8), np.float32))
-    code, _, err = _main(capsys, "convert", saved / "dense", tmp_path / "no",
+    code, _, err = cli_main(capsys, "convert", saved / "dense", tmp_path / "no",
                          "--inputs", tmp_path / "wrong.npz")
     assert code == 2 and "has no array for input 'x'" in err and "keys: z" in err
 
 
 def test_auto_deny_finds_the_overflowing_op(saved, tmp_path, capsys):
     dst = tmp_path / "fixed"
-    code, out, err = _main(capsys, "convert", saved / "overflows", tmp_path / "plain",
+    code, out, err = cli_main(capsys, "convert", saved / "overflows", tmp_path / "plain",
                            "--validate", "4")
     assert code == 2 and "validation failed" in err  # float16 overflows: inf != 1e5
-    code, out, err = _main(capsys, "convert", saved / "overflows", dst, "--validate", "4",
+    code, out, err = cli_main(capsys, "convert", saved / "overflows", dst, "--validate", "4",
                            "--auto-deny")
     assert code == 0, err
     kept = out.split("--auto-deny kept ")[1].splitlines()
@@ -169,28 +158,28 @@ def test_auto_deny_finds_the_overflowing_op(saved, tmp_path, capsys):
 
 
 def test_auto_deny_needs_samples(saved, tmp_path, capsys):
-    code, _, err = _main(capsys, "convert", saved / "dense", tmp_path / "x", "--auto-deny")
+    code, _, err = cli_main(capsys, "convert", saved / "dense", tmp_path / "x", "--auto-deny")
     assert code == 2 and "--auto-deny needs sample inputs" in err
 
 
 def test_numerics_names_the_first_overflow(saved, capsys):
-    code, out, err = _main(capsys, "inspect", "--numerics", saved / "overflows", "--samples", "3")
+    code, out, err = cli_main(capsys, "inspect", "--numerics", saved / "overflows", "--samples", "3")
     assert code == 0, err
     first = [line for line in out.splitlines() if line.startswith("first overflow:")][0]
     assert "/overflow:0 (MatMul, runs in half)" in first
-    code, out, _ = _main(capsys, "inspect", saved / "overflows", "--numerics", "--samples", "3",
+    code, out, _ = cli_main(capsys, "inspect", saved / "overflows", "--numerics", "--samples", "3",
                          "--dtype", "bfloat16")
     assert "no tensor overflows bfloat16." in out
-    code, out, _ = _main(capsys, "inspect", saved / "dense", "--numerics")
+    code, out, _ = cli_main(capsys, "inspect", saved / "dense", "--numerics")
     assert "no tensor overflows float16." in out and "on 8 sample(s)" in out
 
 
 def test_inspect_shows_flop_share_and_writes_an_annotated_tensorboard_graph(saved, tmp_path,
                                                                            capsys):
-    code, out, err = _main(capsys, "inspect", saved / "dense", "--tensorboard", tmp_path / "tb")
+    code, out, err = cli_main(capsys, "inspect", saved / "dense", "--tensorboard", tmp_path / "tb")
     assert code == 0, err
     assert "half-precision share of MatMul/Conv FLOPs in serving_default: 100.0%" in out
-    code, out, _ = _main(capsys, "inspect", saved / "dense", "--deny", "MatMul")
+    code, out, _ = cli_main(capsys, "inspect", saved / "dense", "--deny", "MatMul")
     assert "share of MatMul/Conv FLOPs in serving_default: 0.0%" in out
     events = [os.path.join(d, f) for d, _, files in os.walk(tmp_path / "tb") for f in files]
     assert events
@@ -215,7 +204,7 @@ def test_frozen_graph_with_half_inputs_and_outputs(saved, tmp_path, capsys):
     module = _Dense()
     frozen = convert_variables_to_constants_v2(module.serve.get_concrete_function())
     (tmp_path / "f.pb").write_bytes(frozen.graph.as_graph_def().SerializeToString())
-    code, out, err = _main(capsys, "convert", tmp_path / "f.pb", tmp_path / "half.pb",
+    code, out, err = cli_main(capsys, "convert", tmp_path / "f.pb", tmp_path / "half.pb",
                            "--no-keep-io-types", "--validate", "2")
     assert code == 0, err
     assert "validation passed on 2 sample(s)" in out
@@ -228,19 +217,19 @@ def test_frozen_graph_with_half_inputs_and_outputs(saved, tmp_path, capsys):
 
 
 def test_saved_model_options_and_errors(saved, tmp_path, capsys):
-    code, _, err = _main(capsys, "convert", saved / "dense", tmp_path / "a", "--no-keep-io-types")
+    code, _, err = cli_main(capsys, "convert", saved / "dense", tmp_path / "a", "--no-keep-io-types")
     assert code == 2 and "works on frozen graphs only" in err
-    code, _, err = _main(capsys, "convert", saved / "dense", tmp_path / "b", "--keep-fp32",
+    code, _, err = cli_main(capsys, "convert", saved / "dense", tmp_path / "b", "--keep-fp32",
                          "no_such_node")
     assert code == 2 and "not in the model: no_such_node" in err
-    code, _, err = _main(capsys, "convert", saved / "dense", tmp_path / "c", "--keep-fp32",
+    code, _, err = cli_main(capsys, "convert", saved / "dense", tmp_path / "c", "--keep-fp32",
                          "logits")
     assert code == 0, err
     kept = tf.saved_model.load(str(tmp_path / "c")).signatures["serving_default"]
     assert _half_ops(kept, "float16", op="MatMul") == ["MatMul"]  # not 'logits'
     assert "Relu" in _half_ops(kept, "float16")
-    code, _, _ = _main(capsys, "convert", saved / "dense", tmp_path / "d")
-    code, _, err = _main(capsys, "convert", tmp_path / "d", tmp_path / "e")
+    code, _, _ = cli_main(capsys, "convert", saved / "dense", tmp_path / "d")
+    code, _, err = cli_main(capsys, "convert", tmp_path / "d", tmp_path / "e")
     assert code == 2 and "already converted" in err
     assert sorted(os.listdir(tmp_path)) == ["c", "d"]
 
@@ -250,6 +239,6 @@ def test_malformed_graph_gets_a_clear_error_and_nothing_is_written(tmp_path, cap
     node = graph_def.node.add(name="y", op="Relu", input=["missing"])
     node.attr["T"].type = tf.float32.as_datatype_enum
     (tmp_path / "bad.pb").write_bytes(graph_def.SerializeToString())
-    code, _, err = _main(capsys, "convert", tmp_path / "bad.pb", tmp_path / "out.pb")
+    code, _, err = cli_main(capsys, "convert", tmp_path / "bad.pb", tmp_path / "out.pb")
     assert code == 2 and "holds a malformed graph" in err and "missing" in err
     assert not (tmp_path / "out.pb").exists()

@@ -6,20 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_mpt import cli
+from helpers import cli_main
 
 DTYPES = ["float16", "bfloat16"]
-
-
-def _main(capsys, *args):
-    """(exit code, stdout, stderr) of `tf-mpt args...` run in this process."""
-    try:
-        cli.main([str(a) for a in args])
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 class _Mixed(tf.Module):
@@ -95,9 +84,9 @@ def _tf1_serve(path, x):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_variables_read_only_by_half_ops_are_stored_in_half(saved, tmp_path, capsys, dtype):
     kept, half = tmp_path / "kept", tmp_path / "half"
-    code, _, err = _main(capsys, "convert", saved / "mixed", kept, "--dtype", dtype)
+    code, _, err = cli_main(capsys, "convert", saved / "mixed", kept, "--dtype", dtype)
     assert code == 0, err
-    code, out, err = _main(capsys, "convert", saved / "mixed", half, "--dtype", dtype,
+    code, out, err = cli_main(capsys, "convert", saved / "mixed", half, "--dtype", dtype,
                            "--variables", "half", "--validate", "2")
     assert code == 0, err
     assert f"variables: 2 of 4 float32 variable(s) stored in {dtype}, 2 Cast(s)" in out
@@ -140,7 +129,7 @@ def test_converted_saved_model_has_no_empty_attr_values(saved, tmp_path, capsys)
     """Regression: the cost model read MatMul's transpose_a through the attr map, which added
     an empty AttrValue where the attr was left at its default; TF1's loader refused the graph
     ('Failed to bind all placeholders in <Unknown AttrValue type>')."""
-    code, _, err = _main(capsys, "convert", saved / "mixed", tmp_path / "half", "--dtype",
+    code, _, err = cli_main(capsys, "convert", saved / "mixed", tmp_path / "half", "--dtype",
                          "bfloat16")
     assert code == 0, err
     empty = [(n.name, k) for n in _all_nodes(_saved_graph_def(tmp_path / "half"))
@@ -150,7 +139,7 @@ def test_converted_saved_model_has_no_empty_attr_values(saved, tmp_path, capsys)
 
 
 def test_variable_a_signature_assigns_stays_float32(saved, tmp_path, capsys):
-    code, out, err = _main(capsys, "convert", saved / "trained", tmp_path / "half", "--dtype",
+    code, out, err = cli_main(capsys, "convert", saved / "trained", tmp_path / "half", "--dtype",
                            "bfloat16", "--convert-variables")
     assert code == 0, err
     assert "variables: 1 of 4 float32 variable(s) stored in bfloat16" in out
@@ -169,10 +158,10 @@ def test_keras_model_stores_dense_weights_in_half(tmp_path, capsys):
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),
                               keras.layers.BatchNormalization(), keras.layers.Dense(4)])
     model.export(str(tmp_path / "keras"), verbose=False)
-    code, _, err = _main(capsys, "convert", tmp_path / "keras", tmp_path / "kept", "--dtype",
+    code, _, err = cli_main(capsys, "convert", tmp_path / "keras", tmp_path / "kept", "--dtype",
                          "bfloat16")
     assert code == 0, err
-    code, out, err = _main(capsys, "convert", tmp_path / "keras", tmp_path / "half", "--dtype",
+    code, out, err = cli_main(capsys, "convert", tmp_path / "keras", tmp_path / "half", "--dtype",
                            "bfloat16", "--variables", "half", "--validate", "2")
     assert code == 0, err
     dtypes = tf.train.load_checkpoint(str(tmp_path / "half" / "variables" / "variables")) \
@@ -200,7 +189,7 @@ def test_frozen_graph_variables_option_says_there_are_none(saved, tmp_path, caps
     frozen = convert_to_constants.convert_variables_to_constants_v2(function)
     pb = tmp_path / "frozen.pb"
     pb.write_bytes(frozen.graph.as_graph_def().SerializeToString())
-    code, out, err = _main(capsys, "convert", pb, tmp_path / "half.pb", "--dtype", "bfloat16",
+    code, out, err = cli_main(capsys, "convert", pb, tmp_path / "half.pb", "--dtype", "bfloat16",
                            "--variables", "half")
     assert code == 0, err
     assert "a frozen graph has no variables" in out
