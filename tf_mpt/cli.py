@@ -150,9 +150,15 @@ def _inspect_command(options):
     frozen = model.frozen()
     shares = {label: _inspect.flop_share(graph_def, options.dtype, lists)
               for label, (graph_def, _) in frozen.items()}
+    variables = None  # what `convert --variables half` would store in half
+    if isinstance(model, _convert.SavedModelDir) and len(model.proto.meta_graphs) == 1:
+        variables = model.store_variables_in_half(conversion, options.dtype).variables
     if options.json:
         data = {label: report.to_dict() for label, report in conversion.reports.items()}
         data["half_flop_share"] = {label: share for label, (share, _) in shares.items()}
+        if variables is not None:
+            data["variables_half_with_convert_variables"] = {
+                "converted": sorted(variables.converted.values()), "kept_float32": variables.kept}
         print(json.dumps(data, indent=1))
     else:
         for label, report in conversion.reports.items():
@@ -162,6 +168,9 @@ def _inspect_command(options):
             text = "no MatMul/Conv2D FLOPs" if share is None else f"{share:.1%}"
             extra = f" ({unknown} op(s) with unknown shapes not counted)" if unknown else ""
             print(f"half-precision share of MatMul/Conv FLOPs in {label}: {text}{extra}")
+        if variables is not None:
+            print("with convert --variables half:")
+            print("\n".join(variables.lines()))
     if options.tensorboard:
         graphs = {label: _inspect.annotated(graph_def, conversion.reports[label])
                   for label, graph_def in model.graph_defs(conversion).items()}

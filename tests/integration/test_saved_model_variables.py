@@ -219,3 +219,18 @@ def test_convert_example_serves_digits_in_half_with_half_the_checkpoint():
     assert abs(accuracy["bfloat16"] - accuracy["float32"]) <= 1.0, proc.stdout
     (percent,) = re.findall(r"checkpoint: .* \((\d+)%\)", proc.stdout)
     assert 45 <= int(percent) <= 55, proc.stdout
+
+
+def test_inspect_says_which_variables_convert_variables_would_store_in_half(saved, capsys):
+    import json
+    code, out, err = cli_main(capsys, "inspect", saved / "mixed", "--dtype", "bfloat16")
+    assert code == 0, err
+    assert "with convert --variables half:" in out
+    assert "variables: 2 of 4 float32 variable(s) stored in bfloat16" in out
+    assert "kept float32: scale: Exp" in out
+    code, out, err = cli_main(capsys, "inspect", saved / "mixed", "--dtype", "bfloat16",
+                              "--json")
+    assert code == 0, err
+    variables = json.loads(out)["variables_half_with_convert_variables"]
+    assert variables["converted"] == ["w1", "w2"]
+    assert sorted(variables["kept_float32"]) == ["scale", "shared"]
