@@ -23,7 +23,7 @@ from tf_mpt._loops import _Outer
 from tf_mpt._loops import return_before_exit_cast
 from tf_mpt._loops import _function_references
 from tf_mpt._loops import _half_entry_casts
-from tf_mpt._loops import _is_our_cast
+from tf_mpt._casts import is_our_cast
 from tf_mpt._loops import _remove_entry_casts
 
 # op -> (function-valued attrs, index of the first argument among the node's inputs)
@@ -48,7 +48,7 @@ def _exit_cast(fdef, out_name, half):
     """tf_mpt's Cast to float32 whose output `out_name` returns, or None."""
     name = fdef.ret[out_name].split(":")[0]
     node = next((n for n in fdef.node_def if n.name == name), None)
-    return node if node is not None and _is_our_cast(node, half, ta.DT_FLOAT) else None
+    return node if node is not None and is_our_cast(node, half, ta.DT_FLOAT) else None
 
 
 def _outer_readers(graph_def, node, port, half):
@@ -57,7 +57,7 @@ def _outer_readers(graph_def, node, port, half):
     for reader in graph_def.node:
         for tensor in reader.input:
             if not tensor.startswith("^") and parse_input(tensor) == (node.name, port):
-                if _is_our_cast(reader, ta.DT_FLOAT, half):
+                if is_our_cast(reader, ta.DT_FLOAT, half):
                     casts += 1
                 else:
                     others += 1
@@ -78,7 +78,7 @@ class _Plan:
                 continue
             removed = sum(len(e) for e in entries)
             producer = by_name.get(parse_input(node.input[offset + k])[0])
-            added = 0 if producer is not None and _is_our_cast(producer, half, ta.DT_FLOAT) else 1
+            added = 0 if producer is not None and is_our_cast(producer, half, ta.DT_FLOAT) else 1
             if removed > added:
                 self.args.append(k)
         for k, dtype in enumerate(node.attr["Tout"].list.type):

@@ -21,6 +21,16 @@ CAST_SUFFIX = "-TfMpt"
 _CAST_WORD = {ta.DT_HALF: "CastToFp16", ta.DT_BFLOAT16: "CastToBf16", ta.DT_FLOAT: "CastToFp32"}
 
 
+def is_cast(node, src, dst):
+    """The node is a Cast from `src` to `dst` (DataType enums)."""
+    return node.op == "Cast" and node.attr["SrcT"].type == src and node.attr["DstT"].type == dst
+
+
+def is_our_cast(node, src, dst):
+    """The node is a Cast from `src` to `dst` that tf_mpt added (named `*-TfMpt`)."""
+    return node.name.endswith(CAST_SUFFIX) and is_cast(node, src, dst)
+
+
 def _tensor_name(name, port):
     return name if port == 0 else f"{name}:{port}"
 

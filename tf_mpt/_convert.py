@@ -36,6 +36,7 @@ from tf_mpt._model_io import ModelError
 # Default tolerances of --validate: |converted - float32| <= atol + rtol * |float32|.
 DEFAULT_TOLERANCES = {"float16": (1e-2, 1e-2), "bfloat16": (5e-2, 5e-2)}
 _INIT_SIGNATURE = "__saved_model_init_op"
+_FLOAT_ENUM = tf.float32.as_datatype_enum
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,11 +326,10 @@ def _half_placeholders(graph_def, half_enum):
                 readers.setdefault(_graph_view.parse_input(text)[0], []).append((node, index))
     removed = set()
     for node in graph_def.node:
-        if node.op != "Placeholder" or node.attr["dtype"].type != tf.float32.as_datatype_enum:
+        if node.op != "Placeholder" or node.attr["dtype"].type != _FLOAT_ENUM:
             continue
         casts = [reader for reader, _ in readers.get(node.name, ())]
-        if not casts or not all(c.op == "Cast" and c.name.endswith(_casts.CAST_SUFFIX)
-                                and c.attr["DstT"].type == half_enum for c in casts):
+        if not casts or not all(_casts.is_our_cast(c, _FLOAT_ENUM, half_enum) for c in casts):
             continue
         node.attr["dtype"].type = half_enum
         for cast in casts:

@@ -22,19 +22,12 @@ While (its outputs and attrs keep their dtypes).
 
 from tf_mpt import _casts
 from tf_mpt import _type_attrs as ta
-from tf_mpt._casts import CAST_SUFFIX
+from tf_mpt._casts import is_cast
+from tf_mpt._casts import is_our_cast
 from tf_mpt._function_library import called_functions
 from tf_mpt._graph_view import parse_input
 
 _WHILE_OPS = ("While", "StatelessWhile")
-
-
-def _is_cast(node, src, dst):
-    return node.op == "Cast" and node.attr["SrcT"].type == src and node.attr["DstT"].type == dst
-
-
-def _is_our_cast(node, src, dst):
-    return node.name.endswith(CAST_SUFFIX) and _is_cast(node, src, dst)
 
 
 def _function_references(graph_def):
@@ -59,7 +52,7 @@ def _arg_consumers(fdef, arg):
 def _half_entry_casts(fdef, arg, half):
     """Our Casts to half that are the only readers of `arg`, or None if something else reads it."""
     consumers = _arg_consumers(fdef, arg)
-    if any(not _is_our_cast(n, ta.DT_FLOAT, half) for n, _ in consumers):
+    if any(not is_our_cast(n, ta.DT_FLOAT, half) for n, _ in consumers):
         return None
     if any(out == arg for out in fdef.ret.values()):
         return None
@@ -100,7 +93,7 @@ def _try_switch(while_node, index, body, cond, half):
     entry = _half_entry_casts(body, body_arg, half)
     ret_name = body.ret[body_out].split(":")[0]
     exit_cast = next((n for n in body.node_def if n.name == ret_name), None)
-    if not entry or exit_cast is None or not _is_our_cast(exit_cast, half, ta.DT_FLOAT):
+    if not entry or exit_cast is None or not is_our_cast(exit_cast, half, ta.DT_FLOAT):
         return False
     cond_entry = _half_entry_casts(cond, cond_arg, half)
     if cond_entry is None:
@@ -156,7 +149,7 @@ def _try_switch_invariant(while_node, index, body, cond, half):
         return False
     last = {chain[-1].name} if chain else set()
     readers = _arg_consumers(body, body_arg)
-    entry = [n for n, _ in readers if _is_our_cast(n, ta.DT_FLOAT, half)]
+    entry = [n for n, _ in readers if is_our_cast(n, ta.DT_FLOAT, half)]
     if not entry or any(n not in entry and n.name not in last for n, _ in readers):
         return False
     if sum(ref == body_arg for ref in body.ret.values()) > (0 if chain else 1):
@@ -211,10 +204,10 @@ class _Outer:
         tensor = while_node.input[index]
         name, _ = parse_input(tensor)
         producer = self.by_name.get(name)
-        if producer is not None and _is_cast(producer, self.half, ta.DT_FLOAT) and \
+        if producer is not None and is_cast(producer, self.half, ta.DT_FLOAT) and \
                 len(producer.input) == 1:  # a Cast with control inputs is kept: they order it
             while_node.input[index] = producer.input[0]
-            if _is_our_cast(producer, self.half, ta.DT_FLOAT):
+            if is_our_cast(producer, self.half, ta.DT_FLOAT):
                 self.bypassed.add(producer.name)
         else:
             while_node.input[index] = self._cast(tensor, self.half)
@@ -231,7 +224,7 @@ class _Outer:
             for k, tensor in enumerate(node.input):
                 if tensor.startswith("^") or parse_input(tensor) != (while_node.name, index):
                     continue
-                if _is_our_cast(node, ta.DT_FLOAT, self.half):
+                if is_our_cast(node, ta.DT_FLOAT, self.half):
                     self.removed[node.name] = out  # its readers read the half output itself
                     continue
                 if fp32 is None:

@@ -24,7 +24,7 @@ from tf_mpt import _function_library
 from tf_mpt import _type_attrs as ta
 from tf_mpt._graph_view import parse_input
 from tf_mpt._loops import _function_references
-from tf_mpt._loops import _is_our_cast
+from tf_mpt._casts import is_our_cast
 
 MAKERS = ("EmptyTensorList", "TensorListReserve")
 # op -> index of the value input
@@ -134,8 +134,8 @@ def _producer(scope, node, index):
 
 def _half_consumers(scope, node, port, half):
     readers = scope.readers.get((node.name, port), ())
-    return ([r for r, _ in readers if _is_our_cast(r, ta.DT_FLOAT, half)],
-            [r for r, _ in readers if not _is_our_cast(r, ta.DT_FLOAT, half)])
+    return ([r for r, _ in readers if is_our_cast(r, ta.DT_FLOAT, half)],
+            [r for r, _ in readers if not is_our_cast(r, ta.DT_FLOAT, half)])
 
 
 def _decide(group, half):
@@ -144,7 +144,7 @@ def _decide(group, half):
         return False
     if any(n.attr["element_dtype"].type != ta.DT_FLOAT for _, n in group.members):
         return False
-    written_half = [_is_our_cast(p, half, ta.DT_FLOAT) if p is not None else False
+    written_half = [is_our_cast(p, half, ta.DT_FLOAT) if p is not None else False
                     for p, _ in (_producer(s, n, WRITERS[n.op]) for s, n in group.writers)]
     reads = [_half_consumers(s, n, READERS[n.op], half) for s, n in group.readers]
     read_half = [bool(casts) and not others for casts, others in reads]
@@ -175,7 +175,7 @@ def _switch(group, half):
     for scope, node in group.writers:
         index = WRITERS[node.op]
         producer, _ = _producer(scope, node, index)
-        if _is_our_cast(producer, half, ta.DT_FLOAT):
+        if is_our_cast(producer, half, ta.DT_FLOAT):
             node.input[index] = producer.input[0]
             dropped[scope.name].add(producer.name)
         else:

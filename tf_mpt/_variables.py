@@ -148,8 +148,8 @@ class _Plan:
         self.blocked = {}  # object id -> why it stays float32
         self.handles = collections.defaultdict(set)  # (graph, tensor key) -> object ids
         self.reads = collections.defaultdict(list)  # object id -> [(graph, ReadVariableOp)]
-        self.assigns = collections.defaultdict(list)  # object id -> [(graph, AssignVariableOp)]
-        self.restored = set()  # object ids an AssignVariableOp from RestoreV2 restores
+        # object id -> [(graph, AssignVariableOp, its _restored_from or None)]
+        self.assigns = collections.defaultdict(list)
         self.has_restore = bool(meta_graph.saver_def.restore_op_name)
         self._seed(meta_graph)
 
@@ -225,9 +225,7 @@ class _Plan:
             if node.op == "ReadVariableOp":
                 self.reads[object_id].append((graph, node))
             elif node.op == "AssignVariableOp" and position == 0:
-                self.assigns[object_id].append((graph, node))
-                if _restored_from(graph, node.input[1]) is not None:
-                    self.restored.add(object_id)
+                self.assigns[object_id].append((graph, node, _restored_from(graph, node.input[1])))
             elif node.op == "Identity":
                 found.append((graph.name, (node.name, 0), object_id))
             elif node.op in _CALLS:
@@ -261,15 +259,15 @@ class _Plan:
             for node, position in self._value_readers(graph, (read.name, 0), []):
                 if node is None:
                     return f"{graph.where()} returns its value as float32"
-                if node.op == "Cast" and node.attr["DstT"].type == self.half:
+                if _casts.is_cast(node, _FLOAT, self.half):
                     continue
                 if node.op == "SaveV2" and position >= _FIRST_SAVED_TENSOR:
                     continue
                 return f"{node.op} {node.name!r} in {graph.where()} reads it as float32"
-        for graph, assign in self.assigns[object_id]:
-            if graph.name is not MAIN and _restored_from(graph, assign.input[1]) is None:
+        for graph, assign, source in self.assigns[object_id]:
+            if graph.name is not MAIN and source is None:
                 return f"AssignVariableOp {assign.name!r} in {graph.where()} writes it"
-        if self.has_restore and object_id not in self.restored:
+        if self.has_restore and all(source is None for _, _, source in self.assigns[object_id]):
             return "the saver's restore function does not restore it"
         return None
 
@@ -279,14 +277,11 @@ class _Plan:
             why = self._check(object_id)
             if why:
                 self._block(object_id, why)
-        changed = True
-        while changed:  # a group is stored in half only if all of it can be
-            changed = False
-            for object_id in sorted(set(self.blocked)):
-                for other in sorted(self.group.get(object_id, ()) - set(self.blocked)):
-                    self._block(other, f"it shares a handle with {self.names[object_id]}, "
-                                "which stays float32")
-                    changed = True
+        # A group is stored in half only if all of it can be (groups are closed: one pass).
+        for object_id in sorted(set(self.blocked)):
+            for other in sorted(self.group.get(object_id, ()) - set(self.blocked)):
+                self._block(other, f"it shares a handle with {self.names[object_id]}, "
+                            "which stays float32")
         return {i: self.keys[i] for i in sorted(self.candidates - set(self.blocked))}
 
     def apply(self, meta_graph, converted):
@@ -301,7 +296,7 @@ class _Plan:
                 node.attr["dtype"].type = self.half
         half_values = set()  # main-graph values already half: reads of converted variables
         half_assigns = {(graph.name, assign.name) for i in converted
-                        for graph, assign in self.assigns[i]}
+                        for graph, assign, _ in self.assigns[i]}
         done = set()  # (graph, node): variables sharing a handle share its reads and assigns
         for object_id in sorted(converted):
             for graph, read in self.reads[object_id]:
@@ -320,7 +315,7 @@ class _Plan:
                         continue
                     if node.op == "SaveV2" and position >= _FIRST_SAVED_TENSOR:
                         node.attr["dtypes"].list.type[position - _FIRST_SAVED_TENSOR] = self.half
-                    elif node.op == "Cast" and node.attr["DstT"].type == self.half:
+                    elif _casts.is_cast(node, _FLOAT, self.half):
                         node.attr["SrcT"].type = self.half
                         if node.name.endswith(CAST_SUFFIX) and not chain:
                             removed.append((graph, node, read))
@@ -329,12 +324,11 @@ class _Plan:
                         continue  # an initializer copying into another converted variable
                     elif graph.name is MAIN:
                         casts.later.append((node, position, self.half, _FLOAT))
-            for graph, assign in self.assigns[object_id]:
+            for graph, assign, source in self.assigns[object_id]:
                 if (graph.name, assign.name) in done:
                     continue
                 done.add((graph.name, assign.name))
                 assign.attr["dtype"].type = self.half
-                source = _restored_from(graph, assign.input[1])
                 if source is not None:
                     restore, index, chain = source
                     restore.attr["dtypes"].list.type[index] = self.half

@@ -74,17 +74,29 @@ def _convert_command(options):
             "their input and output dtypes (callers and serving configs rely on them).")
     for label, report in conversion.reports.items():
         print(f"{label}: {report.summary()}")
+    feeds = None  # sample inputs, drawn once for every validation below
     if options.validate or options.inputs:
-        conversion = _validate_and_fix(model, conversion, lists, keep, options)
+        feeds = _convert.sample_feeds(model.input_specs(), options.validate or 1,
+                                      seed=options.seed, inputs_file=options.inputs)
+        conversion = _validate_and_fix(model, conversion, lists, keep, feeds, options)
     if options.variables == "half":
-        conversion = _store_variables_in_half(model, conversion, options)
+        conversion = _store_variables_in_half(model, conversion, feeds, options)
     model.write(conversion, options.dst)
     print(f"wrote {options.dst}")
 
 
-def _store_variables_in_half(model, conversion, options):
-    """Variables only half ops read stored in half; validated again when asked (the numbers
-    are the same: each read cast the same float32 value to half before)."""
+def _validation_errors(model, conversion, feeds, options):
+    """[OutputError] of the conversion on `feeds`, printed as a table."""
+    from tf_mpt import _convert  # pylint: disable=g-import-not-at-top
+    rtol, atol = _tolerances(options)
+    errors = _convert.validate(model, conversion, feeds, rtol, atol)
+    print(_convert.error_table(errors, rtol, atol))
+    return errors
+
+
+def _store_variables_in_half(model, conversion, feeds, options):
+    """Variables only half ops read stored in half; validated again on `feeds` when given (the
+    numbers are the same: each read cast the same float32 value to half before)."""
     from tf_mpt import _convert  # pylint: disable=g-import-not-at-top
     if isinstance(model, _convert.FrozenGraph):
         print("--variables half: a frozen graph has no variables; its float32 constants that "
@@ -92,13 +104,8 @@ def _store_variables_in_half(model, conversion, options):
         return conversion
     conversion = model.store_variables_in_half(conversion, options.dtype)
     print("\n".join(conversion.variables.lines()))
-    if options.validate or options.inputs:
-        rtol, atol = _tolerances(options)
-        feeds = _convert.sample_feeds(model.input_specs(), options.validate or 1,
-                                      seed=options.seed, inputs_file=options.inputs)
-        errors = _convert.validate(model, conversion, feeds, rtol, atol)
-        print(_convert.error_table(errors, rtol, atol))
-        if not all(e.ok for e in errors):
+    if feeds is not None:
+        if not all(e.ok for e in _validation_errors(model, conversion, feeds, options)):
             from tf_mpt import _model_io  # pylint: disable=g-import-not-at-top
             raise _model_io.ModelError("validation failed with the variables stored in half; "
                                        "nothing was written. Keep them float32 (--variables "
@@ -106,14 +113,11 @@ def _store_variables_in_half(model, conversion, options):
     return conversion
 
 
-def _validate_and_fix(model, conversion, lists, keep, options):
+def _validate_and_fix(model, conversion, lists, keep, feeds, options):
     from tf_mpt import _convert  # pylint: disable=g-import-not-at-top
     from tf_mpt import _model_io  # pylint: disable=g-import-not-at-top
     rtol, atol = _tolerances(options)
-    feeds = _convert.sample_feeds(model.input_specs(), options.validate or 1,
-                                  seed=options.seed, inputs_file=options.inputs)
-    errors = _convert.validate(model, conversion, feeds, rtol, atol)
-    print(_convert.error_table(errors, rtol, atol))
+    errors = _validation_errors(model, conversion, feeds, options)
     if all(e.ok for e in errors):
         print(f"validation passed on {len(feeds)} sample(s)")
         return conversion
@@ -135,8 +139,7 @@ def _validate_and_fix(model, conversion, lists, keep, options):
         print(f"  {where}{name} ({ops.get((function, name), '?')})")
     for label, report in conversion.reports.items():
         print(f"{label}: {report.summary()}")
-    print(_convert.error_table(_convert.validate(model, conversion, feeds, rtol, atol),
-                               rtol, atol))
+    _validation_errors(model, conversion, feeds, options)
     return conversion
 
 

@@ -234,3 +234,47 @@ def test_inspect_says_which_variables_convert_variables_would_store_in_half(save
     variables = json.loads(out)["variables_half_with_convert_variables"]
     assert variables["converted"] == ["w1", "w2"]
     assert sorted(variables["kept_float32"]) == ["scale", "shared"]
+
+
+def test_checkpoint_that_fails_validation_is_not_written(saved, tmp_path, capsys, monkeypatch):
+    """The model with half variables is validated again before it is written: a checkpoint
+    whose converted values were wrong (here tripled) fails, and DST is not created."""
+    from tf_mpt import _variables
+
+    def tripled(source_prefix, target_prefix, choice):
+        reader = tf.train.load_checkpoint(source_prefix)
+        names = sorted(reader.get_variable_to_dtype_map())
+        tensors = [tf.cast(reader.get_tensor(n) * 3, choice.dtype) if n in choice.converted
+                   else tf.constant(reader.get_tensor(n)) for n in names]
+        tf.raw_ops.SaveV2(prefix=target_prefix, tensor_names=names,
+                          shape_and_slices=[""] * len(names), tensors=tensors)
+
+    monkeypatch.setattr(_variables, "write_checkpoint", tripled)
+    code, _, err = cli_main(capsys, "convert", saved / "mixed", tmp_path / "half", "--dtype",
+                            "bfloat16", "--variables", "half", "--validate", "2")
+    assert code == 2
+    assert "validation failed with the variables stored in half; nothing was written" in err
+    assert not (tmp_path / "half").exists()
+
+
+def test_several_metagraphs_get_a_clear_error(saved, tmp_path, capsys):
+    """Several MetaGraphs share one checkpoint: --variables half refuses, says why, and writes
+    nothing (the default --variables float32 still converts)."""
+    import shutil
+    from tensorflow.core.protobuf import saved_model_pb2
+    two = tmp_path / "two"
+    shutil.copytree(saved / "mixed", two)
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((two / "saved_model.pb").read_bytes())
+    second = proto.meta_graphs.add()
+    second.CopyFrom(proto.meta_graphs[0])
+    del second.meta_info_def.tags[:]
+    second.meta_info_def.tags.append("train")
+    (two / "saved_model.pb").write_bytes(proto.SerializeToString())
+    code, _, err = cli_main(capsys, "convert", two, tmp_path / "half", "--dtype", "bfloat16",
+                            "--variables", "half")
+    assert code == 2
+    assert "has 2 MetaGraphs sharing one checkpoint" in err
+    assert not (tmp_path / "half").exists()
+    code, _, err = cli_main(capsys, "convert", two, tmp_path / "kept", "--dtype", "bfloat16")
+    assert code == 0, err
