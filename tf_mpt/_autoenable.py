@@ -23,6 +23,8 @@ import weakref
 
 import tensorflow as tf
 
+from tf_mpt import _cpu
+
 _log = logging.getLogger(__name__)
 
 _LOSS_SCALE_VARIABLE = re.compile(r"^tf_mpt(_\d+)?/(current_loss_scale|good_steps|skipped_steps)$")
@@ -97,6 +99,7 @@ def _restore_without_loss_scale_state(saver, sess, save_path):
 
 # --- the automatic path: TF_MPT_ENABLE=1 / python -m tf_mpt ---------------------------------
 
+_stays_float32 = False  # 'auto' found no fast half type (warned once)
 _enabled = None  # None, or dict(config=..., dtype=..., rewrite=bool, loss_scaling=bool)
 _patches = []  # (owner, attribute, original) to undo
 _local = threading.local()
@@ -118,9 +121,10 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
 
     TF1 Sessions run a rewritten copy of their graph, and tf.compat.v1.train.Optimizer gets
     dynamic loss scaling (float16 by default). Returns the resolved settings, or None when
-    'auto' found no fast half type (the script stays float32; a warning says why).
+    'auto' found no fast half type (the script stays float32; one warning per process says
+    why).
     """
-    global _enabled
+    global _enabled, _stays_float32
     if _enabled is not None:
         return dict(_enabled)
     from tf_mpt import config as _config  # pylint: disable=g-import-not-at-top
@@ -128,12 +132,15 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
     if gpu_visible is None:
         gpu_visible = bool(tf.config.list_physical_devices("GPU"))
     if native_bfloat16 is None:
-        native_bfloat16 = cpu_has_native_bfloat16()
+        native_bfloat16 = _cpu.has_native_bfloat16(_cpu.cpu_flags(config))
     dtype = config.resolve_dtype(gpu_visible, native_bfloat16)
     if dtype is None:
-        _log.warning("tf_mpt: TF_MPT_DTYPE=auto found no GPU and no native bfloat16 on this CPU "
-                     "(needs AVX512-BF16 or AMX-BF16); the script runs in float32. Set "
-                     "TF_MPT_DTYPE=bfloat16 or float16 to force a half type.")
+        if not _stays_float32:
+            _stays_float32 = True
+            _log.warning("TF_MPT_DTYPE=auto found no GPU and no native bfloat16 on this CPU "
+                         "(needs %s); the script runs in float32. Set TF_MPT_DTYPE=bfloat16 "
+                         "or float16 to force a half type.",
+                         " or ".join(_cpu.NATIVE_BFLOAT16_FLAGS))
         return None
     settings = dict(dtype=dtype, rewrite=config.graph_rewrite,
                     loss_scaling=config.loss_scaling_for(dtype), loss_scale=config.loss_scale)
@@ -155,7 +162,7 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
 
 def disable():
     """Turns the automatic path off and removes every patch (existing Sessions included)."""
-    global _enabled
+    global _enabled, _stays_float32
     while _patches:
         owner, name, original = _patches.pop()
         if name == "<keras policy>":
@@ -166,16 +173,16 @@ def disable():
         shadow.close()
     _shadows.clear()
     _enabled = None
+    _stays_float32 = False
 
 
-def cpu_has_native_bfloat16():
-    """True if /proc/cpuinfo lists avx512_bf16 or amx_bf16."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            text = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in text or "amx_bf16" in text
+def cpu_has_native_bfloat16(config=None):
+    """True if the CPU computes in bfloat16 (avx512_bf16 or amx_bf16 in /proc/cpuinfo, or in
+    TF_MPT_CPU_FLAGS when set)."""
+    if config is None:
+        from tf_mpt import config as _config  # pylint: disable=g-import-not-at-top
+        config = _config.Config.from_env(os.environ)
+    return _cpu.has_native_bfloat16(_cpu.cpu_flags(config))
 
 
 def _patch(owner, name, replacement):

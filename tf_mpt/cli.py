@@ -1,4 +1,6 @@
-"""Command line: `tf-mpt run script.py [args...]` and `python -m tf_mpt script.py [args...]`.
+"""Command line: `tf-mpt run script.py [args...]` and `python -m tf_mpt script.py [args...]`;
+`tf-mpt convert`, `tf-mpt inspect` (models) and `tf-mpt cpu` (this machine's half-precision
+facts).
 
 Both run the script as __main__ with tf_mpt enabled, as TF_MPT_ENABLE=1 would (the other
 TF_MPT_* variables still apply; an explicitly set sub-switch still wins).
@@ -30,6 +32,19 @@ def run_script_main(argv=None):
         sys.stderr.write(f"usage: {USAGE}\n")
         raise SystemExit(0 if argv else 2)
     _run(argv[0], argv[1:])
+
+
+def _cpu_command():
+    from tf_mpt import _cpu  # pylint: disable=g-import-not-at-top
+    from tf_mpt import config as _config  # pylint: disable=g-import-not-at-top
+    try:
+        config = _config.Config.from_env(os.environ)
+    except ValueError as error:
+        sys.stderr.write(f"tf-mpt cpu: {error}\n")
+        raise SystemExit(2) from None
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    gpu_visible = bool(tf.config.list_physical_devices("GPU"))
+    print("\n".join(_cpu.facts(config, gpu_visible)))
 
 
 def _split(text):
@@ -207,6 +222,8 @@ def main(argv=None):
     convert = commands.add_parser("convert", help="convert a frozen graph or a SavedModel")
     convert.add_argument("src")
     convert.add_argument("dst")
+    commands.add_parser("cpu", help="this machine's half-precision facts and what "
+                        "TF_MPT_DTYPE=auto picks here")
     inspect_ = commands.add_parser("inspect", help="what a conversion would do, per op type")
     inspect_.add_argument("src")
     inspect_.add_argument("--json", action="store_true", help="the full report as JSON")
@@ -249,6 +266,9 @@ def main(argv=None):
     options = parser.parse_args(argv)
     if options.command == "run":
         _run(options.script, options.args)
+        return
+    if options.command == "cpu":
+        _cpu_command()
         return
     from tf_mpt import _model_io  # pylint: disable=g-import-not-at-top
     from tf_mpt import rewrite  # pylint: disable=g-import-not-at-top

@@ -30,6 +30,7 @@ TF_MPT_LOSS_SCALING = "TF_MPT_LOSS_SCALING"
 TF_MPT_DTYPE = "TF_MPT_DTYPE"
 TF_MPT_LOSS_SCALE = "TF_MPT_LOSS_SCALE"
 TF_MPT_COST_MODEL = "TF_MPT_COST_MODEL"
+TF_MPT_CPU_FLAGS = "TF_MPT_CPU_FLAGS"
 
 # (variable, default, meaning): the README's env-var table is checked against this by a test.
 ENV_VARS = (
@@ -54,6 +55,9 @@ ENV_VARS = (
     (TF_MPT_COST_MODEL, "auto", "Cost model: keep a half cluster float32 when its Casts cost "
      "more than half precision saves (static shapes needed). auto: on for bfloat16 (calibrated "
      "on CPU), off for float16; 1: on for both; 0: off."),
+    (TF_MPT_CPU_FLAGS, "(/proc/cpuinfo)", "Space-separated CPU flags that `auto` decides from "
+     "instead of the real CPU's, e.g. `avx2` or `avx512f avx512_bf16` (tests; what `auto` "
+     "would pick on another CPU). Changes no kernel TensorFlow runs."),
     (TF_MPT_DUMP_DIR, "", "Directory; every rewrite writes the graph before and after "
      "(.pb and .pbtxt), the effective op lists and the report (JSON) there."),
 )
@@ -113,6 +117,24 @@ def _parse_cost_model(environ):
                      f"{environ.get(TF_MPT_COST_MODEL)!r}")
 
 
+_CPU_FLAG = re.compile(r"^[a-z0-9_]+$")
+
+
+def _parse_cpu_flags(environ):
+    """None when unset (read the real CPU), else the frozenset of flags given."""
+    value = environ.get(TF_MPT_CPU_FLAGS)
+    if value is None or not value.strip():
+        return None
+    flags = value.replace(",", " ").lower().split()
+    for flag in flags:
+        if not _CPU_FLAG.match(flag):
+            raise ValueError(
+                f"{TF_MPT_CPU_FLAGS} must be space-separated CPU flags as /proc/cpuinfo names "
+                f"them, such as 'avx2' or 'avx512f avx512_bf16'. Received: "
+                f"{TF_MPT_CPU_FLAGS}={value!r} (bad entry {flag!r})")
+    return frozenset(flags)
+
+
 def _parse_loss_scale(environ):
     value = environ.get(TF_MPT_LOSS_SCALE, "").strip()
     if not value or value.lower() == "dynamic":
@@ -142,6 +164,7 @@ class Config:
         dtype: 'float16', 'bfloat16' or 'auto'.
         loss_scale: 'dynamic' or a positive float.
         cost_model: 'auto', '1' or '0' (TF_MPT_COST_MODEL).
+        cpu_flags: frozenset of CPU flags from TF_MPT_CPU_FLAGS, or None (the real CPU's).
     """
     list_add: tuple = ()
     list_remove: tuple = ()
@@ -152,6 +175,7 @@ class Config:
     dtype: str = "auto"
     loss_scale: typing.Union[str, float] = "dynamic"
     cost_model: str = "auto"
+    cpu_flags: typing.Optional[frozenset] = None
 
     @classmethod
     def from_env(cls, environ):
@@ -173,7 +197,8 @@ class Config:
                    graph_rewrite=enable if graph_rewrite is None else graph_rewrite,
                    loss_scaling=loss_scaling, dtype=_parse_dtype(environ),
                    loss_scale=_parse_loss_scale(environ),
-                   cost_model=_parse_cost_model(environ))
+                   cost_model=_parse_cost_model(environ),
+                   cpu_flags=_parse_cpu_flags(environ))
 
     def loss_scaling_for(self, dtype):
         """Whether the automatic path scales the loss for `dtype` ('float16'/'bfloat16').

@@ -249,14 +249,17 @@ def _has_op(graph, name):
         return False
 
 
-def get(identifier):
-    """A LossScale from a number (static), "dynamic", a LossScale (returned as is) or None."""
+def get(identifier, name="loss_scale"):
+    """A LossScale from a number (static), "dynamic", a LossScale (returned as is) or None.
+
+    `name` is the argument's name as the caller's user wrote it, for error messages.
+    """
     if identifier is None or isinstance(identifier, LossScale):
         return identifier
     if isinstance(identifier, str) and identifier.strip().lower() == "dynamic":
         return DynamicLossScale()
     if isinstance(identifier, numbers.Real) and not isinstance(identifier, bool):
-        return StaticLossScale(identifier)
+        return StaticLossScale(_check_number(name, identifier))
     raise ValueError(
-        "loss_scale must be a positive number, 'dynamic', a tf_mpt LossScale or None. "
-        f"Received: loss_scale={identifier!r} (of type {type(identifier).__name__})")
+        f"{name} must be a positive number, 'dynamic', a tf_mpt LossScale or None. "
+        f"Received: {name}={identifier!r} (of type {type(identifier).__name__})")

@@ -57,7 +57,7 @@ class LossScaleOptimizer(tf1.train.Optimizer):
                 "optimizer must be a tf.compat.v1.train.Optimizer (e.g. MomentumOptimizer). "
                 f"Received: optimizer={optimizer!r} (of type {type(optimizer).__name__}). For a "
                 "Keras optimizer use keras.mixed_precision.LossScaleOptimizer or "
-                "tf_mpt.scaled_gradients with a GradientTape.")
+                "tf_mpt.scale_loss and tf_mpt.apply_scaled_gradients with a GradientTape.")
         scale = _loss_scale.get(loss_scale)
         if scale is None:
             raise ValueError("loss_scale cannot be None: pass 'dynamic', a number or a "

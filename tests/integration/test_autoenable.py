@@ -25,7 +25,9 @@ EXAMPLES = {"tf1_mlp_digits": ["--epochs", "3"], "tf1_convnet_digits": ["--epoch
 
 
 def _run(args, env):
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    # TF_MPT_CPU_FLAGS passes through: a run of the suite "as another CPU" reaches the scripts
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith("TF_MPT_") or k == "TF_MPT_CPU_FLAGS"}
     full_env.update(env, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.run([sys.executable, *args], env=full_env, capture_output=True, text=True,
                           timeout=TIMEOUT_S, cwd=ROOT)
@@ -47,7 +49,8 @@ def float32_runs():
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_unmodified_script_runs_in_mixed_precision(name, launch, tmp_path, float32_runs):
     dump = str(tmp_path / "dump")
-    env = {"TF_MPT_DUMP_DIR": dump}
+    # an explicit half type: runs on every CPU (what `auto` picks is tested below)
+    env = {"TF_MPT_DUMP_DIR": dump, "TF_MPT_DTYPE": "bfloat16"}
     if launch == "env":
         env["TF_MPT_ENABLE"] = "1"
         args = [f"examples/{name}.py", *EXAMPLES[name]]
@@ -55,8 +58,8 @@ def test_unmodified_script_runs_in_mixed_precision(name, launch, tmp_path, float
         args = ["-m", "tf_mpt", f"examples/{name}.py", *EXAMPLES[name]]
     proc = _run(args, env)
     metrics = _metrics(proc)
-    assert "tf_mpt: enabled: dtype=bfloat16" in proc.stderr or "dtype=float16" in proc.stderr
-    assert re.search(r"tf_mpt: Converted [1-9]\d*/\d+ nodes to b?float16", proc.stderr)
+    assert "tf_mpt: enabled: dtype=bfloat16" in proc.stderr
+    assert re.search(r"tf_mpt: Converted [1-9]\d*/\d+ nodes to bfloat16", proc.stderr)
     reports = sorted(glob.glob(os.path.join(dump, "*_report.json")))
     assert reports, "no rewrite was dumped"
     report = json.loads(open(reports[0]).read())
@@ -90,6 +93,68 @@ def test_keras_fit_script_gets_keras_mixed_precision_policy(launch):
     assert "tf_mpt: Keras global dtype policy set to mixed_bfloat16" in proc.stderr
     assert mixed["last_loss"] < mixed["first_loss"] / 2
     assert abs(mixed["accuracy"] - float32["accuracy"]) <= ACCURACY_POINTS + 1e-9
+
+
+# A small TF1 script: one MatMul trained for a step, then its dtype as the Session ran it.
+_TINY_TF1_SCRIPT = """
+import tensorflow as tf
+tf.compat.v1.disable_eager_execution()
+x = tf.compat.v1.placeholder(tf.float32, [4, 8])
+w = tf.compat.v1.get_variable("w", [8, 2])
+y = tf.nn.relu(tf.matmul(x, w))  # the fetched Relu keeps float32, the MatMul goes half
+with tf.compat.v1.Session() as sess:
+    sess.run(tf.compat.v1.global_variables_initializer())
+    print("value", sess.run(y, {x: [[1.0] * 8] * 4})[0, 0])
+"""
+_AUTO_FLOAT32_WARNING = ("tf_mpt: TF_MPT_DTYPE=auto found no GPU and no native bfloat16 on this "
+                         "CPU")
+# (CPU kind, flags as /proc/cpuinfo lists them, what `auto` must pick)
+_CPU_KINDS = [("zen3_avx2_only", "fpu sse4_2 avx avx2 fma f16c", None),
+              ("zen4_avx512_bf16", "avx2 avx512f avx512bw avx512_bf16", "bfloat16"),
+              ("xeon_amx", "avx2 avx512f avx512_bf16 amx_tile amx_bf16 amx_int8", "bfloat16"),
+              ("avx512f_without_bf16", "avx2 avx512f avx512bw", None)]
+
+
+def _check_auto_decision(proc, expected):
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "value" in proc.stdout
+    assert "tf_mpt: tf_mpt:" not in proc.stderr
+    if expected is None:
+        assert proc.stderr.count(_AUTO_FLOAT32_WARNING) == 1, proc.stderr[-3000:]
+        assert "enabled: dtype" not in proc.stderr and "Converted" not in proc.stderr
+    else:
+        assert _AUTO_FLOAT32_WARNING not in proc.stderr
+        assert f"tf_mpt: enabled: dtype={expected}" in proc.stderr, proc.stderr[-3000:]
+        assert re.search(rf"tf_mpt: Converted [1-9]\d*/\d+ nodes to {expected}", proc.stderr)
+
+
+@pytest.mark.parametrize("launch", ["env", "module"])
+@pytest.mark.parametrize("kind, flags, expected", _CPU_KINDS, ids=[k[0] for k in _CPU_KINDS])
+def test_auto_dtype_follows_the_cpu_flags(kind, flags, expected, launch, tmp_path):
+    script = tmp_path / "tiny.py"
+    script.write_text(_TINY_TF1_SCRIPT)
+    # the cost model would keep this tiny MatMul float32; here only the dtype decision counts
+    env = {"TF_MPT_CPU_FLAGS": flags, "TF_MPT_COST_MODEL": "0"}
+    if launch == "env":
+        proc = _run([str(script)], dict(env, TF_MPT_ENABLE="1"))
+    else:  # with TF_MPT_ENABLE set too: the start-up hook and the module both install
+        proc = _run(["-m", "tf_mpt", str(script)], dict(env, TF_MPT_ENABLE="1"))
+    _check_auto_decision(proc, expected)
+
+
+def test_auto_dtype_on_this_cpu(tmp_path):
+    """No flags injected: what `auto` must pick on the machine running the suite."""
+    from tf_mpt import _cpu
+    script = tmp_path / "tiny.py"
+    script.write_text(_TINY_TF1_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_ENABLE="1",
+               TF_MPT_COST_MODEL="0")
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT_S, cwd=ROOT)
+    expected = _cpu.auto_dtype(bool(tf.config.list_physical_devices("GPU")),
+                               _cpu.real_cpu_flags())
+    _check_auto_decision(proc, expected)
 
 
 def test_float16_turns_loss_scaling_on_and_a_sub_switch_turns_it_off():

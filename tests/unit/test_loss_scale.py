@@ -94,8 +94,15 @@ def test_get_accepts_number_dynamic_instance_or_none(identifier, expected):
 
 @pytest.mark.parametrize("bad", [-1, 0, "static", float("inf"), True, [2]])
 def test_get_rejects_bad_values_naming_them(bad):
-    with pytest.raises(ValueError, match=r"loss_scale|value must be"):
+    with pytest.raises(ValueError, match=r"^loss_scale must be .*Received: loss_scale=") as error:
         tf_mpt.loss_scale.get(bad)
+    assert "value=" not in str(error.value)
+
+
+def test_static_loss_scale_names_its_own_argument():
+    with pytest.raises(ValueError, match=r"^value must be a positive finite number\. "
+                       r"Received: value=0 "):
+        tf_mpt.StaticLossScale(0)
 
 
 @pytest.mark.parametrize("kwargs, message", [

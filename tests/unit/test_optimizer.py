@@ -1,5 +1,7 @@
 """LossScaleOptimizer: wraps every TF1 optimizer; skipped steps change nothing."""
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -138,8 +140,18 @@ def test_wrapping_twice_is_an_error():
 
 def test_wrapping_a_non_tf1_optimizer_is_a_type_error():
     import keras
-    with pytest.raises(TypeError, match="must be a tf.compat.v1.train.Optimizer"):
+    with pytest.raises(TypeError, match="must be a tf.compat.v1.train.Optimizer") as error:
         tf_mpt.LossScaleOptimizer(keras.optimizers.SGD())
+    # the hint names functions that exist
+    hinted = re.findall(r"tf_mpt\.(\w+)", str(error.value))
+    assert hinted and all(hasattr(tf_mpt, name) for name in hinted), hinted
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan")])
+def test_bad_loss_scale_error_names_the_argument_the_user_passed(bad):
+    with pytest.raises(ValueError, match=r"^loss_scale must be a positive finite number\. "
+                       rf"Received: loss_scale={re.escape(repr(bad))} "):
+        tf_mpt.LossScaleOptimizer(tf1.train.GradientDescentOptimizer(0.1), bad)
 
 
 def test_none_loss_scale_is_rejected():

@@ -1,0 +1,82 @@
+"""What this CPU offers in half precision: the facts `TF_MPT_DTYPE=auto` decides from.
+
+No TensorFlow import. The flags come from /proc/cpuinfo, or from TF_MPT_CPU_FLAGS when set
+(tests run the `auto` decision of every CPU kind on any machine that way).
+
+    native bfloat16  = avx512_bf16 or amx_bf16 (oneDNN computes in bfloat16: MatMul 1.9x on
+                       Zen 4, 4.3x with AMX; without them bfloat16 MatMul is 0.67x float32)
+    Grappler bf16    = avx512f or avx_ne_convert (TensorFlow's gate for its oneDNN bfloat16
+                       pass, tensorflow/core/util/util.cc; without them that pass is a no-op)
+"""
+
+CPUINFO = "/proc/cpuinfo"
+NATIVE_BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16")
+GRAPPLER_BFLOAT16_FLAGS = ("avx512f", "avx_ne_convert")
+
+
+def real_cpu_flags(path=CPUINFO):
+    """The flags of the first processor in `path` (empty when it cannot be read)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags":
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_model(path=CPUINFO):
+    """The CPU's model name, or 'unknown CPU'."""
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def cpu_flags(config=None):
+    """TF_MPT_CPU_FLAGS (via `config`) when set, else the real CPU's flags."""
+    if config is not None and config.cpu_flags is not None:
+        return config.cpu_flags
+    return real_cpu_flags()
+
+
+def has_native_bfloat16(flags):
+    return any(flag in flags for flag in NATIVE_BFLOAT16_FLAGS)
+
+
+def grappler_bfloat16_runs(flags):
+    return any(flag in flags for flag in GRAPPLER_BFLOAT16_FLAGS)
+
+
+def auto_dtype(gpu_visible, flags):
+    """What TF_MPT_DTYPE=auto picks: 'float16' with a GPU, 'bfloat16' with native bfloat16,
+    else None (the script stays float32)."""
+    if gpu_visible:
+        return "float16"
+    return "bfloat16" if has_native_bfloat16(flags) else None
+
+
+def facts(config=None, gpu_visible=False):
+    """Human-readable lines: the CPU, native bfloat16 yes/no, and what `auto` picks."""
+    flags = cpu_flags(config)
+    injected = config is not None and config.cpu_flags is not None
+    native = [f for f in NATIVE_BFLOAT16_FLAGS if f in flags]
+    source = "TF_MPT_CPU_FLAGS (injected)" if injected else CPUINFO
+    picked = auto_dtype(gpu_visible, flags)
+    return [
+        f"CPU: {cpu_model()} (flags from {source})",
+        "native bfloat16: " + (f"yes ({', '.join(native)})" if native else
+                               f"no (no {' or '.join(NATIVE_BFLOAT16_FLAGS)})"),
+        # TensorFlow's own gate reads the real CPU, whatever TF_MPT_CPU_FLAGS says
+        "Grappler's bfloat16 pass: " + ("runs" if grappler_bfloat16_runs(real_cpu_flags()) else
+                                        f"a no-op (no {' or '.join(GRAPPLER_BFLOAT16_FLAGS)})"),
+        f"GPU visible: {'yes' if gpu_visible else 'no'}",
+        "TF_MPT_DTYPE=auto picks: " + (picked or "float32 (no fast half type; a warning says so)"),
+    ]
