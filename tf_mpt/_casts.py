@@ -143,6 +143,11 @@ def apply_paint(graph_def, view, types, paint):
         if node.op == "Const" and key == "dtype":
             _store_constant_in_half(node, target)
         _set_dtype(node, key, target)
+        if types[i].renamed_to is not None and node.op != types[i].op:
+            new_op, attrs = types[i].renamed_to
+            node.op = new_op
+            for name, dtype in attrs.items():
+                node.attr[name].type = dtype
     planner = _CastPlanner(view, types, paint)
     for i, ports in enumerate(view.fanin):
         in_keys = types[i].in_keys

@@ -44,7 +44,9 @@ class Paint:
                 self.v_key.append(key)
             self.node_vertex.append(keys)
         n = len(self.v_node)
-        self.v_list = [lists.list_of(nodes[i].op) for i in self.v_node]
+        # an op listed by its own name wins over the newer version it is analysed as
+        self.v_list = [lists.list_of(nodes[i].op) or lists.list_of(types[i].op)
+                       for i in self.v_node]
         self.v_dtype = [types[i].dtypes[k] for i, k in zip(self.v_node, self.v_key)]
         self.fanin = [[] for _ in range(n)]
         self.fanout = [[] for _ in range(n)]
@@ -80,6 +82,9 @@ class Paint:
         self._candidate = [None] * n
         self._why_not = [None] * n
         self.cost = None  # (cost-model Constants, {node name: output shapes}) when it is on
+        self.shape_source = dict  # callable -> {node name: [shape or None per output]}
+        self._shapes = None
+        self.tensor_list_groups = []  # _list_paint.ListGroup per list made in this graph
 
     # --- vertex facts ----------------------------------------------------------------------
 
@@ -102,20 +107,16 @@ class Paint:
         self.candidate(v)
         return self._why_not[v]
 
-    def input_side_candidate(self, v):
-        """Like `candidate`, but a fetched node counts (for attrs typing only its inputs)."""
-        if self.node_skip_reason[self.v_node[v]] == FETCHED:
-            return self._why_not_candidate(v, ignore_fetch=True) is None
-        return self.candidate(v)
-
-    def _why_not_candidate(self, v, ignore_fetch=False):
+    def _why_not_candidate(self, v):
         i, key = self.v_node[v], self.v_key[v]
         skip = self.node_skip_reason[i]
-        if skip is not None and not (ignore_fetch and skip == FETCHED):
+        nt = self.types[i]
+        # A fetched node keeps the dtypes of its outputs; an attr that types only inputs
+        # (ShapeN's T, Cast's SrcT, ArgMax's T) may still go half.
+        if skip is not None and not (skip == FETCHED and key not in nt.out_keys):
             return skip
         if self.v_dtype[v] != ta.DT_FLOAT:
             return "not float32"
-        nt = self.types[i]
         attr = key[0] if isinstance(key, tuple) else key
         if key in nt.ref_keys:
             return f"attr {attr} types a reference port (variables are never cast in place)"
@@ -123,11 +124,28 @@ class Paint:
         if self.reads_ref[v] and self.v_list[v] != "allow":
             return "reads a reference variable directly (the Cast goes after the read)"
         if not ta.op_def_allows(nt.op_def, key, self.target):
-            return f"the OpDef of {node.op} does not allow {self.target_name} for attr {attr}"
+            return f"the OpDef of {nt.op} does not allow {self.target_name} for attr {attr}"
         device = ta.device_type_of(node.device, self.default_device)
-        if not ta.kernel_allows(node.op, device, attr, self.target):
-            return f"no {self.target_name} kernel for {node.op} on {device}"
+        if not ta.kernel_allows(nt.op, device, attr, self.target):
+            return f"no {self.target_name} kernel for {nt.op} on {device}"
         return None
+
+    def static_shapes(self):
+        """{node name: [static shape (tuple, -1 for unknown dims) or None per output]}."""
+        if self._shapes is None:
+            self._shapes = self.shape_source()
+        return self._shapes
+
+    def elements(self, i, port):
+        """The number of elements of output `port` of node i, or None when not static."""
+        entry = self.static_shapes().get(self.view.nodes[i].name)
+        shape = None if entry is None or port >= len(entry) else entry[port]
+        if shape is None or any(d is None or d < 0 for d in shape):
+            return None
+        count = 1
+        for d in shape:
+            count *= d
+        return count
 
     def paint_allow(self, v, reason):
         self.allow[v] = True
@@ -293,6 +311,38 @@ def repeat_infer_and_clear_until_stable(p):
             return
 
 
+# --- the small side of a selection ----------------------------------------------------------
+
+# Clear ops that pick part of their first input: op -> the attr typing that input and output 0.
+SELECTORS = {"Gather": "Tparams", "GatherV2": "Tparams", "GatherNd": "Tparams",
+             "Slice": "T", "StridedSlice": "T"}
+
+
+def cast_the_selected_part_not_the_whole(p):
+    """Un-paint: a selector painted half whose float32 input would be cast whole just for it
+    stays float32 when its output has fewer elements; the Cast moves to the smaller side.
+
+    table(9008x200) -> Cast -> [GatherV2](128x200) -> [MatMul]   becomes
+    table(9008x200) -> GatherV2(128x200) -> Cast -> [MatMul].
+    Needs static shapes of both sides (none known: nothing changes).
+    """
+    for i, node in enumerate(p.view.nodes):
+        attr = SELECTORS.get(node.op)
+        v = None if attr is None else p.node_vertex[i].get(attr)
+        if v is None or not p.converted[v] or not p.view.fanin[i]:
+            continue
+        src, src_port = p.view.fanin[i][0]
+        if any(p.allow[u] for u in p.fanin[v]):
+            continue  # the input is half already: no Cast to move
+        readers = p.consumers_of_output(src, src_port)
+        if any(c is not None and c != v and p.allow[c] for c in readers):
+            continue  # another half reader needs the whole input cast anyway
+        whole, part = p.elements(src, src_port), p.elements(i, 0)
+        if whole is None or part is None or part >= whole:
+            continue
+        p.unpaint(v, f"selects {part} of {whole} elements: the Cast goes after it")
+
+
 # --- control-flow fix-up ---------------------------------------------------------------------
 
 def force_colour_match_on_loop_back_edges(p):
@@ -341,7 +391,7 @@ def let_existing_casts_read_and_emit_half(p):
         if dst_v is not None and not p.allow[dst_v] and p.candidate(dst_v):
             if _all_consumers_half(p, i, 0):
                 p.paint_allow(dst_v, "existing Cast emits half directly (all consumers are half)")
-        if src_v is not None and not p.allow[src_v] and p.input_side_candidate(src_v):
+        if src_v is not None and not p.allow[src_v] and p.candidate(src_v):
             producers = p.fanin[src_v]
             if producers and all(p.allow[u] for u in producers):
                 p.paint_allow(src_v, "existing Cast reads its half input directly")

@@ -37,9 +37,33 @@ class NodeTypes:
         ref_out_ports: output ports that are references (e.g. VariableV2's output).
         dtypes: key -> current DataType enum.
         op_def: the OpDef (or function signature), or None.
+        op: the op the node is analysed as: its own, or for an op in NEWER_HALF_FORM the
+            newer version it becomes when a key goes half.
+        renamed_to: (op, {attr: DataType}) for an op in NEWER_HALF_FORM, else None.
     """
     __slots__ = ("known", "is_function", "in_keys", "out_keys", "ref_keys", "ref_out_ports",
-                 "dtypes", "op_def")
+                 "dtypes", "op_def", "op", "renamed_to")
+
+
+# Ops whose OpDef admits only float32 while a newer version with the same ports admits half:
+# the node is analysed as the newer version and renamed (the added attrs set) only if a key
+# goes half. Grappler's ConvertBatchNormOpsToV2 renames every node it may process instead.
+# V1 batch norm is in every frozen TF 1.x model; its V2 keeps the statistics float32 (U).
+NEWER_HALF_FORM = {
+    "FusedBatchNorm": ("FusedBatchNormV2", {"U": DT_FLOAT}),
+    "FusedBatchNormGrad": ("FusedBatchNormGradV2", {"U": DT_FLOAT}),
+}
+
+
+def as_newer_half_form(node):
+    """A copy of `node` as the op NEWER_HALF_FORM names (the input is not modified)."""
+    new_op, attrs = NEWER_HALF_FORM[node.op]
+    copy = type(node)()
+    copy.CopyFrom(node)
+    copy.op = new_op
+    for name, dtype in attrs.items():
+        copy.attr[name].type = dtype
+    return copy
 
 
 def arg_ports(arg, node, op_def_attrs):
@@ -86,13 +110,18 @@ def _static_layout(op_name):
 
 
 # Type attrs that type no port but must agree with the ops sharing the object they declare
-# (a TensorArray's or a Stack's element dtype); see _arrays.py.
-_PORTLESS_TYPE_ATTRS = {"TensorArrayV3": "dtype", "StackV2": "elem_type"}
+# (a TensorArray's, a Stack's or a TensorList's element dtype); see _arrays.py, _list_paint.py.
+_PORTLESS_TYPE_ATTRS = {"TensorArrayV3": "dtype", "StackV2": "elem_type",
+                        "EmptyTensorList": "element_dtype", "TensorListReserve": "element_dtype"}
 
 
 def node_types(node, library_signatures):
     """Returns the NodeTypes of one NodeDef (library_signatures: name -> OpDef)."""
     nt = NodeTypes()
+    nt.renamed_to = NEWER_HALF_FORM.get(node.op)
+    if nt.renamed_to is not None:
+        node = as_newer_half_form(node)
+    nt.op = node.op
     op_def = op_def_registry.get(node.op)
     nt.is_function = False
     if op_def is None:

@@ -1,18 +1,30 @@
 """rewrite_graph_def / rewrite_graph: the orchestrator.
 
-Algorithm (each step one function, see `_paint.py` and `_casts.py`):
+Algorithm (each step one function of `_PASSES`, see `_paint.py`, `_list_paint.py`,
+`_cost.py`, `_arrays.py` and `_casts.py`):
 
-    index the graph; map every node's ports to (node, type-attr) vertices
-    keep fetched, opted-out (_tf_mpt_keep_fp32), unknown and function-call nodes float32
+    index the graph; map every node's ports to (node, type-attr) vertices (an op whose half
+      form is a newer op version, V1 FusedBatchNorm, is analysed as that version)
+    keep fetched outputs, opted-out (_tf_mpt_keep_fp32), unknown and function-call nodes float32
+    0. TensorLists made in the graph link their writers to their readers (paint flows through)
     1. allow ops go half
     2. deny propagates forward through clear/infer ops that lead to deny/infer ops
+       (a TensorList with a deny member stays float32 as a whole)
     3. clear/infer ops between allow ops go half
     4. infer ops fed by allow ops (and no deny op) go half, to a fixpoint
-    5. clear ops touching allow ops go half, transitively
-    6. loop back edges (NextIteration -> Merge) keep one colour
-    7. existing Casts read and emit half where that saves a Cast
-    8. float32 constants whose consumers are all half are stored in half
-    then: set the painted dtypes and insert one shared Cast per (tensor, dtype) mismatch
+    5. clear ops touching allow ops go half, transitively; 4 and 5 repeat until stable, and
+       again after each TensorList is made one colour
+    6. un-paint: a gather or slice whose whole float32 input would be cast just for it stays
+       float32 when its output is smaller (the Cast moves after it)
+       un-paint: the cost model keeps clusters float32 whose Casts cost more than they save
+       (a TensorList it splits goes float32 as a whole)
+    7. TensorArrays and Stacks go half as a whole where that saves Casts
+    8. un-paint: loop back edges (NextIteration -> Merge) keep one colour
+    9. existing Casts read and emit half where that saves a Cast
+    10. float32 constants whose consumers are all half are stored in half
+    then: set the painted dtypes (renaming ops to their half form) and insert one shared Cast
+    per (tensor, dtype) mismatch; with library functions, rewrite each body the same way and
+    keep values half across loop, call and TensorList boundaries (`_boundaries.py`)
 
 Example:
     >>> result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype="bfloat16")
@@ -22,6 +34,7 @@ Example:
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import itertools
 import logging
@@ -36,6 +49,7 @@ from tf_mpt import _casts
 from tf_mpt import _cost
 from tf_mpt import _function_library
 from tf_mpt import _graph_view
+from tf_mpt import _list_paint
 from tf_mpt import _paint
 from tf_mpt import _type_attrs as ta
 from tf_mpt import config as _config
@@ -47,15 +61,21 @@ _log = logging.getLogger(__name__)
 GraphDefError = _graph_view.GraphDefError
 
 _PASSES = (
+    ("link_tensor_list_writers_to_readers", _list_paint.link_tensor_list_writers_to_readers),
     ("add_allowlist_ops", _paint.add_allowlist_ops),
     ("propagate_deny_forward_through_clear_and_infer",
      _paint.propagate_deny_forward_through_clear_and_infer),
+    ("force_colour_match_on_tensor_lists", _list_paint.force_colour_match_on_tensor_lists),
     ("add_clear_and_infer_to_allow_if_between_allow",
      _paint.add_clear_and_infer_to_allow_if_between_allow),
     ("add_infer_to_allow_if_following_allow", _paint.add_infer_to_allow_if_following_allow),
     ("propagate_allow_through_clear", _paint.propagate_allow_through_clear),
     ("repeat_infer_and_clear_until_stable", _paint.repeat_infer_and_clear_until_stable),
+    ("match_tensor_lists_and_repeat_until_stable",
+     _list_paint.match_tensor_lists_and_repeat_until_stable),
+    ("cast_the_selected_part_not_the_whole", _paint.cast_the_selected_part_not_the_whole),
     ("keep_unprofitable_clusters_fp32", _cost.keep_unprofitable_clusters_fp32),
+    ("unpaint_split_tensor_lists", _list_paint.unpaint_split_tensor_lists),
     ("store_tensor_arrays_in_half", _arrays.store_tensor_arrays_in_half),
     ("force_colour_match_on_loop_back_edges", _paint.force_colour_match_on_loop_back_edges),
     ("let_existing_casts_read_and_emit_half", _paint.let_existing_casts_read_and_emit_half),
@@ -199,8 +219,7 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
     fetched = _fetch_node_names(fetches, view)
     constants = _cost.constants_for(config.cost_model, _DTYPE_ENUM[dtype_name])
     new_graph_def, report, modified, error = _rewrite_one(
-        graph_def, view, fetched, dtype_name, lists, signatures, strict,
-        None if constants is None else (constants, shapes() if shapes else None))
+        graph_def, view, fetched, dtype_name, lists, signatures, strict, constants, shapes)
     if error is not None:
         unchanged = graph_pb2.GraphDef()
         unchanged.CopyFrom(graph_def)
@@ -262,19 +281,21 @@ def _reachable_functions(graph_def, roots=()):
     return seen
 
 
-def _rewrite_one(graph_def, view, fetched, dtype_name, lists, signatures, strict, cost):
+def _rewrite_one(graph_def, view, fetched, dtype_name, lists, signatures, strict, constants,
+                 shapes):
     """Paints one graph (no library). Returns (graph_def, report, modified, error or None).
 
-    cost: None (cost model off) or (Constants, shapes or None for `_output_shapes` attrs).
+    constants: the cost model's Constants, or None (cost model off).
+    shapes: a callable giving {node name: output shapes}, or None for `_output_shapes` attrs;
+        called at most once, only by a pass that needs shapes.
     """
     types = [ta.node_types(node, signatures) for node in view.nodes]
     skip = _node_skip_reasons(view, types, fetched)
     paint = _paint.Paint(view, types, _DTYPE_ENUM[dtype_name], lists, skip,
                          ta.default_device_type())
-    if cost is not None:
-        constants, shapes = cost
-        paint.cost = (constants, _cost.output_shapes_from_attrs(view) if shapes is None
-                      else shapes)
+    paint.shape_source = shapes or functools.partial(_cost.output_shapes_from_attrs, view)
+    if constants is not None:
+        paint.cost = (constants, paint.static_shapes())
     step = "build"
     try:
         for step, run_pass in _PASSES:
@@ -310,8 +331,7 @@ def _rewrite_function_body(fdef, dtype_name, lists, signatures, strict, constant
         _log.debug("function %s is left as it is: %s", name, error)
         return None, None
     new_body, report, modified, error = _rewrite_one(
-        body, view, set(fetches), dtype_name, lists, signatures, strict,
-        None if constants is None else (constants, None))
+        body, view, set(fetches), dtype_name, lists, signatures, strict, constants, None)
     if error is not None or not modified:
         return None, report
     try:

@@ -16,6 +16,9 @@ import tensorflow as tf
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TIMEOUT_S = 300
+# Mixed precision must reach float32's accuracy to within a point. One-sided: on an AVX2-only
+# CPU (Eigen's bfloat16 kernels) the bfloat16 LSTM ends a point *above* float32 (99.49% vs
+# 98.46%), which is no failure.
 ACCURACY_POINTS = 0.01
 EXAMPLES = {"tf1_mlp_digits": ["--epochs", "3"], "tf1_convnet_digits": ["--epochs", "2"],
             "tf2_custom_loop_digits": ["--epochs", "3"],
@@ -73,7 +76,7 @@ def test_unmodified_script_runs_in_mixed_precision(name, launch, tmp_path, float
             and n.attr["T"].type in (tf.float16.as_datatype_enum, tf.bfloat16.as_datatype_enum)}
     assert set(half_matmuls) <= half
     assert metrics["last_loss"] < metrics["first_loss"] / 2
-    assert abs(metrics["accuracy"] - float32_runs[name]["accuracy"]) <= ACCURACY_POINTS + 1e-9
+    assert metrics["accuracy"] >= float32_runs[name]["accuracy"] - ACCURACY_POINTS - 1e-9
 
 
 @pytest.mark.parametrize("launch", ["env", "module", "console"])
@@ -92,7 +95,7 @@ def test_keras_fit_script_gets_keras_mixed_precision_policy(launch):
     assert "policy=mixed_bfloat16" in proc.stdout and "policy=float32" in float32_run.stdout
     assert "tf_mpt: Keras global dtype policy set to mixed_bfloat16" in proc.stderr
     assert mixed["last_loss"] < mixed["first_loss"] / 2
-    assert abs(mixed["accuracy"] - float32["accuracy"]) <= ACCURACY_POINTS + 1e-9
+    assert mixed["accuracy"] >= float32["accuracy"] - ACCURACY_POINTS - 1e-9
 
 
 # A small TF1 script: one MatMul trained for a step, then its dtype as the Session ran it.

@@ -347,3 +347,70 @@ def test_float16_denies_sum_but_bfloat16_lets_it_follow_allow():
         sum1 = tf.reduce_sum(allow1, axis=1, name="sum1")
         tf.identity(sum1, name="out")
     assert type_attr(rewrite(graph2, "bfloat16").graph_def, "sum1") == "bfloat16"
+
+
+# --- the small side of a selection (word2vec's embedding_lookup) --------------------------------
+
+VOCAB, EMBED, BATCH, HIDDEN = 900, 20, 16, 8
+
+
+def _embedding_graph(batch=BATCH, tied=False):
+    """ids -> embedding_lookup(table) -> MatMul (allow1) -> loss, trained by SGD; with `tied`
+    the table is also the output layer's weight (a second half reader of the whole table)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        ids = tf1.placeholder(tf.int32, [batch], name="ids")
+        table = tf1.get_variable("table", [VOCAB, EMBED], use_resource=False,
+                                 initializer=tf1.random_uniform_initializer(-1.0, 1.0, seed=1))
+        w = tf1.get_variable("w", [EMBED, HIDDEN], use_resource=False,
+                             initializer=tf1.random_uniform_initializer(-1.0, 1.0, seed=2))
+        rows = tf.nn.embedding_lookup(table, ids, name="lookup")
+        hidden = tf.matmul(rows, w, name="allow1")
+        if tied:
+            hidden = tf.matmul(tf.matmul(hidden, w, transpose_b=True), table,
+                               transpose_b=True, name="allow2")
+        loss = tf.reduce_mean(tf.square(hidden), name="loss")
+        tf1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+        tf1.global_variables_initializer()
+    return graph
+
+
+def _cast_sources(graph_def):
+    nodes = {n.name: n for n in graph_def.node}
+    return sorted(nodes[c].input[0] for c in added_casts(graph_def))
+
+
+def test_gather_casts_its_rows_not_the_whole_table(half_dtype):
+    graph = _embedding_graph()
+    graph_def = graph.as_graph_def(add_shapes=True)  # static shapes: 900x20 table, 16 rows
+    result = tf_mpt.rewrite_graph_def(graph_def, dtype=half_dtype, fetches=["loss", "train"])
+    sources = _cast_sources(result.graph_def)
+    assert "lookup" in sources and "table/read" not in sources, sources
+    assert type_attr(result.graph_def, "lookup", "Tparams") == "float32"
+    assert type_attr(result.graph_def, "allow1") == half_dtype
+    decision = result.report.decisions["lookup"]
+    assert "selects 320 of 18000 elements" in str(decision)
+    # the same through rewrite_graph, whose shapes come from the tf.Graph
+    mixed = tf_mpt.rewrite_graph(graph, dtype=half_dtype, fetches=["loss", "train"])
+    casts = [op.inputs[0].op.name for op in mixed.get_operations()
+             if op.type == "Cast" and op.name.endswith("-TfMpt")]
+    assert "lookup" in casts and "table/read" not in casts
+    feeds = {"ids:0": np.random.RandomState(0).randint(0, VOCAB, BATCH)}
+    expected = run(graph_def, "loss:0", feeds, init="init")
+    actual = run(result.graph_def, "loss:0", feeds, init="init")
+    np.testing.assert_allclose(actual, expected, **TOLERANCES[half_dtype])
+
+
+def test_gather_stays_half_when_the_table_is_cast_anyway(half_dtype):
+    graph_def = _embedding_graph(tied=True).as_graph_def(add_shapes=True)
+    result = tf_mpt.rewrite_graph_def(graph_def, dtype=half_dtype, fetches=["loss", "train"])
+    sources = _cast_sources(result.graph_def)
+    assert "table/read" in sources and "lookup" not in sources, sources
+    assert type_attr(result.graph_def, "lookup", "Tparams") == half_dtype
+
+
+def test_gather_with_unknown_shapes_is_left_as_painted(half_dtype):
+    graph_def = _embedding_graph(batch=None).as_graph_def(add_shapes=True)
+    result = tf_mpt.rewrite_graph_def(graph_def, dtype=half_dtype, fetches=["loss", "train"])
+    assert "table/read" in _cast_sources(result.graph_def)
+    assert type_attr(result.graph_def, "lookup", "Tparams") == half_dtype
