@@ -9,8 +9,10 @@ float16 rounding of its *input alone* into a 1.2e-2 relative error at its output
 bound would measure the net, not the rewrite. The bound per model is the larger of the
 validation default (`tf-mpt convert --validate`: relative L2 1e-2 float16, 8e-2 bfloat16) and
 SENSITIVITY_FACTOR times the model's sensitivity: the output's relative L2 change when only
-its input is rounded to the half type, computed in float32. Where Grappler's float16 pass runs,
-tf_mpt's error is also at most GRAPPLER_FACTOR times Grappler's (plus a roundoff's worth).
+its input is rounded to the half type, computed in float32. A model whose sensitivity exceeds
+CHAOTIC (InceptionV3 at 75x75: rounding its input alone changes its output by more than its
+norm) has its numbers skipped with that reason. Where Grappler's float16 pass runs, tf_mpt's
+error is also at most GRAPPLER_FACTOR times Grappler's (plus a roundoff's worth).
 
 The default run covers model_corpus.DEFAULT (about a minute); `python -m pytest -m slow
 tests/integration/test_model_corpus.py` runs the whole corpus.
@@ -30,6 +32,8 @@ from helpers import added_casts, run
 REL_L2 = {"float16": 1e-2, "bfloat16": 8e-2}
 SENSITIVITY_FACTOR = 5.0
 GRAPPLER_FACTOR = 2.0
+# Sensitivity above which a model's numbers say nothing (its output is noise at that scale).
+CHAOTIC = 0.5
 ROUNDOFF = {"float16": 4.9e-4, "bfloat16": 3.9e-3}
 # Grappler allow-list ops whose conversion the corpus checks one by one.
 MATRIX_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
@@ -94,7 +98,7 @@ def _tolerance(name, dtype):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_rewrite_is_pure_idempotent_and_close_to_float32(name, half_dtype):
+def test_rewrite_is_pure_and_idempotent(name, half_dtype):
     model = _model(name)
     before = model.graph_def.SerializeToString(deterministic=True)
     result = _rewritten(name, half_dtype)
@@ -104,8 +108,16 @@ def test_rewrite_is_pure_idempotent_and_close_to_float32(name, half_dtype):
                                      fetches=model.fetch_nodes, strict=True)
     assert not again.modified
     assert added_casts(again.graph_def) == added_casts(result.graph_def)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_outputs_close_to_float32(name, half_dtype):
+    sensitivity = _sensitivity(name, half_dtype)
+    if sensitivity > CHAOTIC:
+        pytest.skip(f"{name} with random weights is chaotic in {half_dtype}: rounding only its "
+                    f"input changes its output by {sensitivity:.2f} of its norm")
     error, tolerance = _errors(name, half_dtype), _tolerance(name, half_dtype)
-    assert error <= tolerance, (error, tolerance, _sensitivity(name, half_dtype))
+    assert error <= tolerance, (error, tolerance, sensitivity)
 
 
 @functools.lru_cache(maxsize=None)
