@@ -87,3 +87,51 @@ def test_dtype_names():
     assert lists.default_lists("half") is tf_mpt.FLOAT16_LISTS
     with pytest.raises(ValueError, match="Received: dtype='fp8'"):
         lists.default_lists("fp8")
+
+
+def _registered_op_names():
+    from tensorflow.core.framework import op_def_pb2
+    from tensorflow.python.client import pywrap_tf_session
+    from tensorflow.python.util import compat
+    buffer = pywrap_tf_session.TF_GetAllOpList()
+    data = compat.as_bytes(pywrap_tf_session.TF_GetBuffer(buffer))
+    op_list = op_def_pb2.OpList.FromString(data)
+    return {op.name for op in op_list.op}
+
+
+def test_every_op_whose_newer_version_admits_half_is_analysed_as_it():
+    """Scans TensorFlow's op registry: an op whose `T` admits float32 but no half type, with a
+    V2/V3 of the same port layout whose `T` admits half, must be in NEWER_HALF_FORM."""
+    import re
+
+    from tensorflow.core.framework import types_pb2
+    from tensorflow.python.framework import op_def_registry
+
+    from tf_mpt import _type_attrs
+
+    def allowed(op_def, attr):
+        for a in op_def.attr:
+            if a.name == attr and a.type == "type":
+                return set(a.allowed_values.list.type) or None  # None: any type
+        return set()
+
+    names = _registered_op_names()
+    found = {}
+    for name in sorted(names):
+        if name.startswith("_"):
+            continue
+        old = op_def_registry.get(name)
+        kinds = allowed(old, "T")
+        if kinds is None or types_pb2.DT_FLOAT not in kinds or kinds & {types_pb2.DT_HALF}:
+            continue
+        for version in ("V2", "V3", "V4"):
+            newer_name = re.sub(r"V\d$", "", name) + version
+            newer = op_def_registry.get(newer_name) if newer_name in names else None
+            if newer is None or (len(newer.input_arg), len(newer.output_arg)) != (
+                    len(old.input_arg), len(old.output_arg)):
+                continue
+            newer_kinds = allowed(newer, "T")
+            if newer_kinds is None or types_pb2.DT_HALF in newer_kinds:
+                found[name] = newer_name
+                break
+    assert found == {op: new for op, (new, _) in _type_attrs.NEWER_HALF_FORM.items()}
