@@ -193,7 +193,21 @@ def _bidirectional_clear_chain(fetch_shape_n):
                 casts=("input-Half", "allow1-Fp32", "clr4-Fp32"))
 
 
+def _batch_matmul():
+    """BatchMatMul: three nodes (Grappler's meta-optimizer skips graphs under four nodes unless
+    told not to; the oracle tells it)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.constant(_feed([8, SIZE, SIZE]), name="input")
+        allow1 = tf.linalg.matmul(x, x, name="allow1")
+        tf.identity(allow1, name="fetch1")
+    return Case(graph.as_graph_def(), ("fetch1",), {},
+                half={"allow1": "T", "input": "dtype"}, full={"fetch1": "T"},
+                casts=("allow1-Fp32",), ops={"allow1": "BatchMatMulV2"})
+
+
 CASES = {
+    "batch_matmul": _batch_matmul,
     "fused_batch_norm_v1": _fused_batch_norm_v1,
     "fused_batch_norm_v1_kept": _fused_batch_norm_v1_between_deny_ops,
     "tensor_list_set_get": _tensor_list_set_get,
@@ -293,3 +307,10 @@ def test_no_fewer_conversions_and_no_more_casts_than_grappler(case_name, half_dt
     ours_converted = grappler_oracle.converted_nodes(case.graph_def, ours.graph_def, half_dtype)
     assert theirs_converted <= ours_converted, sorted(theirs_converted - ours_converted)
     assert len(added_casts(ours.graph_def)) <= info["casts_added"]
+
+
+def test_oracle_rewrites_graphs_under_four_nodes():
+    graph_def, info = _grappler("float16")["batch_matmul"]
+    assert info["skip_reason"] is None and info["casts_added"] >= 1
+    assert "allow1" in grappler_oracle.converted_nodes(_case("batch_matmul").graph_def, graph_def,
+                                                       "float16")
