@@ -23,33 +23,39 @@ import dataclasses
 
 from tf_mpt import _paint
 
-# op -> (index of the value input or None, element dtype attr): ops that make a list
-MAKERS = {"EmptyTensorList": None, "TensorListReserve": None, "TensorListFromTensor": 0}
-# op -> index of the value input
-WRITERS = {"TensorListPushBack": 1, "TensorListSetItem": 2}
+# ops that make a list
+MAKERS = frozenset({"EmptyTensorList", "TensorListReserve", "TensorListFromTensor"})
+# op -> index of the value input (the element vertex types it)
+WRITERS = {"TensorListPushBack": 1, "TensorListSetItem": 2, "TensorListPushBackBatch": 1}
 # op -> port of the value output
 READERS = {"TensorListGetItem": 0, "TensorListPopBack": 1, "TensorListStack": 0,
            "TensorListGather": 0}
 # op -> port of the output that continues the list
 CONTINUES = {"TensorListPushBack": 0, "TensorListSetItem": 0, "TensorListPopBack": 0,
-             "TensorListResize": 0}
+             "TensorListResize": 0, "TensorListPushBackBatch": 0, "TensorListConcatLists": 0}
 # list ops that only look at the list (no element values)
 NEUTRAL = frozenset({"TensorListLength", "TensorListElementShape"})
-_PASS_THROUGH = frozenset({"Identity"})
+# op -> its input ports that take a list handle (all other list ops: port 0 only)
+_HANDLE_PORTS = {"TensorListConcatLists": (0, 1)}
+# Ops that move handles without looking at them (a batch of lists packed, split, reshaped):
+# op -> the input ports a handle may come in by (None: any); every output carries handles on.
+_PASS_THROUGH = {"Identity": (0,), "Reshape": (0,), "Squeeze": (0,), "ExpandDims": (0,),
+                 "Pack": None, "Unpack": (0,), "Split": (1,)}
 _KEY = "element_dtype"
 
 
 @dataclasses.dataclass
 class ListGroup:
-    """One list: its maker's vertex (the hub) and every member's element vertex."""
+    """One list (or lists joined by TensorListConcatLists or a batch op): a maker's vertex
+    (the hub) and every member's element vertex."""
     maker: str
     hub: int
     vertices: list
 
 
 def _follow(p, maker):
-    """The member nodes of the list `maker` makes, or None when the list leaves this graph's
-    list ops (a While, a call, a fetch, an op we do not know) or is used as a value."""
+    """(member nodes, broken) of the list `maker` makes; broken when the handle leaves this
+    graph's list ops (a While, a call, an op we do not know) or is used as a value."""
     view = p.view
     members = [maker]
     stack, seen = [(maker, 0)], set()
@@ -60,19 +66,52 @@ def _follow(p, maker):
         seen.add(tensor)
         for dst, dst_port in view.fanout_of(tensor[0]).get(tensor[1], ()):
             op = view.nodes[dst].op
+            members.append(dst)
             if op in _PASS_THROUGH:
-                members.append(dst)
-                stack.append((dst, 0))
+                ports = _PASS_THROUGH[op]
+                if ports is not None and dst_port not in ports:
+                    return members, True
+                stack.extend((dst, port) for port in view.fanout_of(dst))
                 continue
             known = op in WRITERS or op in READERS or op in CONTINUES or op in NEUTRAL
-            if not known or dst_port != 0:
-                return None
-            members.append(dst)
+            if not known or dst_port not in _HANDLE_PORTS.get(op, (0,)):
+                return members, True
             if op in CONTINUES:
                 stack.append((dst, CONTINUES[op]))
-    if any(p.node_skip_reason[i] is not None for i in members):
-        return None  # a fetched or opted-out member: its handle or values keep float32
-    return members
+    # a fetched or opted-out member: its handle or values keep float32
+    return members, any(p.node_skip_reason[i] is not None for i in members)
+
+
+def _joined_lists(p):
+    """[(maker indices, member node indices)] of the usable lists; lists that meet (packed
+    into one batch, concatenated) are one, and unusable if any part is."""
+    parent = {}
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner, followed = {}, {}
+    for i, node in enumerate(p.view.nodes):
+        if node.op not in MAKERS:
+            continue
+        parent[i] = i
+        members, broken = _follow(p, i)
+        followed[i] = (members, broken)
+        for m in members:
+            if m in owner:
+                parent[root(i)] = root(owner[m])
+            else:
+                owner[m] = i
+    joined = {}
+    for maker, (members, broken) in followed.items():
+        entry = joined.setdefault(root(maker), ([], set(), [False]))
+        entry[0].append(maker)
+        entry[1].update(members)
+        entry[2][0] |= broken
+    return [(makers, members) for makers, members, (broken,) in joined.values() if not broken]
 
 
 def link_tensor_list_writers_to_readers(p):
@@ -82,15 +121,12 @@ def link_tensor_list_writers_to_readers(p):
     x -> [MatMul] -> SetItem(L) ... GetItem(L) -> Tanh   gains the edges
     SetItem.element_dtype -> Reserve(L).element_dtype -> GetItem.element_dtype.
     """
-    for i, node in enumerate(p.view.nodes):
-        if node.op not in MAKERS:
-            continue
-        hub = p.node_vertex[i].get(_KEY)
-        members = _follow(p, i) if hub is not None else None
-        if members is None:
+    for makers, members in _joined_lists(p):
+        hub = p.node_vertex[makers[0]].get(_KEY)
+        if hub is None:
             continue
         vertices = []
-        for m in members:
+        for m in sorted(members):
             op = p.view.nodes[m].op
             v = p.node_vertex[m].get(_KEY)
             if v is None:
@@ -99,13 +135,13 @@ def link_tensor_list_writers_to_readers(p):
             p.v_list[v] = "clear"
             if v == hub:
                 continue
-            if op in WRITERS:
+            if op in WRITERS or op == "TensorListFromTensor":
                 p.fanout[v].append(hub)
                 p.fanin[hub].append(v)
             if op in READERS:
                 p.fanout[hub].append(v)
                 p.fanin[v].append(hub)
-        p.tensor_list_groups.append(ListGroup(node.name, hub, vertices))
+        p.tensor_list_groups.append(ListGroup(p.view.nodes[makers[0]].name, hub, vertices))
 
 
 def force_colour_match_on_tensor_lists(p):

@@ -112,7 +112,8 @@ def _static_layout(op_name):
 # Type attrs that type no port but must agree with the ops sharing the object they declare
 # (a TensorArray's, a Stack's or a TensorList's element dtype); see _arrays.py, _list_paint.py.
 _PORTLESS_TYPE_ATTRS = {"TensorArrayV3": "dtype", "StackV2": "elem_type",
-                        "EmptyTensorList": "element_dtype", "TensorListReserve": "element_dtype"}
+                        "EmptyTensorList": "element_dtype", "TensorListReserve": "element_dtype",
+                        "TensorListConcatLists": "element_dtype"}
 
 
 def node_types(node, library_signatures):

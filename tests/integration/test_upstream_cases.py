@@ -172,6 +172,36 @@ def _tensor_list_from_tensor():
                 casts=("input-Half", "allow2-Fp32"))
 
 
+def _tensor_list_push_back_batch_and_concat_lists():
+    """TensorListPushBackBatchAndConcatLists: two lists packed into a batch of handles, pushed
+    to by an allow op, split, reshaped and concatenated into one list that an infer op reads:
+    one list group through Pack/Split/Reshape, all half."""
+    graph = tf.Graph()
+    with graph.as_default():
+        shape = tf.constant([SIZE, SIZE], name="shape")
+        tl1 = gen_list_ops.empty_tensor_list(shape, 8, tf.float32, name="tl1")
+        tl2 = gen_list_ops.empty_tensor_list(shape, 8, tf.float32, name="tl2")
+        x = tf1.placeholder(tf.float32, [SIZE, SIZE], name="input")
+        allow1 = tf.matmul(x, x, name="allow1")
+        handles = tf.stack([tl1, tl2], name="tl1_tl2")
+        values = tf.stack([allow1, allow1], name="allow1_allow1")
+        tl12w1 = gen_list_ops.tensor_list_push_back_batch(handles, values, name="tl12w1")
+        halves = tf.split(tl12w1, 2, name="tl12w1_outputs")
+        scalar = tf.constant([], tf.int32, name="scalar_shape")
+        out0 = tf.reshape(halves[0], scalar, name="tl12w1_output0")
+        out1 = tf.reshape(halves[1], scalar, name="tl12w1_output1")
+        tl3 = gen_list_ops.tensor_list_concat_lists(out0, out1, tf.float32, name="tl3")
+        _, tl3r1 = gen_list_ops.tensor_list_pop_back(tl3, shape, tf.float32, name="tl3r1")
+        infer1 = tf.tanh(tl3r1, name="infer1")
+        allow2 = tf.matmul(infer1, infer1, name="allow2")
+        tf.identity(allow2, name="fetch1")
+    key = "element_dtype"
+    return Case(graph.as_graph_def(), ("fetch1",), {"input:0": _feed([SIZE, SIZE])},
+                half={"allow1": "T", "allow2": "T", "infer1": "T", "tl1": key, "tl2": key,
+                      "tl12w1": key, "tl3": key, "tl3r1": key},
+                full={"input": "dtype"}, casts=("input-Half", "allow2-Fp32"))
+
+
 def _bidirectional_clear_chain(fetch_shape_n):
     """BidirectionalClearChain: clear chains both sides of an allow op joined by ShapeN (N
     inputs, int outputs). Fetching the ShapeN (or leaving fetches to tf_mpt, which then fetches
@@ -213,6 +243,7 @@ CASES = {
     "tensor_list_set_get": _tensor_list_set_get,
     "tensor_list_push_pop": _tensor_list_push_pop,
     "tensor_list_from_tensor": _tensor_list_from_tensor,
+    "tensor_list_push_back_batch_and_concat_lists": _tensor_list_push_back_batch_and_concat_lists,
     "bidirectional_clear_chain": functools.partial(_bidirectional_clear_chain, False),
     "bidirectional_clear_chain_shape_n_fetched": functools.partial(_bidirectional_clear_chain,
                                                                    True),
