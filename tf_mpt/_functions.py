@@ -39,7 +39,7 @@ def _check_concrete_function(function):
             f"concrete_function={function!r} (of type {type(function).__name__}).{hint}")
 
 
-def rewrite_function(concrete_function, *, dtype="float16"):
+def rewrite_function(concrete_function, *, dtype="float16", config=None):
     """Returns a ConcreteFunction computing `concrete_function` in mixed precision.
 
     Same input signature and output structure and dtypes; captured variables stay captured,
@@ -49,6 +49,7 @@ def rewrite_function(concrete_function, *, dtype="float16"):
     Args:
         concrete_function: e.g. `my_tf_function.get_concrete_function(spec)`.
         dtype: 'float16' or 'bfloat16'.
+        config: a tf_mpt.Config, or None for the TF_MPT_* environment.
     """
     _check_concrete_function(concrete_function)
     dtype_name = _lists._dtype_name(dtype)  # pylint: disable=protected-access
@@ -59,7 +60,8 @@ def rewrite_function(concrete_function, *, dtype="float16"):
     from tf_mpt import _cost  # pylint: disable=g-import-not-at-top
     result = _rewrite.rewrite_with_library(graph_def, dtype=dtype_name, fetches=fetches,
                                            lists=None, strict=False,
-                                           shapes=lambda: _cost.shapes_of_graph(cf.graph))
+                                           shapes=lambda: _cost.shapes_of_graph(cf.graph),
+                                           config=config)
     if not result.modified:
         return cf
     graph_def = _rename_library(result.graph_def, f"_tf_mpt_{dtype_name}")

@@ -166,7 +166,8 @@ def _node_skip_reasons(view, types, fetched):
     return reasons
 
 
-def rewrite_graph_def(graph_def, *, dtype="float16", fetches=None, lists=None, strict=False):
+def rewrite_graph_def(graph_def, *, dtype="float16", fetches=None, lists=None, strict=False,
+                      config=None):
     """Rewrites a GraphDef to mixed precision.
 
     Args:
@@ -176,6 +177,8 @@ def rewrite_graph_def(graph_def, *, dtype="float16", fetches=None, lists=None, s
             with no data consumers is treated as fetched.
         lists: an OpLists; None uses the defaults for `dtype` with TF_MPT_*LIST_* edits.
         strict: raise RewriteError on an internal error instead of returning the input.
+        config: a tf_mpt.Config (list edits, cost model, dump directory); None reads the
+            TF_MPT_* environment variables, as before.
 
     Returns:
         RewriteResult(graph_def, report, modified).
@@ -185,11 +188,11 @@ def rewrite_graph_def(graph_def, *, dtype="float16", fetches=None, lists=None, s
         RewriteError: an internal error, with strict=True.
     """
     return rewrite_with_library(graph_def, dtype=dtype, fetches=fetches, lists=lists,
-                                strict=strict)
+                                strict=strict, config=config)
 
 
 def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_roots=(),
-                         shapes=None):
+                         shapes=None, config=None):
     """rewrite_graph_def that also rewrites the library functions named in `function_roots`
     (and what they call) when the graph itself does not call them: a SavedModel's object
     graph calls its functions from outside its GraphDef. `shapes`: a callable returning
@@ -201,16 +204,28 @@ def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_r
     gc.disable()
     try:
         return _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
-                                  shapes)
+                                  shapes, config)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots, shapes):
+def _check_config(config):
+    """The Config to use: `config`, or one parsed from the environment when None."""
+    if config is None:
+        return _config.Config.from_env(os.environ)
+    if not isinstance(config, _config.Config):
+        raise TypeError(
+            "config must be a tf_mpt.Config (e.g. tf_mpt.Config.from_env({...})) or None. "
+            f"Received: config={_short_repr(config)} (of type {type(config).__name__})")
+    return config
+
+
+def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots, shapes,
+                       config):
     dtype_name = _lists._dtype_name(dtype)  # pylint: disable=protected-access
     _check_graph_def(graph_def)
-    config = _config.Config.from_env(os.environ)
+    config = _check_config(config)
     if lists is None:
         lists = config.lists_for(dtype_name)
     _check_lists(lists)
@@ -365,7 +380,7 @@ def _dump(directory, before, after, lists, report):
                      "directory.", directory, error, _config.TF_MPT_DUMP_DIR)
 
 
-def rewrite_graph(graph, *, dtype="float16", fetches=None):
+def rewrite_graph(graph, *, dtype="float16", fetches=None, config=None):
     """Returns a new tf.Graph: `graph` rewritten to mixed precision.
 
     Every original node name still exists, so existing tensor names can be fed and fetched;
@@ -376,6 +391,7 @@ def rewrite_graph(graph, *, dtype="float16", fetches=None):
         graph: a tf.Graph; not modified.
         dtype: 'float16' or 'bfloat16'.
         fetches: node or tensor names whose outputs keep their dtype (see rewrite_graph_def).
+        config: a tf_mpt.Config, or None for the TF_MPT_* environment (see rewrite_graph_def).
     """
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     if not isinstance(graph, tf.Graph):
@@ -390,7 +406,8 @@ def rewrite_graph(graph, *, dtype="float16", fetches=None):
         meta_graph = None
     graph_def = meta_graph.graph_def if meta_graph is not None else graph.as_graph_def()
     result = rewrite_with_library(graph_def, dtype=dtype, fetches=fetches, lists=None,
-                                  strict=False, shapes=lambda: _cost.shapes_of_graph(graph))
+                                  strict=False, shapes=lambda: _cost.shapes_of_graph(graph),
+                                  config=config)
     new_graph = tf.Graph()
     with new_graph.as_default():
         if meta_graph is not None:

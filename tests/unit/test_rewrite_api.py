@@ -233,3 +233,39 @@ def test_data_input_after_a_control_input_is_rejected():
 def test_a_fetch_that_is_not_a_name_is_a_type_error():
     with pytest.raises(TypeError, match="fetches must be node or tensor names"):
         tf_mpt.rewrite_graph_def(_mlp_graph().as_graph_def(), fetches=[3])
+
+
+# --- an explicit Config -------------------------------------------------------------------------
+
+def test_explicit_config_is_used_instead_of_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("TF_MPT_DENYLIST_ADD", "MatMul")
+    graph = _mlp_graph()
+    from_env = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype="float16")
+    assert type_attr(from_env.graph_def, "allow1") == "float32"
+    config = tf_mpt.Config.from_env({"TF_MPT_DUMP_DIR": str(tmp_path)})
+    explicit = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype="float16", config=config)
+    assert type_attr(explicit.graph_def, "allow1") == "float16"
+    assert any(name.endswith("_report.json") for name in os.listdir(tmp_path))
+    mixed = tf_mpt.rewrite_graph(graph, dtype="float16", config=config)
+    assert mixed.get_operation_by_name("allow1").get_attr("T") == tf.float16
+
+
+def test_explicit_config_reaches_rewrite_function(monkeypatch):
+    @tf.function
+    def f(x, w):
+        return tf.nn.relu(tf.matmul(x, w, name="allow1"))
+
+    cf = f.get_concrete_function(tf.TensorSpec([4, 8]), tf.TensorSpec([8, 8]))
+    deny = tf_mpt.Config.from_env({"TF_MPT_DENYLIST_ADD": "MatMul"})
+    assert tf_mpt.rewrite_function(cf, dtype="bfloat16", config=deny) is cf  # nothing to do
+    half = tf_mpt.rewrite_function(cf, dtype="bfloat16", config=tf_mpt.Config())
+    assert half is not cf
+    ops = {op.type: op for op in half.graph.get_operations()}
+    assert ops["MatMul"].get_attr("T") == tf.bfloat16
+
+
+def test_bad_config_is_a_type_error_naming_it():
+    with pytest.raises(TypeError, match=r"config must be a tf_mpt.Config .* Received: "
+                       r"config=\{'TF_MPT_DENYLIST_ADD': 'MatMul'\} \(of type dict\)"):
+        tf_mpt.rewrite_graph_def(_mlp_graph().as_graph_def(),
+                                 config={"TF_MPT_DENYLIST_ADD": "MatMul"})
