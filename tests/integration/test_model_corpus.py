@@ -8,11 +8,14 @@ Tolerance: a random-weight deep net amplifies any perturbation (MobileNetV2 here
 float16 rounding of its *input alone* into a 1.2e-2 relative error at its output), so a fixed
 bound would measure the net, not the rewrite. The bound per model is the larger of the
 validation default (`tf-mpt convert --validate`: relative L2 1e-2 float16, 8e-2 bfloat16) and
-SENSITIVITY_FACTOR times the model's sensitivity: the output's relative L2 change when only
-its input is rounded to the half type, computed in float32. A model whose sensitivity exceeds
-CHAOTIC (InceptionV3 at 75x75: rounding its input alone changes its output by more than its
-norm) has its numbers skipped with that reason. Where Grappler's float16 pass runs, tf_mpt's
-error is also at most GRAPPLER_FACTOR times Grappler's (plus a roundoff's worth).
+SENSITIVITY_FACTOR times the model's sensitivity (the output's relative L2 change when only
+its input is rounded to the half type, computed in float32; a half graph rounds at every
+layer, EfficientNetB0 turns that into 10 times its input-only error), capped at CAP. It is a
+sanity bound on these nets (a deny op run in half gives inf, NaN or errors of order 1); the
+sharp check is against Grappler where its float16 pass runs: tf_mpt's error is at most
+GRAPPLER_FACTOR times Grappler's (plus a roundoff's worth). A model whose sensitivity exceeds
+CAP (InceptionV3 at 75x75: rounding its input alone changes its output by more than its norm)
+has its float32 comparison skipped with that reason.
 
 The default run covers model_corpus.DEFAULT (about a minute); `python -m pytest -m slow
 tests/integration/test_model_corpus.py` runs the whole corpus.
@@ -30,10 +33,11 @@ import tf_mpt
 from helpers import added_casts, run
 
 REL_L2 = {"float16": 1e-2, "bfloat16": 8e-2}
-SENSITIVITY_FACTOR = 5.0
+SENSITIVITY_FACTOR = 20.0
 GRAPPLER_FACTOR = 2.0
-# Sensitivity above which a model's numbers say nothing (its output is noise at that scale).
-CHAOTIC = 0.5
+# Largest bound; also the sensitivity above which a model's numbers say nothing (its output
+# is noise at that scale).
+CAP = 0.5
 ROUNDOFF = {"float16": 4.9e-4, "bfloat16": 3.9e-3}
 # Grappler allow-list ops whose conversion the corpus checks one by one.
 MATRIX_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
@@ -94,7 +98,7 @@ def _errors(name, dtype, graph_def_bytes=None):
 
 
 def _tolerance(name, dtype):
-    return max(REL_L2[dtype], SENSITIVITY_FACTOR * _sensitivity(name, dtype))
+    return min(max(REL_L2[dtype], SENSITIVITY_FACTOR * _sensitivity(name, dtype)), CAP)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -113,7 +117,7 @@ def test_rewrite_is_pure_and_idempotent(name, half_dtype):
 @pytest.mark.parametrize("name", MODELS)
 def test_outputs_close_to_float32(name, half_dtype):
     sensitivity = _sensitivity(name, half_dtype)
-    if sensitivity > CHAOTIC:
+    if sensitivity > CAP:
         pytest.skip(f"{name} with random weights is chaotic in {half_dtype}: rounding only its "
                     f"input changes its output by {sensitivity:.2f} of its norm")
     error, tolerance = _errors(name, half_dtype), _tolerance(name, half_dtype)
