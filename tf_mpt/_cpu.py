@@ -14,30 +14,27 @@ NATIVE_BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16")
 GRAPPLER_BFLOAT16_FLAGS = ("avx512f", "avx_ne_convert")
 
 
-def real_cpu_flags(path=CPUINFO):
-    """The flags of the first processor in `path` (empty when it cannot be read)."""
+def _first(field, path):
+    """The value of the first `field: value` line of `path`, or None."""
     try:
         with open(path) as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() == "flags":
-                    return frozenset(value.split())
+                if key.strip() == field:
+                    return value
     except OSError:
         pass
-    return frozenset()
+    return None
+
+
+def real_cpu_flags(path=CPUINFO):
+    """The flags of the first processor in `path` (empty when it cannot be read)."""
+    return frozenset((_first("flags", path) or "").split())
 
 
 def cpu_model(path=CPUINFO):
     """The CPU's model name, or 'unknown CPU'."""
-    try:
-        with open(path) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    return value.strip()
-    except OSError:
-        pass
-    return "unknown CPU"
+    return (_first("model name", path) or "").strip() or "unknown CPU"
 
 
 def cpu_flags(config=None):
