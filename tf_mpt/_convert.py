@@ -320,8 +320,8 @@ def auto_deny(model, dtype, lists, keep, feeds, tolerance, max_trials=400):
             key = frozenset(extra)
             if key not in trials:
                 if len(trials) >= max_trials:
-                    raise ModelError(f"--auto-deny gave up after {max_trials} trials; "
-                                     "loosen --rtol/--atol or deny op types with --deny.")
+                    raise ModelError(f"--auto-deny gave up after {max_trials} trials; keep "
+                                     "op types float32 with --deny, or check the sample inputs.")
                 conversion = model.convert(dtype, lists, set(keep) | set(_names(extra)))
                 errors = validate(model, conversion, feeds, tolerance, progress=False)
                 trials[key] = all(e.ok(tolerance) for e in errors)
@@ -331,7 +331,8 @@ def auto_deny(model, dtype, lists, keep, feeds, tolerance, max_trials=400):
         if not passes(candidates):
             raise ModelError("--auto-deny: the model fails validation even with every converted "
                              "node in float32 (the float32 model does not reproduce itself "
-                             "within the tolerance: check --rtol/--atol or random inputs).")
+                             "within the check: loosen --rtol/--atol if you gave them, or check "
+                             "the sample inputs).")
         kept, remaining = [], list(candidates)
         while not passes(kept):
             low, high = 1, len(remaining)
