@@ -85,7 +85,7 @@ def shapes_of_graph(graph):
     return shapes
 
 
-class _Shapes:
+class Shapes:
     def __init__(self, view, shapes):
         self.view, self.shapes = view, shapes
 
@@ -152,7 +152,7 @@ def keep_unprofitable_clusters_fp32(p):
     if p.cost is None:
         return
     constants, shape_table = p.cost
-    shapes = _Shapes(p.view, shape_table)
+    shapes = Shapes(p.view, shape_table)
     flips, total_loss = [], 0.0
     for cluster in _clusters(p):
         estimate = _estimate(p, shapes, constants, cluster)

@@ -10,6 +10,7 @@ op), the attr is float32, not tied to a reference port, and the OpDef and a regi
 on the node's device accept the half dtype.
 """
 
+from tf_mpt import _cost
 from tf_mpt import _type_attrs as ta
 
 FETCHED = "fetched: its outputs keep their dtype"
@@ -135,17 +136,6 @@ class Paint:
         if self._shapes is None:
             self._shapes = self.shape_source()
         return self._shapes
-
-    def elements(self, i, port):
-        """The number of elements of output `port` of node i, or None when not static."""
-        entry = self.static_shapes().get(self.view.nodes[i].name)
-        shape = None if entry is None or port >= len(entry) else entry[port]
-        if shape is None or any(d is None or d < 0 for d in shape):
-            return None
-        count = 1
-        for d in shape:
-            count *= d
-        return count
 
     def paint_allow(self, v, reason):
         self.allow[v] = True
@@ -326,6 +316,7 @@ def cast_the_selected_part_not_the_whole(p):
     table(9008x200) -> GatherV2(128x200) -> Cast -> [MatMul].
     Needs static shapes of both sides (none known: nothing changes).
     """
+    shapes = None  # built at the first candidate: shapes cost a walk of the graph
     for i, node in enumerate(p.view.nodes):
         attr = SELECTORS.get(node.op)
         v = None if attr is None else p.node_vertex[i].get(attr)
@@ -337,7 +328,8 @@ def cast_the_selected_part_not_the_whole(p):
         readers = p.consumers_of_output(src, src_port)
         if any(c is not None and c != v and p.allow[c] for c in readers):
             continue  # another half reader needs the whole input cast anyway
-        whole, part = p.elements(src, src_port), p.elements(i, 0)
+        shapes = shapes or _cost.Shapes(p.view, p.static_shapes())
+        whole, part = shapes.elements(src, src_port), shapes.elements(i, 0)
         if whole is None or part is None or part >= whole:
             continue
         p.unpaint(v, f"selects {part} of {whole} elements: the Cast goes after it")
