@@ -24,6 +24,8 @@ import weakref
 import tensorflow as tf
 
 from tf_mpt import _cpu
+from tf_mpt import _native
+from tf_mpt import _session_rewrite
 
 _log = logging.getLogger(__name__)
 
@@ -145,9 +147,7 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
     settings = dict(dtype=dtype, rewrite=config.graph_rewrite,
                     loss_scaling=config.loss_scaling_for(dtype), loss_scale=config.loss_scale)
     if settings["rewrite"]:
-        _patch(tf.compat.v1.Session.__mro__[1], "run", _session_run)
-        _patch(tf.compat.v1.Session.__mro__[1], "close", _session_close)
-    if settings["rewrite"]:
+        settings["session_rewrite"] = _patch_sessions(config, dtype)
         _patch_tf_function(dtype)
         _set_keras_policy(dtype)
     if settings["loss_scaling"]:
@@ -155,8 +155,9 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
         _patch(optimizer_class, "compute_gradients", _compute_gradients)
         _patch(optimizer_class, "apply_gradients", _apply_gradients)
     _enabled = settings
-    _log.info("enabled: dtype=%s graph_rewrite=%s loss_scaling=%s loss_scale=%s",
-              dtype, settings["rewrite"], settings["loss_scaling"], settings["loss_scale"])
+    _log.info("enabled: dtype=%s graph_rewrite=%s (TF1 Sessions: %s) loss_scaling=%s "
+              "loss_scale=%s", dtype, settings["rewrite"], settings.get("session_rewrite"),
+              settings["loss_scaling"], settings["loss_scale"])
     return dict(settings)
 
 
@@ -169,6 +170,7 @@ def disable():
             original()
             continue
         setattr(owner, name, original)
+    _session_rewrite.uninstall()
     for shadow in list(_shadows.values()):
         shadow.close()
     _shadows.clear()
@@ -211,7 +213,40 @@ def _bypassing():
     return getattr(_local, "bypass", False)
 
 
-# --- TF1 Sessions: run a rewritten shadow of the graph -------------------------------------
+# --- TF1 Sessions: the rewrite inside the Session's graph optimisation ----------------------
+
+_BASE_SESSION = tf.compat.v1.Session.__mro__[1]
+
+
+def _patch_sessions(config, dtype):
+    """Routes TF1 Sessions through tf_mpt's rewrite; returns 'grappler' or 'copy' (the way
+    taken: TF_MPT_SESSION_REWRITE, or copy when the native optimizer is unavailable)."""
+    if config.session_rewrite == "grappler":
+        try:
+            _session_rewrite.install(dtype, config)
+        except _native.NativeUnavailable as error:
+            _log.warning("tf_mpt's Grappler optimizer is unavailable (%s); TF1 Sessions run a "
+                         "rewritten copy of their graph instead (TF_MPT_SESSION_REWRITE=copy).",
+                         error)
+        else:
+            _patch(_BASE_SESSION, "__init__", _session_init)
+            return "grappler"
+    _patch(_BASE_SESSION, "run", _session_run)
+    _patch(_BASE_SESSION, "make_callable", _session_make_callable)
+    _patch(_BASE_SESSION, "partial_run_setup", _session_partial_run_setup)
+    _patch(_BASE_SESSION, "partial_run", _session_partial_run)
+    _patch(_BASE_SESSION, "close", _session_close)
+    return "copy"
+
+
+def _session_init(original, session, target="", graph=None, config=None):
+    if not _bypassing():
+        owner = graph if graph is not None else tf.compat.v1.get_default_graph()
+        config = _session_rewrite.session_config(config, owner)
+    return original(session, target, graph, config)
+
+
+# --- TF1 Sessions, TF_MPT_SESSION_REWRITE=copy: run a rewritten shadow of the graph --------
 
 class _Shadow:
     """A rewritten copy of a Session's graph and the Session that runs it."""
@@ -224,6 +259,7 @@ class _Shadow:
         self.graph = _rewrite.rewrite_graph(graph, dtype=_enabled["dtype"])
         self.session = tf.compat.v1.Session(target=session.sess_str, graph=self.graph,
                                             config=getattr(session, "_config", None))
+        self.session._tf_mpt_unshadowed = True  # pylint: disable=protected-access
         self.fetch_casts = {}
         if previous is not None:
             self._take_state_from(previous)
@@ -326,12 +362,34 @@ def _map_feeds(shadow, feed_dict):
     return mapped
 
 
-def _session_run(original, session, fetches, feed_dict=None, options=None, run_metadata=None):
+_VARIABLE_OPS = frozenset(("VariableV2", "Variable", "VarHandleOp"))
+
+
+def _state_a_copy_would_duplicate(graph):
+    """'Op type 'name'' of the first node holding state other than variables (queues,
+    iterators, tables, readers, accumulators: ops with a shared_name), or None."""
+    for op in graph.get_operations():
+        if op.type not in _VARIABLE_OPS and "shared_name" in op.node_def.attr:
+            return f"{op.type} {op.name!r}"
+    return None
+
+
+def _shadow_or_none(session):
+    """The session's shadow, or None when the session runs its own graph in float32."""
     if _bypassing() or getattr(session, "_tf_mpt_unshadowed", False):
-        return original(session, fetches, feed_dict, options, run_metadata)
+        return None
     had_shadow = session in _shadows
+    if not had_shadow:
+        state = _state_a_copy_would_duplicate(session.graph)
+        if state is not None:
+            _log.warning("this Session runs in float32: its graph holds %s, state that "
+                         "a rewritten copy of the graph would duplicate "
+                         "(TF_MPT_SESSION_REWRITE=copy; the default, grappler, rewrites in "
+                         "place and needs a C++ compiler once).", state)
+            session._tf_mpt_unshadowed = True  # pylint: disable=protected-access
+            return None
     try:
-        shadow = _shadow_for(session)
+        return _shadow_for(session)
     except Exception as error:  # pylint: disable=broad-except
         if had_shadow:  # the state lives in the old shadow: running the original would lose it
             raise RuntimeError(
@@ -341,11 +399,45 @@ def _session_run(original, session, fetches, feed_dict=None, options=None, run_m
         _log.warning("tf_mpt could not run this Session's graph in mixed precision (%s: %s); "
                      "it runs in float32.", type(error).__name__, error)
         session._tf_mpt_unshadowed = True  # pylint: disable=protected-access
+        return None
+
+
+def _session_run(original, session, fetches, feed_dict=None, options=None, run_metadata=None):
+    shadow = _shadow_or_none(session)
+    if shadow is None:
         return original(session, fetches, feed_dict, options, run_metadata)
     mapped_fetches = _map_fetches(shadow, fetches)
     mapped_feeds = _map_feeds(shadow, feed_dict) if feed_dict else None
     with _bypass():
         return original(shadow.session, mapped_fetches, mapped_feeds, options, run_metadata)
+
+
+def _session_make_callable(original, session, fetches, feed_list=None, accept_options=False):
+    shadow = _shadow_or_none(session)
+    if shadow is None:
+        return original(session, fetches, feed_list, accept_options)
+    mapped_feeds = [shadow.tensor(key) for key in feed_list] if feed_list else feed_list
+    with _bypass():
+        return original(shadow.session, _map_fetches(shadow, fetches), mapped_feeds,
+                        accept_options)
+
+
+def _session_partial_run_setup(original, session, fetches, feeds=None):
+    shadow = _shadow_or_none(session)
+    if shadow is None:
+        return original(session, fetches, feeds)
+    mapped_feeds = [shadow.tensor(key) for key in feeds] if feeds else feeds
+    with _bypass():
+        return original(shadow.session, _map_fetches(shadow, fetches), mapped_feeds)
+
+
+def _session_partial_run(original, session, handle, fetches, feed_dict=None):
+    shadow = _shadows.get(session)  # the handle belongs to the Session that set it up
+    if _bypassing() or shadow is None:
+        return original(session, handle, fetches, feed_dict)
+    mapped_feeds = _map_feeds(shadow, feed_dict) if feed_dict else None
+    with _bypass():
+        return original(shadow.session, handle, _map_fetches(shadow, fetches), mapped_feeds)
 
 
 def _session_close(original, session):

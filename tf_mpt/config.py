@@ -31,6 +31,8 @@ TF_MPT_DTYPE = "TF_MPT_DTYPE"
 TF_MPT_LOSS_SCALE = "TF_MPT_LOSS_SCALE"
 TF_MPT_COST_MODEL = "TF_MPT_COST_MODEL"
 TF_MPT_CPU_FLAGS = "TF_MPT_CPU_FLAGS"
+TF_MPT_SESSION_REWRITE = "TF_MPT_SESSION_REWRITE"
+TF_MPT_CACHE_DIR = "TF_MPT_CACHE_DIR"
 
 # (variable, default, meaning): the README's env-var table is checked against this by a test.
 ENV_VARS = (
@@ -58,6 +60,15 @@ ENV_VARS = (
     (TF_MPT_CPU_FLAGS, "(/proc/cpuinfo)", "Space-separated CPU flags that `auto` decides from "
      "instead of the real CPU's, e.g. `avx2` or `avx512f avx512_bf16` (tests; what `auto` "
      "would pick on another CPU). Changes no kernel TensorFlow runs."),
+    (TF_MPT_SESSION_REWRITE, "grappler", "Where the automatic path rewrites a TF1 Session's "
+     "graph. grappler: inside the Session's own graph optimisation (tf_mpt's Grappler "
+     "optimizer, compiled at first use; one graph, one copy of every queue, iterator and "
+     "table); copy: the Session runs a rewritten copy of its graph (no compiler needed; a "
+     "graph holding queues, iterators, tables or readers then runs float32 with a warning). "
+     "grappler falls back to copy with a warning when it cannot be built or loaded."),
+    (TF_MPT_CACHE_DIR, "(~/.cache/tf_mpt)", "Directory for the compiled Grappler optimizer "
+     "(one file per TensorFlow version and compiler; $XDG_CACHE_HOME/tf_mpt when that is "
+     "set)."),
     (TF_MPT_DUMP_DIR, "", "Directory; every rewrite writes the graph before and after "
      "(.pb and .pbtxt), the effective op lists and the report (JSON) there."),
 )
@@ -78,6 +89,7 @@ def _parse_op_names(variable, value):
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _DTYPES = ("float16", "bfloat16", "auto")
+_SESSION_REWRITES = ("grappler", "copy")
 
 
 def _parse_bool(environ, variable):
@@ -135,6 +147,17 @@ def _parse_cpu_flags(environ):
     return frozenset(flags)
 
 
+def _parse_session_rewrite(environ):
+    value = environ.get(TF_MPT_SESSION_REWRITE, "").strip()
+    if not value:
+        return "grappler"
+    if value.lower() not in _SESSION_REWRITES:
+        raise ValueError(f"{TF_MPT_SESSION_REWRITE} must be one of "
+                         f"{', '.join(_SESSION_REWRITES)}. Received: "
+                         f"{TF_MPT_SESSION_REWRITE}={value!r}")
+    return value.lower()
+
+
 def _parse_loss_scale(environ):
     value = environ.get(TF_MPT_LOSS_SCALE, "").strip()
     if not value or value.lower() == "dynamic":
@@ -165,6 +188,8 @@ class Config:
         loss_scale: 'dynamic' or a positive float.
         cost_model: 'auto', '1' or '0' (TF_MPT_COST_MODEL).
         cpu_flags: frozenset of CPU flags from TF_MPT_CPU_FLAGS, or None (the real CPU's).
+        session_rewrite: 'grappler' or 'copy' (TF_MPT_SESSION_REWRITE).
+        cache_dir: TF_MPT_CACHE_DIR, or None (the default cache directory).
     """
     list_add: tuple = ()
     list_remove: tuple = ()
@@ -176,6 +201,8 @@ class Config:
     loss_scale: typing.Union[str, float] = "dynamic"
     cost_model: str = "auto"
     cpu_flags: typing.Optional[frozenset] = None
+    session_rewrite: str = "grappler"
+    cache_dir: typing.Optional[str] = None
 
     @classmethod
     def from_env(cls, environ):
@@ -198,7 +225,9 @@ class Config:
                    loss_scaling=loss_scaling, dtype=_parse_dtype(environ),
                    loss_scale=_parse_loss_scale(environ),
                    cost_model=_parse_cost_model(environ),
-                   cpu_flags=_parse_cpu_flags(environ))
+                   cpu_flags=_parse_cpu_flags(environ),
+                   session_rewrite=_parse_session_rewrite(environ),
+                   cache_dir=environ.get(TF_MPT_CACHE_DIR, "").strip() or None)
 
     def loss_scaling_for(self, dtype):
         """Whether the automatic path scales the loss for `dtype` ('float16'/'bfloat16').

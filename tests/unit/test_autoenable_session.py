@@ -1,4 +1,6 @@
-"""The automatic path in-process: Sessions run a rewritten shadow; optimizers scale the loss."""
+"""The automatic path in-process: Sessions run rewritten graphs, inside their own graph
+optimisation (grappler, the default) or as a shadow copy (copy, the fallback); optimizers
+scale the loss. Half ops are checked in what the runtime ran (RunMetadata partition graphs)."""
 
 import numpy as np
 import pytest
@@ -9,13 +11,33 @@ from tf_mpt import _autoenable
 from helpers import tf1
 
 
+PATHS = ["grappler", "copy"]
+
+
+@pytest.fixture(params=PATHS)
+def path(request):
+    return request.param
+
+
 @pytest.fixture
-def enabled(request):
+def enabled(request, path):
     dtype = getattr(request, "param", "bfloat16")
-    config = tf_mpt.Config.from_env({"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": dtype})
+    config = tf_mpt.Config.from_env({"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": dtype,
+                                     "TF_MPT_SESSION_REWRITE": path})
     settings = _autoenable.enable(config, gpu_visible=False, native_bfloat16=True)
+    assert settings["session_rewrite"] == path  # the native optimizer builds on CI machines
     yield settings
     _autoenable.disable()
+
+
+def _ran_dtypes(sess, fetches, feed_dict=None):
+    """(result, {node name: dtype of its T attr} over what the runtime ran)."""
+    metadata = tf1.RunMetadata()
+    result = sess.run(fetches, feed_dict, options=tf1.RunOptions(output_partition_graphs=True),
+                      run_metadata=metadata)
+    ran = {node.name: tf.as_dtype(node.attr["T"].type)
+           for graph in metadata.partition_graphs for node in graph.node if "T" in node.attr}
+    return result, ran
 
 
 def _graph():
@@ -36,18 +58,31 @@ def _graph():
 FEED_X = np.eye(4, dtype=np.float32)
 
 
-def test_session_runs_a_rewritten_shadow_and_fetches_keep_dtypes(enabled):
+def test_session_runs_a_rewritten_graph_and_fetches_keep_dtypes(enabled):
     graph, t = _graph()
     feed = {t["x"]: FEED_X, t["sp"]: tf1.SparseTensorValue([[0, 0]], [2.0], [1, 4])}
     with tf1.Session(graph=graph) as sess:
         sess.run(t["init"])
-        out = sess.run({"z": t["z"], "w": t["w"], "y": [t["y"]], "by_name": "y:0"}, feed)
-        shadow = _autoenable._shadows[sess]
-        assert shadow.graph.get_operation_by_name("y").get_attr("T") == tf.bfloat16
+        out, ran = _ran_dtypes(sess, {"z": t["z"], "w": t["w"], "y": [t["y"]],
+                                      "by_name": "y:0", "loss": t["loss"]}, feed)
         assert graph.get_operation_by_name("y").get_attr("T") == tf.float32  # input untouched
+    # in place, a fetched node keeps its dtype (unfetched, y runs half: next test); the copy
+    # rewrites without knowing the fetches and casts y back for the fetch
+    in_place = enabled["session_rewrite"] == "grappler"
+    assert ran["y"] == (tf.float32 if in_place else tf.bfloat16)
     assert out["z"].dtype == out["w"].dtype == out["y"][0].dtype == out["by_name"].dtype
     assert out["z"].dtype == np.float32
     np.testing.assert_allclose(out["y"][0], out["w"], rtol=1e-2, atol=1e-2)
+
+
+def test_unfetched_matmul_runs_half(enabled):
+    graph, t = _graph()
+    with tf1.Session(graph=graph) as sess:
+        sess.run(t["init"])
+        loss, ran = _ran_dtypes(sess, t["loss"], {t["x"]: FEED_X})
+        w = sess.run(t["w"])
+    assert ran["y"] == tf.bfloat16 and loss.dtype == np.float32
+    np.testing.assert_allclose(loss, np.sum(np.square(w)), rtol=2e-2)
 
 
 def test_graph_growth_after_the_first_run_keeps_variable_values(enabled):
@@ -85,12 +120,22 @@ def test_float16_optimizers_get_dynamic_loss_scaling(enabled):
 
 def test_disable_removes_every_patch(enabled):
     assert _autoenable.is_enabled()
+    base_session = tf1.Session.__mro__[1]
+    originals = {name: original for owner, name, original in _autoenable._patches
+                 if owner is base_session}
+    expected = ({"__init__"} if enabled["session_rewrite"] == "grappler" else
+                {"run", "make_callable", "partial_run_setup", "partial_run", "close"})
+    assert set(originals) == expected
     _autoenable.disable()
     assert not _autoenable.is_enabled()
+    assert all(getattr(base_session, name) is original for name, original in originals.items())
     graph, t = _graph()
     with tf1.Session(graph=graph) as sess:
         sess.run(t["init"])
         assert sess not in _autoenable._shadows
+        assert not sess._config.graph_options.rewrite_options.custom_optimizers
+        _, ran = _ran_dtypes(sess, t["loss"], {t["x"]: FEED_X})
+    assert ran["y"] == tf.float32
     assert tf.function is tf_mpt._functions._TF_FUNCTION
 
 
@@ -127,17 +172,22 @@ def test_monitored_training_session_with_hooks_and_a_dataset(enabled, tmp_path):
                                                                             logits=logits))
         step = tf1.train.get_or_create_global_step()
         train = tf1.train.AdamOptimizer(0.01).minimize(loss, global_step=step)
-        losses, half = [], []
+        losses, ran = [], {}
         with tf1.train.MonitoredTrainingSession(
                 checkpoint_dir=str(tmp_path), save_summaries_steps=None,
                 log_step_count_steps=None,
                 hooks=[tf1.train.StopAtStepHook(last_step=100)]) as sess:
             while not sess.should_stop():
-                losses.append(sess.run([loss, train])[0])
-                if not half:
-                    half = [shadow.graph.get_operation_by_name("logits").get_attr("T")
-                            for shadow in _autoenable._shadows.values()]
-    assert half == [tf.bfloat16]  # the one real Session ran the rewritten graph
+                metadata = tf1.RunMetadata()
+                losses.append(sess.run(
+                    [loss, train], options=tf1.RunOptions(output_partition_graphs=True),
+                    run_metadata=metadata)[0])
+                ran.update((node.name, node.attr["T"].type) for g in metadata.partition_graphs
+                           for node in g.node if node.name == "logits")
+    # in place the one Session ran the half graph; a copy would duplicate the iterator, so
+    # the copy path leaves this Session float32 (with a warning) rather than guess
+    expected = tf.bfloat16 if enabled["session_rewrite"] == "grappler" else tf.float32
+    assert ran == {"logits": expected.as_datatype_enum}
     assert len(losses) == 100 and np.mean(losses[-10:]) < np.mean(losses[:10])
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-100")
 

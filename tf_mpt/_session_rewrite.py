@@ -1,0 +1,197 @@
+"""The automatic TF1 path inside each Session's own graph optimisation (Grappler).
+
+Under the automatic path every tf.compat.v1.Session (MonitoredTrainingSession and
+InteractiveSession build one too) is created with a copy of its ConfigProto that lists
+tf_mpt's Grappler optimizer "TfMpt" (`tf_mpt/native/session_rewrite.cc`, built by
+`_native`). The runtime hands TfMpt every graph the Session is about to run, with the exact
+fetches and feeds of that run; TfMpt calls `_rewrite` below, which answers with tf_mpt's
+rewrite. There is one graph, one Session and one copy of every variable, queue, iterator,
+table and reader, so graph growth, `make_callable`, `partial_run` and queue runners work as in
+float32. Fetched and fed tensors keep their dtypes (they are the rewrite's `fetches`).
+
+Where in Grappler's order: the meta-optimizer runs its built-in passes and then the custom
+optimizers, in each of (by default) two iterations. TfMpt rewrites in the first iteration,
+after pruning, function inlining, constant folding and the arithmetic passes have simplified
+the graph, and does nothing in the second, whose built-in passes then fold Casts of constants
+into half constants and tidy up. The remapper is moved: it fuses Conv2D+BiasAdd+Relu into
+_FusedConv2D and MatMul+BiasAdd into _FusedMatMul, op types tf_mpt's lists do not hold (and
+without float16 CPU kernels), so the Session's copy of the config switches the built-in
+remapper off and lists "remap" right after TfMpt: it fuses the half ops, the order Grappler's
+own AMP keeps (AMP before the remapper). Graphs under 4 nodes, which Grappler skips by
+default, are optimised too (min_graph_nodes -1), as the rewrite would otherwise miss them.
+
+A Session whose ConfigProto rules this out runs in float32 with one warning naming the
+setting: Grappler switched off (disable_meta_optimizer) or Grappler's own AMP switched on.
+An internal error in a rewrite leaves that graph float32 with one warning per graph.
+"""
+
+import ctypes
+import itertools
+import logging
+import threading
+import weakref
+
+from tf_mpt import _native
+
+_log = logging.getLogger(__name__)
+
+OPTIMIZER_NAME = "TfMpt"
+_UNCHANGED = 1
+
+_lock = threading.Lock()
+_settings = None  # dict(dtype=..., config=tf_mpt.Config) while installed
+_callback = None  # the ctypes callback object (kept alive for the process once made)
+_graphs = weakref.WeakValueDictionary()  # key -> the user's tf.Graph (for static shapes)
+_graph_keys = weakref.WeakKeyDictionary()  # tf.Graph -> key
+_next_key = itertools.count(1)
+_warned = set()
+_rewrites = 0  # graphs rewritten in this process (tests and the CLI report it)
+
+
+def install(dtype, config):
+    """Loads (building if needed) the native optimizer and routes it to tf_mpt's rewrite.
+
+    Raises _native.NativeUnavailable saying why it cannot."""
+    global _settings, _callback
+    library = _native.load(config.cache_dir)
+    with _lock:
+        if _callback is None:
+            _callback = _native.REWRITER(_rewrite)
+        _settings = dict(dtype=dtype, config=config)
+    library.tf_mpt_set_rewriter(_callback)
+
+
+def uninstall():
+    """Graphs optimised from now on are left alone (Sessions keep what they built)."""
+    global _settings
+    with _lock:
+        _settings = None
+    if _native._library is not None:  # pylint: disable=protected-access
+        _native._library.tf_mpt_set_rewriter(  # pylint: disable=protected-access
+            _native.REWRITER())
+
+
+def rewrites_done():
+    """How many Session graphs tf_mpt rewrote in this process."""
+    return _rewrites
+
+
+def _warn_once(key, message, *args):
+    if key in _warned:
+        return
+    _warned.add(key)
+    _log.warning(message, *args)
+
+
+_AMP_TOGGLES = ("auto_mixed_precision", "auto_mixed_precision_mkl",
+                "auto_mixed_precision_onednn_bfloat16", "auto_mixed_precision_cpu")
+
+
+def _why_not(rewrite_options):
+    """The ConfigProto setting that rules the rewrite out for a Session, or None."""
+    from tensorflow.core.protobuf import rewriter_config_pb2  # pylint: disable=g-import-not-at-top
+    if rewrite_options.disable_meta_optimizer:
+        return ("its ConfigProto switches Grappler off "
+                "(graph_options.rewrite_options.disable_meta_optimizer), where tf_mpt rewrites")
+    on = (rewriter_config_pb2.RewriterConfig.ON, rewriter_config_pb2.RewriterConfig.AGGRESSIVE)
+    for toggle in _AMP_TOGGLES:
+        if getattr(rewrite_options, toggle, None) in on:
+            return (f"its ConfigProto switches Grappler's own AMP on "
+                    f"(graph_options.rewrite_options.{toggle}); tf_mpt leaves the graph to it")
+    return None
+
+
+def _key_for(graph):
+    with _lock:
+        key = _graph_keys.get(graph)
+        if key is None:
+            key = str(next(_next_key))
+            _graph_keys[graph] = key
+            _graphs[key] = graph
+        return key
+
+
+def session_config(config, graph):
+    """The ConfigProto a new Session on `graph` gets: a copy of `config` (None: the process
+    default) that lists TfMpt, or `config` itself (one warning) where a setting rules it out."""
+    from tensorflow.core.protobuf import config_pb2  # pylint: disable=g-import-not-at-top
+    from tensorflow.core.protobuf import rewriter_config_pb2  # pylint: disable=g-import-not-at-top
+    from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+    settings = _settings
+    if settings is None or (config is not None
+                            and not isinstance(config, config_pb2.ConfigProto)):
+        return config  # off, or a bad argument Session itself reports
+    base = config if config is not None else context.context().config
+    options = base.graph_options.rewrite_options
+    if any(custom.name == OPTIMIZER_NAME for custom in options.custom_optimizers):
+        return config
+    reason = _why_not(options)
+    if reason is not None:
+        _warn_once(("config", reason), "a Session stays float32: %s.", reason)
+        return config
+    new = config_pb2.ConfigProto()
+    new.CopyFrom(base)
+    options = new.graph_options.rewrite_options
+    ours = options.custom_optimizers.add()
+    ours.name = OPTIMIZER_NAME
+    ours.parameter_map["dtype"].s = settings["dtype"].encode()
+    ours.parameter_map["graph"].s = _key_for(graph).encode()
+    explicit = list(options.optimizers)
+    if "remap" in explicit:  # an explicit list: move the remapper after TfMpt
+        del options.optimizers[:]
+        options.optimizers.extend(name for name in explicit if name != "remap")
+        options.custom_optimizers.add().name = "remap"
+    elif not explicit and options.remapping != rewriter_config_pb2.RewriterConfig.OFF:
+        options.remapping = rewriter_config_pb2.RewriterConfig.OFF
+        options.custom_optimizers.add().name = "remap"
+    if options.min_graph_nodes == 0:
+        options.min_graph_nodes = -1
+    return new
+
+
+def _parse_request(text):
+    params, preserved, item_id = {}, [], ""
+    for line in text.splitlines():
+        kind, _, rest = line.partition("\t")
+        if kind == "param":
+            name, _, value = rest.partition("\t")
+            params[name] = value
+        elif kind in ("fetch", "feed", "keep"):
+            preserved.append(rest)
+        elif kind == "id":
+            item_id = rest
+    return params, preserved, item_id
+
+
+def _rewrite(graph_data, graph_size, request_data, request_size, sink, context):
+    """The callback TfMpt calls (with the GIL): 0 after writing the rewritten GraphDef to
+    `sink`, non-zero to leave the graph unchanged."""
+    global _rewrites
+    key = None
+    try:
+        settings = _settings
+        if settings is None:
+            return _UNCHANGED
+        from tensorflow.core.framework import graph_pb2  # pylint: disable=g-import-not-at-top
+        from tf_mpt import _cost  # pylint: disable=g-import-not-at-top
+        from tf_mpt import rewrite as _rewrite_module  # pylint: disable=g-import-not-at-top
+        params, preserved, _ = _parse_request(
+            ctypes.string_at(request_data, request_size).decode())
+        key = params.get("graph")
+        graph = _graphs.get(key)
+        graph_def = graph_pb2.GraphDef.FromString(ctypes.string_at(graph_data, graph_size))
+        shapes = (lambda: _cost.shapes_of_graph(graph)) if graph is not None else None
+        result = _rewrite_module.rewrite_with_library(
+            graph_def, dtype=params.get("dtype", settings["dtype"]), fetches=preserved,
+            lists=None, strict=True, shapes=shapes, config=settings["config"])
+        if not result.modified:
+            return _UNCHANGED
+        data = result.graph_def.SerializeToString()
+        sink(context, data, len(data))
+        _rewrites += 1
+        return 0
+    except BaseException as error:  # pylint: disable=broad-except
+        # Never let an exception cross into TensorFlow's C++: the graph runs as it was.
+        _warn_once(("rewrite", key), "could not rewrite a graph of this Session (%s: %s); "
+                   "that graph runs in float32.", type(error).__name__, error)
+        return _UNCHANGED
