@@ -4,11 +4,13 @@
   variables (written by a float32 run) restores into a mixed-precision graph, the loss scale
   starting from its initial value. Installed the first time a DynamicLossScale creates graph
   variables; `reset_for_tests()` removes it.
-* The automatic path (`enable()`, `disable()`, `is_enabled()`): TF1 Sessions run a rewritten
-  shadow copy of their graph (same node names, so fetches and feeds map by name; fetched
-  tensors keep their dtype), rebuilt with the variable values carried over when the graph
-  grows; tf.compat.v1.train.Optimizer computes and applies gradients through a
-  LossScaleOptimizer.
+* The automatic path (`enable()`, `disable()`, `is_enabled()`): TF1 Sessions are created
+  with tf_mpt's Grappler optimizer in their ConfigProto and rewrite their own graph
+  (`_session_rewrite`); where the native optimizer cannot be built, or with
+  TF_MPT_SESSION_REWRITE=copy, they run a rewritten shadow copy of their graph instead (same
+  node names, so fetches and feeds map by name; rebuilt with the variable values carried
+  over when the graph grows; a graph holding other state stays float32).
+  tf.compat.v1.train.Optimizer computes and applies gradients through a LossScaleOptimizer.
 """
 
 import collections.abc
@@ -121,7 +123,8 @@ def enabled_settings():
 def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
     """Turns on the automatic path for this process (idempotent).
 
-    TF1 Sessions run a rewritten copy of their graph, and tf.compat.v1.train.Optimizer gets
+    TF1 Sessions rewrite their graph in their own Grappler pass (or run a rewritten copy,
+    see the module docstring), and tf.compat.v1.train.Optimizer gets
     dynamic loss scaling (float16 by default). Returns the resolved settings, or None when
     'auto' found no fast half type (the script stays float32; one warning per process says
     why).

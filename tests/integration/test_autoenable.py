@@ -65,12 +65,18 @@ def test_unmodified_script_runs_in_mixed_precision(name, launch, tmp_path, float
     assert re.search(r"tf_mpt: Converted [1-9]\d*/\d+ nodes to bfloat16", proc.stderr)
     reports = sorted(glob.glob(os.path.join(dump, "*_report.json")))
     assert reports, "no rewrite was dumped"
-    report = json.loads(open(reports[0]).read())
-    half_matmuls = [n for n, d in report["nodes"].items()
-                    if d["op"] in ("MatMul", "Conv2D") and d["colour"] == "allow"]
+    # one rewrite per graph the Session ran (initialiser, training step, evaluation): the
+    # one with the most half MatMuls/Conv2Ds is the training step's
+    chosen, half_matmuls = None, []
+    for path in reports:
+        report = json.loads(open(path).read())
+        names = [n for n, d in report["nodes"].items()
+                 if d["op"] in ("MatMul", "Conv2D") and d["colour"] == "allow"]
+        if len(names) > len(half_matmuls):
+            chosen, half_matmuls = path, names
     assert half_matmuls
     after = tf.compat.v1.GraphDef()
-    with open(reports[0].replace("_report.json", "_after.pb"), "rb") as f:
+    with open(chosen.replace("_report.json", "_after.pb"), "rb") as f:
         after.ParseFromString(f.read())
     half = {n.name for n in after.node if n.op in ("MatMul", "Conv2D")
             and n.attr["T"].type in (tf.float16.as_datatype_enum, tf.bfloat16.as_datatype_enum)}
