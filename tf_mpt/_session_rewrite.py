@@ -45,7 +45,6 @@ _graphs = weakref.WeakValueDictionary()  # key -> the user's tf.Graph (for stati
 _graph_keys = weakref.WeakKeyDictionary()  # tf.Graph -> key
 _next_key = itertools.count(1)
 _warned = set()
-_rewrites = 0  # graphs rewritten in this process (tests and the CLI report it)
 
 
 def install(dtype, config):
@@ -62,18 +61,15 @@ def install(dtype, config):
 
 
 def uninstall():
-    """Graphs optimised from now on are left alone (Sessions keep what they built)."""
+    """Graphs optimised from now on are left alone (Sessions keep what they built); the
+    warnings given so far are forgotten."""
     global _settings
     with _lock:
         _settings = None
+        _warned.clear()  # a later enable() warns afresh
     if _native._library is not None:  # pylint: disable=protected-access
         _native._library.tf_mpt_set_rewriter(  # pylint: disable=protected-access
             _native.REWRITER())
-
-
-def rewrites_done():
-    """How many Session graphs tf_mpt rewrote in this process."""
-    return _rewrites
 
 
 def _warn_once(key, message, *args):
@@ -150,7 +146,8 @@ def session_config(config, graph):
 
 
 def _parse_request(text):
-    params, preserved, item_id = {}, [], ""
+    """({parameter: value}, [fetched, fed and kept names]) from TfMpt's request lines."""
+    params, preserved = {}, []
     for line in text.splitlines():
         kind, _, rest = line.partition("\t")
         if kind == "param":
@@ -158,15 +155,12 @@ def _parse_request(text):
             params[name] = value
         elif kind in ("fetch", "feed", "keep"):
             preserved.append(rest)
-        elif kind == "id":
-            item_id = rest
-    return params, preserved, item_id
+    return params, preserved
 
 
 def _rewrite(graph_data, graph_size, request_data, request_size, sink, context):
     """The callback TfMpt calls (with the GIL): 0 after writing the rewritten GraphDef to
     `sink`, non-zero to leave the graph unchanged."""
-    global _rewrites
     key = None
     try:
         settings = _settings
@@ -175,7 +169,7 @@ def _rewrite(graph_data, graph_size, request_data, request_size, sink, context):
         from tensorflow.core.framework import graph_pb2  # pylint: disable=g-import-not-at-top
         from tf_mpt import _cost  # pylint: disable=g-import-not-at-top
         from tf_mpt import rewrite as _rewrite_module  # pylint: disable=g-import-not-at-top
-        params, preserved, _ = _parse_request(
+        params, preserved = _parse_request(
             ctypes.string_at(request_data, request_size).decode())
         key = params.get("graph")
         graph = _graphs.get(key)
@@ -188,7 +182,6 @@ def _rewrite(graph_data, graph_size, request_data, request_size, sink, context):
             return _UNCHANGED
         data = result.graph_def.SerializeToString()
         sink(context, data, len(data))
-        _rewrites += 1
         return 0
     except BaseException as error:  # pylint: disable=broad-except
         # Never let an exception cross into TensorFlow's C++: the graph runs as it was.

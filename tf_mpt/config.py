@@ -106,13 +106,14 @@ def _parse_bool(environ, variable):
                      f"Received: {variable}={value!r}")
 
 
-def _parse_dtype(environ):
-    value = environ.get(TF_MPT_DTYPE, "").strip()
+def _parse_choice(environ, variable, choices, default):
+    """The lower-cased value of `variable` if it is one of `choices`, `default` when unset."""
+    value = environ.get(variable, "").strip()
     if not value:
-        return "auto"
-    if value.lower() not in _DTYPES:
-        raise ValueError(f"{TF_MPT_DTYPE} must be one of {', '.join(_DTYPES)}. "
-                         f"Received: {TF_MPT_DTYPE}={value!r}")
+        return default
+    if value.lower() not in choices:
+        raise ValueError(f"{variable} must be one of {', '.join(choices)}. "
+                         f"Received: {variable}={value!r}")
     return value.lower()
 
 
@@ -145,17 +146,6 @@ def _parse_cpu_flags(environ):
                 f"them, such as 'avx2' or 'avx512f avx512_bf16'. Received: "
                 f"{TF_MPT_CPU_FLAGS}={value!r} (bad entry {flag!r})")
     return frozenset(flags)
-
-
-def _parse_session_rewrite(environ):
-    value = environ.get(TF_MPT_SESSION_REWRITE, "").strip()
-    if not value:
-        return "grappler"
-    if value.lower() not in _SESSION_REWRITES:
-        raise ValueError(f"{TF_MPT_SESSION_REWRITE} must be one of "
-                         f"{', '.join(_SESSION_REWRITES)}. Received: "
-                         f"{TF_MPT_SESSION_REWRITE}={value!r}")
-    return value.lower()
 
 
 def _parse_loss_scale(environ):
@@ -222,11 +212,13 @@ class Config:
         return cls(list_add=tuple(add), list_remove=tuple(remove), dump_dir=dump_dir,
                    enable=enable,
                    graph_rewrite=enable if graph_rewrite is None else graph_rewrite,
-                   loss_scaling=loss_scaling, dtype=_parse_dtype(environ),
+                   loss_scaling=loss_scaling,
+                   dtype=_parse_choice(environ, TF_MPT_DTYPE, _DTYPES, "auto"),
                    loss_scale=_parse_loss_scale(environ),
                    cost_model=_parse_cost_model(environ),
                    cpu_flags=_parse_cpu_flags(environ),
-                   session_rewrite=_parse_session_rewrite(environ),
+                   session_rewrite=_parse_choice(environ, TF_MPT_SESSION_REWRITE,
+                                                 _SESSION_REWRITES, "grappler"),
                    cache_dir=environ.get(TF_MPT_CACHE_DIR, "").strip() or None)
 
     def loss_scaling_for(self, dtype):

@@ -7,6 +7,7 @@ runtime executed, not what a rewrite claims). Run under TF_MPT_ENABLE=1 by
 test_session_patterns.py, and without it for the float32 reference.
 """
 
+import functools
 import json
 import os
 import resource
@@ -40,40 +41,54 @@ def _mlp(x, hidden=64):
     return tf.matmul(h, w2, name="logits")
 
 
+def _fed_classifier():
+    """Placeholders x and y, the MLP's logits and its loss."""
+    x = tf1.placeholder(tf.float32, [None, FEATURES], name="x")
+    y = tf1.placeholder(tf.int64, [None], name="y")
+    logits = _mlp(x)
+    return x, y, logits, _loss(logits, y)
+
+
+def _rows(step):
+    """The minibatch of a step, cycling through the 512 examples."""
+    start = (step * BATCH) % 512
+    return slice(start, start + BATCH)
+
+
 def _loss(logits, labels):
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
         labels=labels, logits=logits), name="loss")
 
 
-class _HalfOps:
-    """Counts compute ops that ran in a half type, from RunMetadata partition graphs."""
+class _Steps:
+    """Runs training steps: keeps their losses and counts the compute ops that ran in a half
+    type, from the partition graphs in RunMetadata."""
 
     def __init__(self):
-        self.count = 0
-        self.options = tf1.RunOptions(output_partition_graphs=True)
+        self.losses, self.half_ops = [], 0
 
-    def metadata(self):
-        return tf1.RunMetadata()
-
-    def record(self, metadata):
+    def run(self, step):
+        """`step(options=, run_metadata=)` runs one step and returns [loss, ...]."""
+        metadata = tf1.RunMetadata()
+        self.losses.append(step(options=tf1.RunOptions(output_partition_graphs=True),
+                                run_metadata=metadata)[0])
         for graph in metadata.partition_graphs:
             for node in graph.node:
                 if (any(node.op.endswith(op) for op in COMPUTE_OPS)
                         and node.attr["T"].type in HALF):
-                    self.count += 1
+                    self.half_ops += 1
 
-
-def _report(losses, half):
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"losses": [float(v) for v in losses], "half_ops": half.count,
-                      "peak_rss_mb": peak}), flush=True)
+    def report(self):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(json.dumps({"losses": [float(v) for v in self.losses],
+                          "half_ops": self.half_ops, "peak_rss_mb": peak}), flush=True)
 
 
 def queue_runners(workdir):
     """tf.train.shuffle_batch fed by queue runners, MonitoredTrainingSession with hooks and
     checkpoints, then a second MonitoredTrainingSession that resumes from the checkpoint."""
     x_np, y_np = _data()
-    half, losses = _HalfOps(), []
+    steps = _Steps()
     for last_step in (60, 90):
         graph = tf.Graph()
         with graph.as_default():
@@ -89,19 +104,16 @@ def queue_runners(workdir):
                     checkpoint_dir=workdir, save_checkpoint_steps=30, save_summaries_steps=None,
                     log_step_count_steps=None, hooks=hooks) as sess:
                 while not sess.should_stop():
-                    metadata = half.metadata()
-                    losses.append(sess.run([loss, train], options=half.options,
-                                           run_metadata=metadata)[0])
-                    half.record(metadata)
+                    steps.run(functools.partial(sess.run, [loss, train]))
     assert tf.train.latest_checkpoint(workdir).endswith("model.ckpt-90")
-    _report(losses, half)
+    steps.report()
 
 
 def initializable_iterator(workdir):
     """An initializable iterator initialised before the training op exists (the graph grows
     after the first Session.run), then a re-initialisation for a second epoch."""
     x_np, y_np = _data()
-    half, losses = _HalfOps(), []
+    steps = _Steps()
     x_in = tf1.placeholder(tf.float32, [None, FEATURES], name="x_in")
     y_in = tf1.placeholder(tf.int64, [None], name="y_in")
     dataset = tf.data.Dataset.from_tensor_slices((x_in, y_in)).batch(BATCH)
@@ -115,41 +127,32 @@ def initializable_iterator(workdir):
         for _ in range(2):
             while True:
                 try:
-                    metadata = half.metadata()
-                    losses.append(sess.run([loss, train], options=half.options,
-                                           run_metadata=metadata)[0])
-                    half.record(metadata)
+                    steps.run(functools.partial(sess.run, [loss, train]))
                 except tf.errors.OutOfRangeError:
                     break
             sess.run(iterator.initializer, {x_in: x_np, y_in: y_np})
-    _report(losses, half)
+    steps.report()
 
 
 def callables(workdir):
     """Session.make_callable for the training step, Session.partial_run for evaluation."""
     x_np, y_np = _data()
-    half, losses = _HalfOps(), []
-    x = tf1.placeholder(tf.float32, [None, FEATURES], name="x")
-    y = tf1.placeholder(tf.int64, [None], name="y")
-    logits = _mlp(x)
-    loss = _loss(logits, y)
+    steps = _Steps()
+    x, y, logits, loss = _fed_classifier()
     train = tf1.train.GradientDescentOptimizer(0.5).minimize(loss)
     hits = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.float32))
     with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         step = sess.make_callable([loss, train], [x, y], accept_options=True)
         for i in range(60):
-            rows = slice((i * BATCH) % 512, (i * BATCH) % 512 + BATCH)
-            metadata = half.metadata()
-            losses.append(step(x_np[rows], y_np[rows], options=half.options,
-                               run_metadata=metadata)[0])
-            half.record(metadata)
+            rows = _rows(i)
+            steps.run(functools.partial(step, x_np[rows], y_np[rows]))
         handle = sess.partial_run_setup([logits, hits], [x, y])
         first = sess.partial_run(handle, logits, {x: x_np})
         accuracy = sess.partial_run(handle, hits, {y: y_np}) / len(y_np)
     assert first.dtype == np.float32 and first.shape == (512, CLASSES)
-    losses.append(1.0 - accuracy)
-    _report(losses, half)
+    steps.losses.append(1.0 - accuracy)
+    steps.report()
 
 
 def lookup_table(workdir):
@@ -160,7 +163,7 @@ def lookup_table(workdir):
     tokens = rng.randint(0, 50, size=(512, 6))
     labels = (tokens % CLASSES)[:, 0].astype(np.int64)
     strings = np.array(vocabulary, dtype=object)[tokens]
-    half, losses = _HalfOps(), []
+    steps = _Steps()
     table = tf.lookup.StaticHashTable(
         tf.lookup.KeyValueTensorInitializer(tf.constant(vocabulary),
                                             tf.range(50, dtype=tf.int64)), default_value=0)
@@ -174,12 +177,10 @@ def lookup_table(workdir):
     with tf1.Session() as sess:
         sess.run([tf1.global_variables_initializer(), tf1.tables_initializer()])
         for i in range(80):
-            rows = slice((i * BATCH) % 512, (i * BATCH) % 512 + BATCH)
-            metadata = half.metadata()
-            losses.append(sess.run([loss, train], {words: strings[rows], y: labels[rows]},
-                                   options=half.options, run_metadata=metadata)[0])
-            half.record(metadata)
-    _report(losses, half)
+            rows = _rows(i)
+            steps.run(functools.partial(sess.run, [loss, train],
+                                        {words: strings[rows], y: labels[rows]}))
+    steps.report()
 
 
 def graph_growth(workdir):
@@ -187,29 +188,23 @@ def graph_growth(workdir):
     second Session on the same graph; a Session on the default graph closed and reopened
     (Saver checkpoint in between)."""
     x_np, y_np = _data()
-    half, losses = _HalfOps(), []
-    x = tf1.placeholder(tf.float32, [None, FEATURES], name="x")
-    y = tf1.placeholder(tf.int64, [None], name="y")
-    logits = _mlp(x)
-    loss = _loss(logits, y)
+    steps = _Steps()
+    x, y, logits, loss = _fed_classifier()
     train = tf1.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
     saver = tf1.train.Saver()
     path = os.path.join(workdir, "model")
 
-    def steps(sess, count):
+    def train_steps(sess, count):
         for i in range(count):
-            rows = slice((i * BATCH) % 512, (i * BATCH) % 512 + BATCH)
-            metadata = half.metadata()
-            losses.append(sess.run([loss, train], {x: x_np[rows], y: y_np[rows]},
-                                   options=half.options, run_metadata=metadata)[0])
-            half.record(metadata)
+            rows = _rows(i)
+            steps.run(functools.partial(sess.run, [loss, train], {x: x_np[rows], y: y_np[rows]}))
 
     with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
-        steps(sess, 30)
+        train_steps(sess, 30)
         error = tf.reduce_mean(tf.cast(tf.not_equal(tf.argmax(logits, 1), y), tf.float32))
-        losses.append(sess.run(error, {x: x_np, y: y_np}))
-        steps(sess, 30)
+        steps.losses.append(sess.run(error, {x: x_np, y: y_np}))
+        train_steps(sess, 30)
         saver.save(sess, path)
         with tf1.Session() as other:  # a second Session on the same graph: its own state
             other.run(tf1.global_variables_initializer())
@@ -217,14 +212,14 @@ def graph_growth(workdir):
     with tf1.Session() as sess:  # reopened
         saver.restore(sess, path)
         restored = sess.run(loss, {x: x_np, y: y_np})
-        steps(sess, 20)
-    losses += [fresh, restored]
-    _report(losses, half)
+        train_steps(sess, 20)
+    steps.losses += [fresh, restored]
+    steps.report()
 
 
 def large_weights(workdir):
     """A 2-layer MLP with 2 x 4096 x 4096 float32 weights (128 MiB): peak memory."""
-    half, losses = _HalfOps(), []
+    steps = _Steps()
     rng = np.random.RandomState(7)
     x_np = rng.randn(64, 4096).astype(np.float32)
     x = tf1.placeholder(tf.float32, [None, 4096], name="x")
@@ -238,11 +233,8 @@ def large_weights(workdir):
     with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         for _ in range(5):
-            metadata = half.metadata()
-            losses.append(sess.run([loss, train], {x: x_np}, options=half.options,
-                                   run_metadata=metadata)[0])
-            half.record(metadata)
-    _report(losses, half)
+            steps.run(functools.partial(sess.run, [loss, train], {x: x_np}))
+    steps.report()
 
 
 PATTERNS = {f.__name__: f for f in (queue_runners, initializable_iterator, callables,

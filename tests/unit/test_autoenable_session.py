@@ -2,12 +2,15 @@
 optimisation (grappler, the default) or as a shadow copy (copy, the fallback); optimizers
 scale the loss. Half ops are checked in what the runtime ran (RunMetadata partition graphs)."""
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tf_mpt
 from tf_mpt import _autoenable
+from tf_mpt import _session_rewrite
 from helpers import tf1
 
 
@@ -205,3 +208,75 @@ def test_a_fed_half_intermediate_reaches_its_consumers_whatever_the_key_form(ena
         by_name = sess.run(doubled, {"y:0": fed})
     for value in (by_tensor, by_tuple, by_name):
         np.testing.assert_array_equal(value, np.full([4, 4], 6.0, np.float32))
+
+
+# --- the in-place (grappler) path: Session configs and failures ----------------------------
+
+def _config_with(**rewrite_options):
+    config = tf1.ConfigProto()
+    for name, value in rewrite_options.items():
+        setattr(config.graph_options.rewrite_options, name, value)
+    return config
+
+
+@pytest.mark.parametrize("path", ["grappler"])
+def test_session_config_adds_tf_mpt_and_moves_the_remapper_after_it(enabled):
+    from tensorflow.core.protobuf import rewriter_config_pb2
+    off = rewriter_config_pb2.RewriterConfig.OFF
+    user = _config_with()
+    config = _session_rewrite.session_config(user, tf.Graph())
+    options = config.graph_options.rewrite_options
+    assert [c.name for c in options.custom_optimizers] == ["TfMpt", "remap"]
+    assert options.remapping == off and options.min_graph_nodes == -1
+    assert options.custom_optimizers[0].parameter_map["dtype"].s == b"bfloat16"
+    assert not user.graph_options.rewrite_options.custom_optimizers  # the caller's is untouched
+    explicit = _config_with()
+    explicit.graph_options.rewrite_options.optimizers.extend(["constfold", "remap", "layout"])
+    options = _session_rewrite.session_config(explicit, tf.Graph()).graph_options.rewrite_options
+    assert list(options.optimizers) == ["constfold", "layout"]
+    assert [c.name for c in options.custom_optimizers] == ["TfMpt", "remap"]
+    no_remap = _config_with(remapping=off)
+    options = _session_rewrite.session_config(no_remap, tf.Graph()).graph_options.rewrite_options
+    assert [c.name for c in options.custom_optimizers] == ["TfMpt"]
+
+
+@pytest.mark.parametrize("path", ["grappler"])
+@pytest.mark.parametrize("setting,message", [
+    (dict(disable_meta_optimizer=True), r"switches Grappler off \(graph_options\."
+                                        r"rewrite_options\.disable_meta_optimizer\)"),
+    (dict(auto_mixed_precision_onednn_bfloat16=1),
+     r"switches Grappler's own AMP on \(graph_options\.rewrite_options\."
+     r"auto_mixed_precision_onednn_bfloat16\)")])
+def test_a_config_that_rules_the_rewrite_out_keeps_the_session_float32_with_a_warning(
+        enabled, setting, message, caplog):
+    graph, t = _graph()
+    with caplog.at_level("WARNING", logger="tf_mpt"):
+        with tf1.Session(graph=graph, config=_config_with(**setting)) as sess:
+            assert not sess._config.graph_options.rewrite_options.custom_optimizers
+            sess.run(t["init"])
+            _, ran = _ran_dtypes(sess, t["loss"], {t["x"]: FEED_X})
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and re.search("a Session stays float32: its ConfigProto "
+                                            + message, warnings[0])
+    if "disable_meta_optimizer" in setting:
+        assert ran["y"] == tf.float32  # (Grappler's own bfloat16 pass may convert the other)
+
+
+@pytest.mark.parametrize("path", ["grappler"])
+def test_an_internal_rewrite_error_leaves_the_graph_float32_with_one_warning(
+        enabled, monkeypatch, caplog):
+    from tf_mpt import rewrite as rewrite_module
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("injected failure")
+    monkeypatch.setattr(rewrite_module, "rewrite_with_library", fail)
+    graph, t = _graph()
+    with caplog.at_level("WARNING", logger="tf_mpt"):
+        with tf1.Session(graph=graph) as sess:
+            sess.run(t["init"])
+            for _ in range(2):
+                loss, ran = _ran_dtypes(sess, [t["loss"], t["train"]], {t["x"]: FEED_X})
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == ["could not rewrite a graph of this Session (RuntimeError: injected "
+                        "failure); that graph runs in float32."]
+    assert ran["y"] == tf.float32 and loss[0].dtype == np.float32

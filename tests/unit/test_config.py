@@ -107,3 +107,19 @@ def test_dtype_and_loss_scale_values():
 def test_auto_dtype_resolution(dtype, gpu, native, expected):
     cfg = tf_mpt.Config.from_env({"TF_MPT_DTYPE": dtype})
     assert cfg.resolve_dtype(gpu_visible=gpu, native_bfloat16=native) == expected
+
+
+def test_session_rewrite_and_cache_dir():
+    assert tf_mpt.Config().session_rewrite == "grappler"
+    cfg = tf_mpt.Config.from_env({"TF_MPT_SESSION_REWRITE": " Copy ",
+                                  "TF_MPT_CACHE_DIR": "/tmp/cache"})
+    assert (cfg.session_rewrite, cfg.cache_dir) == ("copy", "/tmp/cache")
+    with pytest.raises(ValueError, match=r"TF_MPT_SESSION_REWRITE must be one of grappler, "
+                                         r"copy\. Received: TF_MPT_SESSION_REWRITE='shadow'"):
+        tf_mpt.Config.from_env({"TF_MPT_SESSION_REWRITE": "shadow"})
+
+
+def test_bad_dtype_names_the_variable_value_and_choices():
+    with pytest.raises(ValueError, match=r"TF_MPT_DTYPE must be one of float16, bfloat16, "
+                                         r"auto\. Received: TF_MPT_DTYPE='fp8'"):
+        tf_mpt.Config.from_env({"TF_MPT_DTYPE": "fp8"})
