@@ -1,4 +1,4 @@
-"""Measures the constants of tf_mpt's cost model (tf_mpt/_cost.py) on this machine.
+"""Measures the constants of tf_mpt's cost model (tf_mpt/rewrite/paint/cost.py) on this machine.
 
 Chains of 40 ops in one Session.run amortise the call overhead; each figure is the median of
 rounds. Printed: per-op time of MatMul in float32 and in the half type at several sizes (from

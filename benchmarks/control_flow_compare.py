@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(_REPO, "tests", "integration"))
 import grappler_oracle  # noqa: E402
 import test_grappler_compare as cases  # noqa: E402
 import tf_mpt  # noqa: E402
-from tf_mpt._calls import CALL_OPS  # noqa: E402
+from tf_mpt.rewrite.boundaries.calls import CALL_OPS  # noqa: E402
 
 CASES = ("loop_and_cond_control_flow_v1", "loop_and_cond_control_flow_v2",
          "lstm_tensor_array_control_flow_v1", "function_call_and_cond")

@@ -28,7 +28,7 @@ import tensorflow as tf
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import tf_mpt  # noqa: E402
 from tf_mpt import _cpu  # noqa: E402
-from tf_mpt import _paint  # noqa: E402
+from tf_mpt.rewrite.paint import rules as _paint  # noqa: E402
 from tf_mpt import rewrite as _rewrite  # noqa: E402
 
 tf1 = tf.compat.v1

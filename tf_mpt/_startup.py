@@ -54,7 +54,7 @@ def _show_log_lines():
 def _enable(config):
     """Enables the automatic path; any failure leaves the script in float32 with a warning."""
     try:
-        from tf_mpt import _autoenable  # pylint: disable=g-import-not-at-top
+        from tf_mpt.automatic import state as _autoenable  # pylint: disable=g-import-not-at-top
         _autoenable.enable(config)
     except Exception as error:  # pylint: disable=broad-except
         logging.getLogger("tf_mpt").warning(
@@ -91,7 +91,7 @@ class _AfterTensorFlowImport(importlib.abc.MetaPathFinder):
             _enable(self._config)
         elif "tensorflow" in sys.modules:
             try:
-                from tf_mpt import _autoenable  # pylint: disable=g-import-not-at-top
+                from tf_mpt.automatic import state as _autoenable  # pylint: disable=g-import-not-at-top
                 _autoenable.keras_imported()
             except Exception as error:  # pylint: disable=broad-except
                 logging.getLogger("tf_mpt").warning(

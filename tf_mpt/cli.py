@@ -59,13 +59,13 @@ def _lists(options):
 
 
 def _tolerance(options):
-    from tf_mpt import _convert  # pylint: disable=g-import-not-at-top
+    from tf_mpt.models import convert as _convert  # pylint: disable=g-import-not-at-top
     return _convert.Tolerance.for_dtype(options.dtype, options.rtol, options.atol)
 
 
 def _convert_command(options):
-    from tf_mpt import _convert  # pylint: disable=g-import-not-at-top
-    from tf_mpt import _model_io  # pylint: disable=g-import-not-at-top
+    from tf_mpt.models import convert as _convert  # pylint: disable=g-import-not-at-top
+    from tf_mpt.models import model_io as _model_io  # pylint: disable=g-import-not-at-top
     if options.auto_deny and not (options.validate or options.inputs):
         raise _model_io.ModelError("--auto-deny needs sample inputs to validate with: pass "
                                    "--validate N (random inputs) or --inputs file.npz.")
@@ -100,7 +100,7 @@ def _convert_command(options):
 
 def _validation_errors(model, conversion, feeds, options):
     """[OutputError] of the conversion on `feeds`, printed as a table."""
-    from tf_mpt import _convert  # pylint: disable=g-import-not-at-top
+    from tf_mpt.models import convert as _convert  # pylint: disable=g-import-not-at-top
     tolerance = _tolerance(options)
     errors = _convert.validate(model, conversion, feeds, tolerance)
     print(_convert.error_table(errors, tolerance))
@@ -110,7 +110,7 @@ def _validation_errors(model, conversion, feeds, options):
 def _store_variables_in_half(model, conversion, feeds, options):
     """Variables only half ops read stored in half; validated again on `feeds` when given (the
     numbers are the same: each read cast the same float32 value to half before)."""
-    from tf_mpt import _convert  # pylint: disable=g-import-not-at-top
+    from tf_mpt.models import convert as _convert  # pylint: disable=g-import-not-at-top
     if isinstance(model, _convert.FrozenGraph):
         print("--variables half: a frozen graph has no variables; its float32 constants that "
               "only half ops read are already stored in half.")
@@ -121,7 +121,7 @@ def _store_variables_in_half(model, conversion, feeds, options):
         tolerance = _tolerance(options)
         errors = _validation_errors(model, conversion, feeds, options)
         if not all(e.ok(tolerance) for e in errors):
-            from tf_mpt import _model_io  # pylint: disable=g-import-not-at-top
+            from tf_mpt.models import model_io as _model_io  # pylint: disable=g-import-not-at-top
             raise _model_io.ModelError("validation failed with the variables stored in half; "
                                        "nothing was written. Keep them float32 (--variables "
                                        "float32, the default).")
@@ -129,8 +129,8 @@ def _store_variables_in_half(model, conversion, feeds, options):
 
 
 def _validate_and_fix(model, conversion, lists, keep, feeds, options):
-    from tf_mpt import _convert  # pylint: disable=g-import-not-at-top
-    from tf_mpt import _model_io  # pylint: disable=g-import-not-at-top
+    from tf_mpt.models import convert as _convert  # pylint: disable=g-import-not-at-top
+    from tf_mpt.models import model_io as _model_io  # pylint: disable=g-import-not-at-top
     tolerance = _tolerance(options)
     errors = _validation_errors(model, conversion, feeds, options)
     if all(e.ok(tolerance) for e in errors):
@@ -162,8 +162,8 @@ def _validate_and_fix(model, conversion, lists, keep, feeds, options):
 
 def _inspect_command(options):
     import json  # pylint: disable=g-import-not-at-top
-    from tf_mpt import _convert  # pylint: disable=g-import-not-at-top
-    from tf_mpt import _inspect  # pylint: disable=g-import-not-at-top
+    from tf_mpt.models import convert as _convert  # pylint: disable=g-import-not-at-top
+    from tf_mpt.models import inspection as _inspect  # pylint: disable=g-import-not-at-top
     model = _convert.open_model(options.src)
     lists = _lists(options)
     conversion = model.convert(options.dtype, lists)
@@ -273,9 +273,9 @@ def main(argv=None):
     if options.command == "cpu":
         _cpu_command()
         return
-    from tf_mpt import _model_io  # pylint: disable=g-import-not-at-top
+    from tf_mpt.models import model_io as _model_io  # pylint: disable=g-import-not-at-top
     from tf_mpt import rewrite  # pylint: disable=g-import-not-at-top
-    from tf_mpt._graph_view import GraphDefError  # pylint: disable=g-import-not-at-top
+    from tf_mpt.rewrite.graph_view import GraphDefError  # pylint: disable=g-import-not-at-top
     try:
         (_convert_command if options.command == "convert" else _inspect_command)(options)
     except _model_io.ModelError as error:

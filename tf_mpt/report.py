@@ -165,7 +165,7 @@ def build_report(paint, cast_names, explain):
 
 def merge_function_reports(report, function_reports):
     """One report for a graph and the bodies of its library functions."""
-    from tf_mpt._function_library import RET_PREFIX  # pylint: disable=g-import-not-at-top
+    from tf_mpt.rewrite.function_bodies import RET_PREFIX  # pylint: disable=g-import-not-at-top
     decisions = dict(report.decisions)
     total, converted, casts = report.total_nodes, report.converted_nodes, report.casts_added
     cast_names = list(report.cast_names)
@@ -185,8 +185,8 @@ def merge_function_reports(report, function_reports):
 
 def recount_casts(report, before, after, kept):
     """The report after values were kept half across loop, call and TensorList boundaries
-    (`kept`: the Counts of _boundaries): Casts counted again in every graph."""
-    from tf_mpt._casts import CAST_SUFFIX  # pylint: disable=g-import-not-at-top
+    (`kept`: the Counts of rewrite.boundaries): Casts counted again in every graph."""
+    from tf_mpt.rewrite.casts import CAST_SUFFIX  # pylint: disable=g-import-not-at-top
 
     def cast_names(graph_def):
         names = {n.name for n in graph_def.node if n.op == "Cast"}

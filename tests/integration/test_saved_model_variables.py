@@ -239,7 +239,7 @@ def test_inspect_says_which_variables_convert_variables_would_store_in_half(save
 def test_checkpoint_that_fails_validation_is_not_written(saved, tmp_path, capsys, monkeypatch):
     """The model with half variables is validated again before it is written: a checkpoint
     whose converted values were wrong (here tripled) fails, and DST is not created."""
-    from tf_mpt import _variables
+    from tf_mpt.models import saved_model_variables as _variables
 
     def tripled(source_prefix, target_prefix, choice):
         reader = tf.train.load_checkpoint(source_prefix)

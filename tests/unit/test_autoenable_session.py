@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
-from tf_mpt import _autoenable
-from tf_mpt import _session_rewrite
+from tf_mpt.automatic import state as _autoenable
+from tf_mpt.automatic import session_rewrite as _session_rewrite
 from helpers import tf1
 
 
@@ -139,7 +139,7 @@ def test_disable_removes_every_patch(enabled):
         assert not sess._config.graph_options.rewrite_options.custom_optimizers
         _, ran = _ran_dtypes(sess, t["loss"], {t["x"]: FEED_X})
     assert ran["y"] == tf.float32
-    assert tf.function is tf_mpt._functions._TF_FUNCTION
+    assert tf.function is tf_mpt.rewrite.tf_functions._TF_FUNCTION
 
 
 def test_saver_checkpoints_interchange_with_float32_runs(enabled, tmp_path):

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
-from tf_mpt import _cost
+from tf_mpt.rewrite.paint import cost as _cost
 from tf_mpt import config as _config
 
 

@@ -107,7 +107,7 @@ def test_every_op_whose_newer_version_admits_half_is_analysed_as_it():
     from tensorflow.core.framework import types_pb2
     from tensorflow.python.framework import op_def_registry
 
-    from tf_mpt import _type_attrs
+    from tf_mpt.rewrite import type_attrs as _type_attrs
 
     def allowed(op_def, attr):
         for a in op_def.attr:

@@ -1,7 +1,7 @@
 """Painting passes: decide which (node, type-attr) vertices become half precision.
 
 Pure analysis: every pass reads the graph index and writes only the paint arrays of a
-`Paint`. `_casts.py` turns the paint into GraphDef edits.
+`Paint`. `casts.py` turns the paint into GraphDef edits.
 
 Vocabulary: a *vertex* is a (node, type-attr) pair; *allow* paint means "runs in half",
 *deny* paint means "must stay float32"; a vertex already of the half dtype counts as allow.
@@ -10,8 +10,8 @@ op), the attr is float32, not tied to a reference port, and the OpDef and a regi
 on the node's device accept the half dtype.
 """
 
-from tf_mpt import _cost
-from tf_mpt import _type_attrs as ta
+from tf_mpt.rewrite.paint import cost as _cost
+from tf_mpt.rewrite import type_attrs as ta
 
 FETCHED = "fetched: its outputs keep their dtype"
 _LOOP_BACK_EDGE_OPS = ("NextIteration", "RefNextIteration")

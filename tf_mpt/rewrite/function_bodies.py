@@ -15,7 +15,7 @@ from tensorflow.core.framework import function_pb2
 from tensorflow.core.framework import graph_pb2
 from tensorflow.python.framework import op_def_registry
 
-from tf_mpt import _type_attrs as ta
+from tf_mpt.rewrite import type_attrs as ta
 
 RET_PREFIX = "__tf_mpt_ret__/"
 

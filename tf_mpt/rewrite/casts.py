@@ -14,8 +14,8 @@ from tensorflow.core.framework import node_def_pb2
 from tensorflow.python.framework import dtypes as tf_dtypes
 from tensorflow.python.framework import tensor_util
 
-from tf_mpt import _type_attrs as ta
-from tf_mpt._graph_view import parse_input
+from tf_mpt.rewrite import type_attrs as ta
+from tf_mpt.rewrite.graph_view import parse_input
 
 CAST_SUFFIX = "-TfMpt"
 _CAST_WORD = {ta.DT_HALF: "CastToFp16", ta.DT_BFLOAT16: "CastToBf16", ta.DT_FLOAT: "CastToFp32"}

@@ -29,9 +29,9 @@ import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from tf_mpt import _casts
-from tf_mpt._casts import CAST_SUFFIX
-from tf_mpt._model_io import ModelError
+from tf_mpt.rewrite import casts as _casts
+from tf_mpt.rewrite.casts import CAST_SUFFIX
+from tf_mpt.models.model_io import ModelError
 
 _FLOAT = types_pb2.DT_FLOAT
 _CALLS = ("PartitionedCall", "StatefulPartitionedCall")

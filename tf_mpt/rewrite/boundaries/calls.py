@@ -17,14 +17,14 @@ name, so every other caller keeps the signature it was built for. Functions with
 gradient, fetched or opted-out call nodes, and polymorphic signatures are left alone.
 """
 
-from tf_mpt import _type_attrs as ta
-from tf_mpt._graph_view import parse_input
-from tf_mpt._loops import _Outer
-from tf_mpt._loops import return_before_exit_cast
-from tf_mpt._loops import _function_references
-from tf_mpt._loops import _half_entry_casts
-from tf_mpt._casts import is_our_cast
-from tf_mpt._loops import _remove_entry_casts
+from tf_mpt.rewrite import type_attrs as ta
+from tf_mpt.rewrite.graph_view import parse_input
+from tf_mpt.rewrite.boundaries.loops import _Outer
+from tf_mpt.rewrite.boundaries.loops import return_before_exit_cast
+from tf_mpt.rewrite.boundaries.loops import _function_references
+from tf_mpt.rewrite.boundaries.loops import _half_entry_casts
+from tf_mpt.rewrite.casts import is_our_cast
+from tf_mpt.rewrite.boundaries.loops import _remove_entry_casts
 
 # op -> (function-valued attrs, index of the first argument among the node's inputs)
 CALL_OPS = {"PartitionedCall": (("f",), 0), "StatefulPartitionedCall": (("f",), 0),

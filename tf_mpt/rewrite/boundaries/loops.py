@@ -20,12 +20,12 @@ changed (a shared function would need a copy per caller), and never a fetched or
 While (its outputs and attrs keep their dtypes).
 """
 
-from tf_mpt import _casts
-from tf_mpt import _type_attrs as ta
-from tf_mpt._casts import is_cast
-from tf_mpt._casts import is_our_cast
-from tf_mpt._function_library import called_functions
-from tf_mpt._graph_view import parse_input
+from tf_mpt.rewrite import casts as _casts
+from tf_mpt.rewrite import type_attrs as ta
+from tf_mpt.rewrite.casts import is_cast
+from tf_mpt.rewrite.casts import is_our_cast
+from tf_mpt.rewrite.function_bodies import called_functions
+from tf_mpt.rewrite.graph_view import parse_input
 
 _WHILE_OPS = ("While", "StatelessWhile")
 

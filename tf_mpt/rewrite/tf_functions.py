@@ -18,7 +18,7 @@ import weakref
 
 import tensorflow as tf
 
-from tf_mpt import _function_library
+from tf_mpt.rewrite import function_bodies as _function_library
 from tf_mpt import lists as _lists
 from tf_mpt import rewrite as _rewrite
 
@@ -57,7 +57,7 @@ def rewrite_function(concrete_function, *, dtype="float16", config=None):
     graph_def = cf.graph.as_graph_def()
     fetches = ([t.op.name for t in cf.outputs] + [op.name for op in cf.graph.control_outputs]
                + [t.op.name for t in cf.inputs])
-    from tf_mpt import _cost  # pylint: disable=g-import-not-at-top
+    from tf_mpt.rewrite.paint import cost as _cost  # pylint: disable=g-import-not-at-top
     result = _rewrite.rewrite_with_library(graph_def, dtype=dtype_name, fetches=fetches,
                                            lists=None, strict=False,
                                            shapes=lambda: _cost.shapes_of_graph(cf.graph),

@@ -19,12 +19,12 @@ reaches anything else (a call, an op that is not a list op) is left alone.
 
 import collections
 
-from tf_mpt import _casts
-from tf_mpt import _function_library
-from tf_mpt import _type_attrs as ta
-from tf_mpt._graph_view import parse_input
-from tf_mpt._loops import _function_references
-from tf_mpt._casts import is_our_cast
+from tf_mpt.rewrite import casts as _casts
+from tf_mpt.rewrite import function_bodies as _function_library
+from tf_mpt.rewrite import type_attrs as ta
+from tf_mpt.rewrite.graph_view import parse_input
+from tf_mpt.rewrite.boundaries.loops import _function_references
+from tf_mpt.rewrite.casts import is_our_cast
 
 MAKERS = ("EmptyTensorList", "TensorListReserve")
 # op -> index of the value input

@@ -8,7 +8,7 @@ Two kinds of source, one interface:
   graph (tf.saved_model.load's functions, the signatures) calls. Function signatures do not
   change, so the object graph, the signatures and the checkpoint stay valid. Variables stay
   float32 (the checkpoint is copied unchanged) unless `store_variables_in_half` stores those
-  only half ops read in half (tf_mpt/_variables.py: object graph, functions and checkpoint).
+  only half ops read in half (tf_mpt/models/saved_model_variables.py: object graph, functions and checkpoint).
 
 A node is named by (function or None, node name); `--keep-fp32` takes `node` (any graph or
 function holding a node of that name) or `function/node`.
@@ -24,14 +24,14 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 from google.protobuf import message
 
-from tf_mpt import _casts
-from tf_mpt import _graph_view
-from tf_mpt import _model_io
-from tf_mpt import _progress
-from tf_mpt import _variables
+from tf_mpt.rewrite import casts as _casts
+from tf_mpt.rewrite import graph_view as _graph_view
+from tf_mpt.models import model_io as _model_io
+from tf_mpt.models import progress as _progress
+from tf_mpt.models import saved_model_variables as _variables
 from tf_mpt import rewrite as _rewrite
-from tf_mpt._type_attrs import KEEP_FP32_ATTR
-from tf_mpt._model_io import ModelError
+from tf_mpt.rewrite.type_attrs import KEEP_FP32_ATTR
+from tf_mpt.models.model_io import ModelError
 
 # --validate's default check, per output over all samples (see `Tolerance`). The bounds are
 # about 20 units of roundoff (float16 4.9e-4, bfloat16 3.9e-3): a Keras MobileNetV2 in float16

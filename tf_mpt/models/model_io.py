@@ -14,7 +14,7 @@ from google.protobuf import message
 from tensorflow.core.framework import graph_pb2
 from tensorflow.python.framework import op_def_registry
 
-from tf_mpt import _casts
+from tf_mpt.rewrite import casts as _casts
 
 
 class ModelError(Exception):

@@ -16,7 +16,7 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.python.framework import kernels
 from tensorflow.python.framework import op_def_registry
 
-from tf_mpt._graph_view import GraphDefError
+from tf_mpt.rewrite.graph_view import GraphDefError
 
 DT_FLOAT = types_pb2.DT_FLOAT
 DT_HALF = types_pb2.DT_HALF
@@ -110,7 +110,7 @@ def _static_layout(op_name):
 
 
 # Type attrs that type no port but must agree with the ops sharing the object they declare
-# (a TensorArray's, a Stack's or a TensorList's element dtype); see _arrays.py, _list_paint.py.
+# (a TensorArray's, a Stack's or a TensorList's element dtype); see paint/tensor_arrays.py, paint/tensor_lists.py.
 _PORTLESS_TYPE_ATTRS = {"TensorArrayV3": "dtype", "StackV2": "elem_type",
                         "EmptyTensorList": "element_dtype", "TensorListReserve": "element_dtype",
                         "TensorListConcatLists": "element_dtype"}

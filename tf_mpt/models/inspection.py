@@ -17,8 +17,8 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from tf_mpt import _flops
-from tf_mpt import _graph_view
+from tf_mpt.rewrite.paint import flops as _flops
+from tf_mpt.rewrite import graph_view as _graph_view
 
 # (largest finite, smallest normal, smallest subnormal) per half type.
 HALF_RANGES = {

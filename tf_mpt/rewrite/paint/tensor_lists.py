@@ -7,7 +7,7 @@ writing into a list and a Tanh reading from it would see no path between them, a
 would stay float32 with a Cast at each end. Grappler links each writer to each reader of a
 list ("ephemeral edges") and treats list ops as clear; this module does the same for every
 list made and used in this graph (lists carried into a While loop or a call are the boundary
-pass's, `_tensor_lists.py`):
+pass's, `boundaries/tensor_lists.py`):
 
     link:   writer value vertex -> the list's maker vertex -> reader value vertex,
             every member vertex painted by the clear rules;
@@ -21,7 +21,7 @@ pass's, `_tensor_lists.py`):
 
 import dataclasses
 
-from tf_mpt import _paint
+from tf_mpt.rewrite.paint import rules as _paint
 
 # ops that make a list
 MAKERS = frozenset({"EmptyTensorList", "TensorListReserve", "TensorListFromTensor"})

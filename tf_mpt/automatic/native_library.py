@@ -1,4 +1,4 @@
-"""Builds and loads tf_mpt's Grappler optimizer (`tf_mpt/native/session_rewrite.cc`).
+"""Builds and loads tf_mpt's Grappler optimizer (`tf_mpt/automatic/native/session_rewrite.cc`).
 
 The library is compiled at first use against the installed TensorFlow (its headers and
 `tf.sysconfig` compile and link flags) with the C++ compiler in $CXX (default g++), and cached

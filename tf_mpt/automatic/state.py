@@ -1,12 +1,8 @@
 """The one module with global state: process-wide hooks tf_mpt installs.
 
-* A fallback in tf.compat.v1.train.Saver.restore so a checkpoint without tf_mpt's loss-scale
-  variables (written by a float32 run) restores into a mixed-precision graph, the loss scale
-  starting from its initial value. Installed the first time a DynamicLossScale creates graph
-  variables; `reset_for_tests()` removes it.
 * The automatic path (`enable()`, `disable()`, `is_enabled()`): TF1 Sessions are created
   with tf_mpt's Grappler optimizer in their ConfigProto and rewrite their own graph
-  (`_session_rewrite`); where the native optimizer cannot be built, or with
+  (`session_rewrite`); where the native optimizer cannot be built, or with
   TF_MPT_SESSION_REWRITE=copy, they run a rewritten shadow copy of their graph instead (same
   node names, so fetches and feeds map by name; rebuilt with the variable values carried
   over when the graph grows; a graph holding other state stays float32).
@@ -18,7 +14,6 @@ import contextlib
 import functools
 import logging
 import os
-import re
 import sys
 import threading
 import weakref
@@ -26,80 +21,10 @@ import weakref
 import tensorflow as tf
 
 from tf_mpt import _cpu
-from tf_mpt import _native
-from tf_mpt import _session_rewrite
+from tf_mpt.automatic import native_library as _native
+from tf_mpt.automatic import session_rewrite as _session_rewrite
 
 _log = logging.getLogger(__name__)
-
-_LOSS_SCALE_VARIABLE = re.compile(r"^tf_mpt(_\d+)?/(current_loss_scale|good_steps|skipped_steps)$")
-_original_restore = None
-
-
-def install_saver_restore_fallback():
-    """Makes Saver.restore tolerate checkpoints lacking only tf_mpt loss-scale variables."""
-    global _original_restore
-    if _original_restore is not None:
-        return
-    saver_class = tf.compat.v1.train.Saver
-    original = saver_class.restore
-
-    @functools.wraps(original)
-    def restore(self, sess, save_path):
-        try:
-            return original(self, sess, save_path)
-        except tf.errors.NotFoundError:
-            if not _restore_without_loss_scale_state(self, sess, save_path):
-                raise
-            return None
-
-    saver_class.restore = restore
-    _original_restore = original
-
-
-def reset_for_tests():
-    """Removes every hook this module installed."""
-    global _original_restore
-    if _original_restore is not None:
-        tf.compat.v1.train.Saver.restore = _original_restore
-        _original_restore = None
-
-
-def _restore_without_loss_scale_state(saver, sess, save_path):
-    """Restores what the checkpoint has; initialises missing loss-scale variables.
-
-    Returns False (the caller re-raises) if anything other than loss-scale state is missing.
-    """
-    if save_path is None:
-        return False
-    var_list = saver._var_list  # pylint: disable=protected-access
-    if isinstance(var_list, dict):
-        names_to_vars = dict(var_list)
-    else:
-        names_to_vars = {getattr(v, "op", None) and v.op.name: v for v in var_list or ()}
-    if None in names_to_vars or not names_to_vars:
-        return False
-    try:
-        reader = tf.train.load_checkpoint(save_path)
-    except Exception:  # pylint: disable=broad-except
-        return False
-    in_checkpoint = reader.get_variable_to_shape_map()
-    missing = [name for name in names_to_vars if name not in in_checkpoint]
-    if not missing or not all(_LOSS_SCALE_VARIABLE.match(name) for name in missing):
-        return False
-    for name, variable in names_to_vars.items():
-        if not isinstance(variable, tf.Variable):
-            return False
-        if name in in_checkpoint:
-            # What Variable.load does: feed the value into the initializer (no new ops, so
-            # this also works on a finalized graph).
-            initializer = variable.initializer
-            sess.run(initializer, {initializer.inputs[1]: reader.get_tensor(name)})
-        else:
-            sess.run(variable.initializer)
-    _log.info("Checkpoint %s has no tf_mpt loss-scale state (%s); restored the rest, the loss "
-              "scale starts from its initial value.", save_path, ", ".join(sorted(missing)))
-    return True
-
 
 # --- the automatic path: TF_MPT_ENABLE=1 / python -m tf_mpt ---------------------------------
 
@@ -453,7 +378,7 @@ def _session_close(original, session):
 # --- TF1 optimizers: automatic loss scaling -----------------------------------------------
 
 def _scaling_optimizer(optimizer):
-    from tf_mpt import optimizer as _optimizer  # pylint: disable=g-import-not-at-top
+    from tf_mpt.training import optimizer as _optimizer  # pylint: disable=g-import-not-at-top
     wrapper = getattr(optimizer, "_tf_mpt_loss_scale_optimizer", None)
     if wrapper is None:
         wrapper = _optimizer.LossScaleOptimizer(optimizer, _enabled["loss_scale"])
@@ -462,7 +387,7 @@ def _scaling_optimizer(optimizer):
 
 
 def _is_wrapper(optimizer):
-    from tf_mpt import optimizer as _optimizer  # pylint: disable=g-import-not-at-top
+    from tf_mpt.training import optimizer as _optimizer  # pylint: disable=g-import-not-at-top
     return isinstance(optimizer, _optimizer.LossScaleOptimizer)
 
 
@@ -488,7 +413,7 @@ _LIBRARY_PREFIXES = ("keras", "tf_keras", "tensorflow", "tf_mpt", "absl")
 def _patch_tf_function(dtype):
     """`tf.function` in user code becomes tf_mpt.function (Keras and TF internals keep theirs:
     Keras gets mixed precision through its dtype policy)."""
-    from tf_mpt import _functions  # pylint: disable=g-import-not-at-top
+    from tf_mpt.rewrite import tf_functions as _functions  # pylint: disable=g-import-not-at-top
     original = _functions._TF_FUNCTION  # pylint: disable=protected-access
 
     def function(func=None, **kwargs):

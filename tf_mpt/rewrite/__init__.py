@@ -1,7 +1,7 @@
 """rewrite_graph_def / rewrite_graph: the orchestrator.
 
-Algorithm (each step one function of `_PASSES`, see `_paint.py`, `_list_paint.py`,
-`_cost.py`, `_arrays.py` and `_casts.py`):
+Algorithm (each step one function of `_PASSES`, see `paint/rules.py`, `paint/tensor_lists.py`,
+`paint/cost.py`, `paint/tensor_arrays.py` and `casts.py`):
 
     index the graph; map every node's ports to (node, type-attr) vertices (an op whose half
       form is a newer op version, V1 FusedBatchNorm, is analysed as that version)
@@ -24,7 +24,7 @@ Algorithm (each step one function of `_PASSES`, see `_paint.py`, `_list_paint.py
     10. float32 constants whose consumers are all half are stored in half
     then: set the painted dtypes (renaming ops to their half form) and insert one shared Cast
     per (tensor, dtype) mismatch; with library functions, rewrite each body the same way and
-    keep values half across loop, call and TensorList boundaries (`_boundaries.py`)
+    keep values half across loop, call and TensorList boundaries (`boundaries/`)
 
 Example:
     >>> result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype="bfloat16")
@@ -43,15 +43,15 @@ import os
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.core.framework import graph_pb2
 
-from tf_mpt import _arrays
-from tf_mpt import _boundaries
-from tf_mpt import _casts
-from tf_mpt import _cost
-from tf_mpt import _function_library
-from tf_mpt import _graph_view
-from tf_mpt import _list_paint
-from tf_mpt import _paint
-from tf_mpt import _type_attrs as ta
+from tf_mpt.rewrite.paint import tensor_arrays as _arrays
+from tf_mpt.rewrite import boundaries as _boundaries
+from tf_mpt.rewrite import casts as _casts
+from tf_mpt.rewrite.paint import cost as _cost
+from tf_mpt.rewrite import function_bodies as _function_library
+from tf_mpt.rewrite import graph_view as _graph_view
+from tf_mpt.rewrite.paint import tensor_lists as _list_paint
+from tf_mpt.rewrite.paint import rules as _paint
+from tf_mpt.rewrite import type_attrs as ta
 from tf_mpt import config as _config
 from tf_mpt import lists as _lists
 from tf_mpt import report as _report

@@ -12,10 +12,10 @@ import dataclasses
 
 from tensorflow.core.framework import graph_pb2
 
-from tf_mpt import _calls
-from tf_mpt import _function_library
-from tf_mpt import _loops
-from tf_mpt import _tensor_lists
+from tf_mpt.rewrite.boundaries import calls as _calls
+from tf_mpt.rewrite import function_bodies as _function_library
+from tf_mpt.rewrite.boundaries import loops as _loops
+from tf_mpt.rewrite.boundaries import tensor_lists as _tensor_lists
 
 _BOUNDARY_OPS = frozenset(_calls.CALL_OPS) | {"While", "StatelessWhile"}
 

@@ -25,8 +25,8 @@ only (TF_MPT_COST_MODEL=auto); TF_MPT_COST_MODEL=1 applies the same constants to
 import dataclasses
 import math
 
-from tf_mpt import _flops
-from tf_mpt import _type_attrs as ta
+from tf_mpt.rewrite.paint import flops as _flops
+from tf_mpt.rewrite import type_attrs as ta
 
 
 @dataclasses.dataclass(frozen=True)

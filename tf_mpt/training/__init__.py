@@ -1,0 +1,7 @@
+"""Training in mixed precision: float32 storage of half variables, loss scaling, checkpoints.
+
+    storage.py      float32_storage_getter, mixed_precision_scope (float32 master weights)
+    loss_scale.py   StaticLossScale, DynamicLossScale, get(): the scale and its state
+    optimizer.py    LossScaleOptimizer (TF1), scale_loss / apply_scaled_gradients (TF2)
+    checkpoints.py  float32 checkpoints restore into a graph with loss-scale variables
+"""
