@@ -4,7 +4,11 @@ Graphs: generated layered networks of about 1k, 10k and 100k nodes (built direct
 NodeDefs: towers of conv + fused batch norm blocks, residual MLP blocks with
 Relu/Tanh/Sigmoid/Elu, layer-norm-like Mean/Rsqrt blocks, attention-like
 MatMul/Softmax/MatMul blocks, Exp gates, and a sparse softmax cross-entropy head per tower),
-and the conv-net training graph of examples/rewrite_conv_net.py.
+the conv-net training graph of examples/rewrite_conv_net.py, and graphs with many function
+calls (--calls: a chain of tf.function blocks, each a StatefulPartitionedCall of its own copy
+of a MatMul + BiasAdd + Relu function, as Keras builds grouped convolutions): there the
+boundary phase switches call arguments and results to half, and its time must grow linearly
+with the number of calls.
 
 Timing: tf_mpt is `tf_mpt.rewrite_graph_def` in this process; Grappler is one
 `tf_optimizer.OptimizeGraph` call with only the AMP optimizer, in a subprocess (see
@@ -20,6 +24,7 @@ simulated GPU has no kernels for clear ops such as Relu, so Grappler leaves them
 tf_mpt uses the same dtype.
 
 Usage: python benchmarks/rewrite_speed.py [--quick] [--repeats N] [--fp16-mode M] [--profile]
+                                         [--calls 100,400]
 """
 
 import argparse
@@ -54,6 +59,8 @@ PROFILE_RATIO = 1.5
 PROFILE_TOP = 15
 MAX_LISTED = 10
 CONV_NET_FETCHES = ("loss", "accuracy", "train", "init")
+CALLS = (100, 400)
+CALL_WIDTH = 32
 FP16_MODE_WITHOUT_BF16 = "simulate_gpu"
 
 # Shapes of the generated towers (no graph is run; shapes only keep the graph valid).
@@ -218,6 +225,23 @@ def generate_graph(target_nodes):
     return b.graph_def, ("total_loss",)
 
 
+def many_calls_graph(calls):
+    """A chain of `calls` function calls (each its own function: MatMul + BiasAdd + Relu with
+    weights passed in), then a softmax. Returns (GraphDef, fetches)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [BATCH, CALL_WIDTH], name="x")
+        for i in range(calls):
+            # a new Python function per call: one library function per call site
+            def block(value, weights, bias):
+                return tf.nn.relu(tf.nn.bias_add(tf.matmul(value, weights), bias))
+            w = tf.constant(0.01, tf.float32, [CALL_WIDTH, CALL_WIDTH], name=f"w{i}")
+            b = tf.constant(0.0, tf.float32, [CALL_WIDTH], name=f"b{i}")
+            x = tf.function(block, autograph=False)(x, w, b)
+        tf.nn.softmax(x, name="probs")
+    return graph.as_graph_def(), ("probs",)
+
+
 def check_importable(graph_def):
     """Raises if TensorFlow rejects the generated GraphDef (wrong attrs or dtypes)."""
     with tf.Graph().as_default():
@@ -372,6 +396,9 @@ def _parse_args():
     parser.add_argument("--fp16-mode", choices=grappler_oracle.FP16_MODES,
                         default=FP16_MODE_WITHOUT_BF16,
                         help="Grappler float16 mode when bfloat16 is not native here")
+    parser.add_argument("--calls", default=",".join(map(str, CALLS)),
+                        help="sizes of the many-calls graphs, comma-separated (default "
+                             "%(default)s; empty: none)")
     parser.add_argument("--profile", action="store_true",
                         help="profile tf_mpt on the largest graph whatever the ratio")
     return parser.parse_args()
@@ -390,6 +417,8 @@ def main():
         if size == sizes[0]:
             check_importable(graph_def)
         graphs.append((f"generated ~{size // 1000}k", graph_def, fetches))
+    for calls in [int(c) for c in args.calls.split(",") if c.strip()]:
+        graphs.append((f"{calls} function calls", *many_calls_graph(calls)))
     rows = []
     for label, graph_def, fetches in graphs:
         rows.append(measure(label, graph_def, fetches, dtype, fp16_mode, args.repeats))
@@ -407,11 +436,18 @@ def main():
                   f"by tf_mpt only: {r['extra'][:MAX_LISTED]}")
     print("\nConverted = original nodes with a type attr changed from float32 to the half type "
           "(tf_mpt also stores float32 Consts read only by half ops in half).")
-    largest = rows[-1]
+    calls = [r for r in rows if r["graph"].endswith("function calls")]
+    if len(calls) > 1:
+        per_call = ", ".join(
+            f"{r['graph']}: {1e3 * r['ours_s'] / int(r['graph'].split()[0]):.2f} ms"
+            for r in calls)
+        print(f"\ntf_mpt time per call (constant when the boundary phase is linear): {per_call}")
+    generated = [(r, g) for r, g in zip(rows, graphs) if r["graph"].startswith("generated")]
+    largest, largest_graph = generated[-1] if generated else (rows[-1], graphs[-1])
     ratio = largest["ours_s"] / largest["grappler_s"] if largest["grappler_s"] else None
     if args.profile or (ratio is not None and ratio > PROFILE_RATIO and not args.quick):
         print(f"\ntf_mpt profile on {largest['graph']} ({largest['nodes']:,} nodes):")
-        print(profile_tf_mpt(graphs[-1][1], graphs[-1][2], dtype))
+        print(profile_tf_mpt(largest_graph[1], largest_graph[2], dtype))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ Example:
 import dataclasses
 import logging
 
+from tf_mpt import _dtypes
+
 _log = logging.getLogger(__name__)
 
 LIST_NAMES = ("allow", "infer", "deny", "clear")
@@ -116,18 +118,6 @@ _CLEAR_COMMON = frozenset({
 
 _CLEAR_FLOAT16_ONLY = frozenset({"MaxPool3DGradGrad", "OneHot", "Size"})
 _CLEAR_BFLOAT16_ONLY = frozenset({"ResizeBilinear", "ScatterNd"})
-
-
-def _dtype_name(dtype):
-    """Returns 'float16' or 'bfloat16' for any accepted spelling, else raises ValueError."""
-    name = getattr(dtype, "name", dtype)
-    if name in ("float16", "half"):
-        return "float16"
-    if name == "bfloat16":
-        return "bfloat16"
-    raise ValueError(
-        "dtype must be 'float16' or 'bfloat16' (a string or tf.float16 / tf.bfloat16). "
-        f"Received: dtype={dtype!r} (of type {type(dtype).__name__})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,4 +233,4 @@ BFLOAT16_LISTS = OpLists(
 
 def default_lists(dtype):
     """Returns the default OpLists for 'float16' or 'bfloat16' (no env edits applied)."""
-    return FLOAT16_LISTS if _dtype_name(dtype) == "float16" else BFLOAT16_LISTS
+    return FLOAT16_LISTS if _dtypes.parse(dtype) is _dtypes.FLOAT16 else BFLOAT16_LISTS

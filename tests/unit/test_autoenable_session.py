@@ -2,6 +2,7 @@
 optimisation (grappler, the default) or as a shadow copy (copy, the fallback); optimizers
 scale the loss. Half ops are checked in what the runtime ran (RunMetadata partition graphs)."""
 
+import dataclasses
 import re
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
+from tf_mpt import _patches
 from tf_mpt.automatic import state as _autoenable
 from tf_mpt.automatic import session_rewrite as _session_rewrite
 from helpers import tf1
@@ -28,7 +30,7 @@ def enabled(request, path):
     config = tf_mpt.Config.from_env({"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": dtype,
                                      "TF_MPT_SESSION_REWRITE": path})
     settings = _autoenable.enable(config, gpu_visible=False, native_bfloat16=True)
-    assert settings["session_rewrite"] == path  # the native optimizer builds on CI machines
+    assert settings.session_rewrite == path  # the native optimizer builds on CI machines
     yield settings
     _autoenable.disable()
 
@@ -71,7 +73,7 @@ def test_session_runs_a_rewritten_graph_and_fetches_keep_dtypes(enabled):
         assert graph.get_operation_by_name("y").get_attr("T") == tf.float32  # input untouched
     # in place, a fetched node keeps its dtype (unfetched, y runs half: next test); the copy
     # rewrites without knowing the fetches and casts y back for the fetch
-    in_place = enabled["session_rewrite"] == "grappler"
+    in_place = enabled.session_rewrite == "grappler"
     assert ran["y"] == (tf.float32 if in_place else tf.bfloat16)
     assert out["z"].dtype == out["w"].dtype == out["y"][0].dtype == out["by_name"].dtype
     assert out["z"].dtype == np.float32
@@ -105,7 +107,7 @@ def test_graph_growth_after_the_first_run_keeps_variable_values(enabled):
 
 @pytest.mark.parametrize("enabled", ["float16"], indirect=True)
 def test_float16_optimizers_get_dynamic_loss_scaling(enabled):
-    assert enabled["loss_scaling"] is True
+    assert enabled.loss_scaling is True
     graph, t = _graph()
     with graph.as_default():
         names = [v.op.name for v in tf1.global_variables()]
@@ -123,10 +125,12 @@ def test_float16_optimizers_get_dynamic_loss_scaling(enabled):
 
 def test_disable_removes_every_patch(enabled):
     assert _autoenable.is_enabled()
+    assert _autoenable.enabled_settings() is enabled and enabled.dtype == "bfloat16"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        enabled.dtype = "float16"  # the settings in force cannot drift
     base_session = tf1.Session.__mro__[1]
-    originals = {name: original for owner, name, original in _autoenable._patches
-                 if owner is base_session}
-    expected = ({"__init__"} if enabled["session_rewrite"] == "grappler" else
+    originals = _patches.originals(base_session)
+    expected = ({"__init__"} if enabled.session_rewrite == "grappler" else
                 {"run", "make_callable", "partial_run_setup", "partial_run", "close"})
     assert set(originals) == expected
     _autoenable.disable()
@@ -189,7 +193,7 @@ def test_monitored_training_session_with_hooks_and_a_dataset(enabled, tmp_path):
                            for node in g.node if node.name == "logits")
     # in place the one Session ran the half graph; a copy would duplicate the iterator, so
     # the copy path leaves this Session float32 (with a warning) rather than guess
-    expected = tf.bfloat16 if enabled["session_rewrite"] == "grappler" else tf.float32
+    expected = tf.bfloat16 if enabled.session_rewrite == "grappler" else tf.float32
     assert ran == {"logits": expected.as_datatype_enum}
     assert len(losses) == 100 and np.mean(losses[-10:]) < np.mean(losses[:10])
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-100")

@@ -4,6 +4,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_mpt
+from tf_mpt import _patches
 from helpers import tf1
 
 
@@ -133,3 +134,21 @@ def test_tf_train_checkpoint_of_the_optimizer_holds_the_scale_state(tmp_path):
     fresh = tf_mpt.LossScaleOptimizer(tf1.train.GradientDescentOptimizer(0.1), fresh_scale)
     tf.train.Checkpoint(optimizer=fresh, w=tf.Variable([0.0, 0.0])).restore(path)
     assert [v.numpy().item() for v in fresh_scale.variables_for_graph()] == [32.0, 0, 1]
+
+
+def test_disable_undoes_the_saver_fallback_and_the_next_loss_scale_reinstalls_it(tmp_path):
+    saver_class = tf1.train.Saver
+    _model(mixed=True)  # a DynamicLossScale made graph variables: the fallback is in place
+    assert _patches.is_applied(saver_class, "restore")
+    original = _patches.originals(saver_class)["restore"]
+    tf_mpt.disable()
+    assert saver_class.restore is original and not _patches.is_applied(saver_class, "restore")
+    graph32, _, saver32 = _model(mixed=False)
+    with tf1.Session(graph=graph32) as sess:
+        sess.run("init")
+        path = saver32.save(sess, str(tmp_path / "fp32"))
+    graph, _, saver = _model(mixed=True)  # installs it again
+    assert _patches.is_applied(saver_class, "restore")
+    with tf1.Session(graph=graph) as sess:
+        saver.restore(sess, path)
+        assert _values(graph, sess)["tf_mpt/current_loss_scale"] == 64.0

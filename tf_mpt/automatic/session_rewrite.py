@@ -26,6 +26,7 @@ An internal error in a rewrite leaves that graph float32 with one warning per gr
 """
 
 import ctypes
+import dataclasses
 import itertools
 import logging
 import threading
@@ -38,8 +39,16 @@ _log = logging.getLogger(__name__)
 OPTIMIZER_NAME = "TfMpt"
 _UNCHANGED = 1
 
+
+
+@dataclasses.dataclass(frozen=True)
+class _Installed:
+    dtype: str  # 'float16' | 'bfloat16'
+    config: object  # the tf_mpt.Config the automatic path was enabled with
+
+
 _lock = threading.Lock()
-_settings = None  # dict(dtype=..., config=tf_mpt.Config) while installed
+_settings = None  # _Installed while installed
 _callback = None  # the ctypes callback object (kept alive for the process once made)
 _graphs = weakref.WeakValueDictionary()  # key -> the user's tf.Graph (for static shapes)
 _graph_keys = weakref.WeakKeyDictionary()  # tf.Graph -> key
@@ -56,7 +65,7 @@ def install(dtype, config):
     with _lock:
         if _callback is None:
             _callback = _native.REWRITER(_rewrite)
-        _settings = dict(dtype=dtype, config=config)
+        _settings = _Installed(dtype, config)
     library.tf_mpt_set_rewriter(_callback)
 
 
@@ -130,7 +139,7 @@ def session_config(config, graph):
     options = new.graph_options.rewrite_options
     ours = options.custom_optimizers.add()
     ours.name = OPTIMIZER_NAME
-    ours.parameter_map["dtype"].s = settings["dtype"].encode()
+    ours.parameter_map["dtype"].s = settings.dtype.encode()
     ours.parameter_map["graph"].s = _key_for(graph).encode()
     explicit = list(options.optimizers)
     if "remap" in explicit:  # an explicit list: move the remapper after TfMpt
@@ -176,8 +185,8 @@ def _rewrite(graph_data, graph_size, request_data, request_size, sink, context):
         graph_def = graph_pb2.GraphDef.FromString(ctypes.string_at(graph_data, graph_size))
         shapes = (lambda: _cost.shapes_of_graph(graph)) if graph is not None else None
         result = _rewrite_module.rewrite_with_library(
-            graph_def, dtype=params.get("dtype", settings["dtype"]), fetches=preserved,
-            lists=None, strict=True, shapes=shapes, config=settings["config"])
+            graph_def, dtype=params.get("dtype", settings.dtype), fetches=preserved,
+            lists=None, strict=True, shapes=shapes, config=settings.config)
         if not result.modified:
             return _UNCHANGED
         data = result.graph_def.SerializeToString()

@@ -11,6 +11,7 @@
 
 import collections.abc
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -21,6 +22,7 @@ import weakref
 import tensorflow as tf
 
 from tf_mpt import _cpu
+from tf_mpt import _patches
 from tf_mpt.automatic import native_library as _native
 from tf_mpt.automatic import session_rewrite as _session_rewrite
 
@@ -29,8 +31,7 @@ _log = logging.getLogger(__name__)
 # --- the automatic path: TF_MPT_ENABLE=1 / python -m tf_mpt ---------------------------------
 
 _stays_float32 = False  # 'auto' found no fast half type (warned once)
-_enabled = None  # None, or dict(config=..., dtype=..., rewrite=bool, loss_scaling=bool)
-_patches = []  # (owner, attribute, original) to undo
+_enabled = None  # None, or the Settings in force
 _local = threading.local()
 _shadows = weakref.WeakKeyDictionary()  # user Session -> _Shadow
 
@@ -40,9 +41,20 @@ def is_enabled():
     return _enabled is not None
 
 
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What the automatic path resolved when it was enabled."""
+    config: object  # the tf_mpt.Config it was enabled with
+    dtype: str  # 'float16' | 'bfloat16'
+    rewrite: bool  # graphs are rewritten (TF_MPT_GRAPH_REWRITE)
+    loss_scaling: bool  # TF1 optimizers get loss scaling (TF_MPT_LOSS_SCALING)
+    loss_scale: object  # 'dynamic' or a number (TF_MPT_LOSS_SCALE)
+    session_rewrite: object = None  # 'grappler' | 'copy' (TF1 Sessions), None without rewrite
+
+
 def enabled_settings():
-    """The resolved settings (dict) of the automatic path, or None."""
-    return None if _enabled is None else dict(_enabled)
+    """The Settings of the automatic path, or None when it is off."""
+    return _enabled
 
 
 def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
@@ -56,7 +68,7 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
     """
     global _enabled, _stays_float32
     if _enabled is not None:
-        return dict(_enabled)
+        return _enabled
     from tf_mpt import config as _config  # pylint: disable=g-import-not-at-top
     config = config if config is not None else _config.Config.from_env(os.environ)
     if gpu_visible is None:
@@ -72,32 +84,30 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
                          "or float16 to force a half type.",
                          " or ".join(_cpu.NATIVE_BFLOAT16_FLAGS))
         return None
-    settings = dict(dtype=dtype, rewrite=config.graph_rewrite,
-                    loss_scaling=config.loss_scaling_for(dtype), loss_scale=config.loss_scale)
-    if settings["rewrite"]:
-        settings["session_rewrite"] = _patch_sessions(config, dtype)
+    settings = Settings(config=config, dtype=dtype, rewrite=config.graph_rewrite,
+                        loss_scaling=config.loss_scaling_for(dtype),
+                        loss_scale=config.loss_scale)
+    if settings.rewrite:
+        settings = dataclasses.replace(settings, session_rewrite=_patch_sessions(config, dtype))
         _patch_tf_function(dtype)
         _set_keras_policy(dtype)
-    if settings["loss_scaling"]:
+    if settings.loss_scaling:
         optimizer_class = tf.compat.v1.train.Optimizer
         _patch(optimizer_class, "compute_gradients", _compute_gradients)
         _patch(optimizer_class, "apply_gradients", _apply_gradients)
     _enabled = settings
     _log.info("enabled: dtype=%s graph_rewrite=%s (TF1 Sessions: %s) loss_scaling=%s "
-              "loss_scale=%s", dtype, settings["rewrite"], settings.get("session_rewrite"),
-              settings["loss_scaling"], settings["loss_scale"])
-    return dict(settings)
+              "loss_scale=%s", dtype, settings.rewrite, settings.session_rewrite,
+              settings.loss_scaling, settings.loss_scale)
+    return settings
 
 
 def disable():
-    """Turns the automatic path off and removes every patch (existing Sessions included)."""
+    """Turns the automatic path off and removes every process-wide patch tf_mpt made
+    (existing Sessions and the Saver.restore fallback of tf_mpt.training.checkpoints
+    included)."""
     global _enabled, _stays_float32
-    while _patches:
-        owner, name, original = _patches.pop()
-        if name == "<keras policy>":
-            original()
-            continue
-        setattr(owner, name, original)
+    _patches.undo_all()
     _session_rewrite.uninstall()
     for shadow in list(_shadows.values()):
         shadow.close()
@@ -123,8 +133,7 @@ def _patch(owner, name, replacement):
         return replacement(original, self, *args, **kwargs)
 
     functools.update_wrapper(method, original)
-    setattr(owner, name, method)
-    _patches.append((owner, name, original))
+    _patches.replace(owner, name, method)
 
 
 @contextlib.contextmanager
@@ -184,7 +193,7 @@ class _Shadow:
         graph = session.graph
         self.user_graph = graph
         self.version = graph.version
-        self.graph = _rewrite.rewrite_graph(graph, dtype=_enabled["dtype"])
+        self.graph = _rewrite.rewrite_graph(graph, dtype=_enabled.dtype)
         self.session = tf.compat.v1.Session(target=session.sess_str, graph=self.graph,
                                             config=getattr(session, "_config", None))
         self.session._tf_mpt_unshadowed = True  # pylint: disable=protected-access
@@ -381,7 +390,7 @@ def _scaling_optimizer(optimizer):
     from tf_mpt.training import optimizer as _optimizer  # pylint: disable=g-import-not-at-top
     wrapper = getattr(optimizer, "_tf_mpt_loss_scale_optimizer", None)
     if wrapper is None:
-        wrapper = _optimizer.LossScaleOptimizer(optimizer, _enabled["loss_scale"])
+        wrapper = _optimizer.LossScaleOptimizer(optimizer, _enabled.loss_scale)
         optimizer._tf_mpt_loss_scale_optimizer = wrapper  # pylint: disable=protected-access
     return wrapper
 
@@ -407,6 +416,7 @@ def _apply_gradients(original, optimizer, grads_and_vars, *args, **kwargs):
 
 # --- TF2: tf.function and Keras -------------------------------------------------------------
 
+_KERAS_POLICY = "<keras dtype policy>"
 _LIBRARY_PREFIXES = ("keras", "tf_keras", "tensorflow", "tf_mpt", "absl")
 
 
@@ -430,8 +440,7 @@ def _patch_tf_function(dtype):
             return original(func, **kwargs)
 
     functools.update_wrapper(function, original)
-    _patches.append((tf, "function", original))
-    tf.function = function
+    _patches.replace(tf, "function", function)
 
 
 def _set_keras_policy(dtype):
@@ -440,7 +449,7 @@ def _set_keras_policy(dtype):
     keras = sys.modules.get("keras")
     if keras is None or not hasattr(keras, "config"):
         return  # not (fully) imported yet: keras_imported() sets it when it is
-    if any(name == "<keras policy>" for _, name, _ in _patches):
+    if _patches.is_applied(None, _KERAS_POLICY):
         return
     try:
         previous = keras.config.dtype_policy()
@@ -448,12 +457,12 @@ def _set_keras_policy(dtype):
     except Exception as error:  # pylint: disable=broad-except
         _log.debug("Keras dtype policy not set: %s", error)
         return
-    _patches.append((None, "<keras policy>", lambda: keras.config.set_dtype_policy(previous)))
+    _patches.record(_KERAS_POLICY, lambda: keras.config.set_dtype_policy(previous))
     _log.info("Keras global dtype policy set to mixed_%s (Keras models built from now on "
               "compute in %s with float32 variables)", dtype, dtype)
 
 
 def keras_imported():
     """Called when `import keras` finishes under the automatic path."""
-    if _enabled is not None and _enabled["rewrite"]:
-        _set_keras_policy(_enabled["dtype"])
+    if _enabled is not None and _enabled.rewrite:
+        _set_keras_policy(_enabled.dtype)

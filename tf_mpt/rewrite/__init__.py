@@ -1,30 +1,36 @@
 """rewrite_graph_def / rewrite_graph: the orchestrator.
 
-Algorithm (each step one function of `_PASSES`, see `paint/rules.py`, `paint/tensor_lists.py`,
-`paint/cost.py`, `paint/tensor_arrays.py` and `casts.py`):
+Phases, in the order the code runs them (`_rewrite_graph_def` and, per graph, `_rewrite_one`):
 
-    index the graph; map every node's ports to (node, type-attr) vertices (an op whose half
-      form is a newer op version, V1 FusedBatchNorm, is analysed as that version)
-    keep fetched outputs, opted-out (_tf_mpt_keep_fp32), unknown and function-call nodes float32
-    0. TensorLists made in the graph link their writers to their readers (paint flows through)
-    1. allow ops go half
-    2. deny propagates forward through clear/infer ops that lead to deny/infer ops
-       (a TensorList with a deny member stays float32 as a whole)
-    3. clear/infer ops between allow ops go half
-    4. infer ops fed by allow ops (and no deny op) go half, to a fixpoint
-    5. clear ops touching allow ops go half, transitively; 4 and 5 repeat until stable, and
-       again after each TensorList is made one colour
-    6. un-paint: a gather or slice whose whole float32 input would be cast just for it stays
-       float32 when its output is smaller (the Cast moves after it)
-       un-paint: the cost model keeps clusters float32 whose Casts cost more than they save
-       (a TensorList it splits goes float32 as a whole)
-    7. TensorArrays and Stacks go half as a whole where that saves Casts
-    8. un-paint: loop back edges (NextIteration -> Merge) keep one colour
-    9. existing Casts read and emit half where that saves a Cast
-    10. float32 constants whose consumers are all half are stored in half
-    then: set the painted dtypes (renaming ops to their half form) and insert one shared Cast
-    per (tensor, dtype) mismatch; with library functions, rewrite each body the same way and
-    keep values half across loop, call and TensorList boundaries (`boundaries/`)
+    1. index       a GraphView of the graph; every node's ports mapped to (node, type-attr)
+                   vertices (an op whose half form is a newer op version, V1 FusedBatchNorm,
+                   is analysed as that version); fetched, opted-out (_tf_mpt_keep_fp32),
+                   unknown and function-call nodes keep float32
+    2. paint       the passes of `_PASSES`, in this order (each docstring gives its Kind,
+                   paint or un-paint, and what it Needs before it; paint/):
+        link_tensor_list_writers_to_readers             a TensorList's writers feed its readers
+        add_allowlist_ops                               allow ops go half
+        propagate_deny_forward_through_clear_and_infer  deny flows to clear/infer ops before deny
+        force_colour_match_on_tensor_lists              a TensorList is one colour
+        add_clear_and_infer_to_allow_if_between_allow   clear/infer between allow ops go half
+        add_infer_to_allow_if_following_allow           infer ops fed by allow ops go half
+        propagate_allow_through_clear                   clear ops touching allow ops go half
+        repeat_infer_and_clear_until_stable             the two above until nothing changes
+        match_tensor_lists_and_repeat_until_stable      list colours, then again until stable
+        cast_the_selected_part_not_the_whole            un-paint: a gather casts rows, not table
+        keep_unprofitable_clusters_fp32                 un-paint: the cost model
+        unpaint_split_tensor_lists                      un-paint: a list the cost model split
+        store_tensor_arrays_in_half                     TensorArrays, Stacks half as a whole
+        force_colour_match_on_loop_back_edges           un-paint: one colour around a back edge
+        let_existing_casts_read_and_emit_half           the graph's Casts read/emit half
+        store_constants_in_half                         Consts read only by half ops go half
+    3. casts       apply.apply_paint: the painted dtypes set (ops renamed to their half form,
+                   Consts stored in half); the editor (editor.py) inserts one Cast per
+                   (tensor, dtype), shared by every reader
+    4. functions   every library function the graph calls, rewritten by phases 1-3 with its
+                   signature fixed (function_bodies.py)
+    5. boundaries  values kept half across loop, call and TensorList boundaries (boundaries/)
+    6. report      one report for the graph and its functions, Casts counted after phase 5
 
 Example:
     >>> result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype="bfloat16")
@@ -44,14 +50,16 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.core.framework import graph_pb2
 
 from tf_mpt.rewrite.paint import tensor_arrays as _arrays
+from tf_mpt.rewrite import apply as _apply
 from tf_mpt.rewrite import boundaries as _boundaries
-from tf_mpt.rewrite import casts as _casts
 from tf_mpt.rewrite.paint import cost as _cost
 from tf_mpt.rewrite import function_bodies as _function_library
 from tf_mpt.rewrite import graph_view as _graph_view
+from tf_mpt.rewrite import reporting as _reporting
 from tf_mpt.rewrite.paint import tensor_lists as _list_paint
 from tf_mpt.rewrite.paint import rules as _paint
 from tf_mpt.rewrite import type_attrs as ta
+from tf_mpt import _dtypes
 from tf_mpt import config as _config
 from tf_mpt import lists as _lists
 from tf_mpt import report as _report
@@ -82,7 +90,6 @@ _PASSES = (
     ("store_constants_in_half", _paint.store_constants_in_half),
 )
 
-_DTYPE_ENUM = {"float16": ta.DT_HALF, "bfloat16": ta.DT_BFLOAT16}
 _dump_counter = itertools.count()
 
 
@@ -223,42 +230,48 @@ def _check_config(config):
 
 def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots, shapes,
                        config):
-    dtype_name = _lists._dtype_name(dtype)  # pylint: disable=protected-access
+    half = _dtypes.parse(dtype)
     _check_graph_def(graph_def)
     config = _check_config(config)
     if lists is None:
-        lists = config.lists_for(dtype_name)
+        lists = config.lists_for(half.name)
     _check_lists(lists)
     signatures = {f.signature.name: f.signature for f in graph_def.library.function}
+    constants = _cost.constants_for(config.cost_model, half.enum)
+    # 1. index (the main graph; phases 2 and 3 follow in _rewrite_one)
     view = _graph_view.GraphView(graph_def)
     fetched = _fetch_node_names(fetches, view)
-    constants = _cost.constants_for(config.cost_model, _DTYPE_ENUM[dtype_name])
     new_graph_def, report, modified, error = _rewrite_one(
-        graph_def, view, fetched, dtype_name, lists, signatures, strict, constants, shapes)
+        graph_def, view, fetched, half, lists, signatures, strict, constants, shapes)
     if error is not None:
         unchanged = graph_pb2.GraphDef()
         unchanged.CopyFrom(graph_def)
         return RewriteResult(unchanged, report, False)
+    # 4. functions
     function_reports = {}
     reachable = _reachable_functions(graph_def, function_roots)
     for index, fdef in enumerate(graph_def.library.function):
         if fdef.signature.name not in reachable:
             continue  # e.g. a While body TF replaced by its '_rewritten' copy: never runs
-        new_fdef, function_report = _rewrite_function_body(fdef, dtype_name, lists, signatures,
+        new_fdef, function_report = _rewrite_function_body(fdef, half, lists, signatures,
                                                            strict, constants)
         if function_report is not None:
             function_reports[fdef.signature.name] = function_report
         if new_fdef is not None:
             new_graph_def.library.function[index].CopyFrom(new_fdef)
             modified = True
+    # 5. boundaries (only functions have any)
+    kept = None
     if function_reports:
-        report = _report.merge_function_reports(report, function_reports)
         kept = _boundaries.keep_values_half_across_boundaries(
-            new_graph_def, _DTYPE_ENUM[dtype_name], fetched)
+            new_graph_def, half.enum, fetched)
+        # also when painting changed nothing (a rewritten graph, now with fewer fetches)
+        modified = modified or bool(kept)
+    # 6. report
+    if function_reports:
+        report = _reporting.merge_function_reports(report, function_reports)
         if kept:
-            # also when painting changed nothing (a rewritten graph, now with fewer fetches)
-            modified = True
-            report = _report.recount_casts(report, graph_def, new_graph_def, kept)
+            report = _reporting.recount_casts(report, graph_def, new_graph_def, kept)
     if _log.isEnabledFor(logging.DEBUG):
         for decision in report.decisions.values():
             _log.debug("%s", decision)
@@ -296,7 +309,7 @@ def _reachable_functions(graph_def, roots=()):
     return seen
 
 
-def _rewrite_one(graph_def, view, fetched, dtype_name, lists, signatures, strict, constants,
+def _rewrite_one(graph_def, view, fetched, half, lists, signatures, strict, constants,
                  shapes):
     """Paints one graph (no library). Returns (graph_def, report, modified, error or None).
 
@@ -304,21 +317,24 @@ def _rewrite_one(graph_def, view, fetched, dtype_name, lists, signatures, strict
     shapes: a callable giving {node name: output shapes}, or None for `_output_shapes` attrs;
         called at most once, only by a pass that needs shapes.
     """
+    # 1. index: (node, type-attr) vertices
     types = [ta.node_types(node, signatures) for node in view.nodes]
     skip = _node_skip_reasons(view, types, fetched)
-    paint = _paint.Paint(view, types, _DTYPE_ENUM[dtype_name], lists, skip,
+    paint = _paint.Paint(view, types, half, lists, skip,
                          ta.default_device_type())
     paint.shape_source = shapes or functools.partial(_cost.output_shapes_from_attrs, view)
     if constants is not None:
         paint.cost = (constants, paint.static_shapes())
     step = "build"
     try:
+        # 2. paint
         for step, run_pass in _PASSES:
             run_pass(paint)
+        # 3. casts
         step = "insert_casts"
-        new_graph_def, cast_names = _casts.apply_paint(graph_def, view, types, paint)
+        new_graph_def, cast_names = _apply.apply_paint(graph_def, view, types, paint)
         step = "build_report"
-        report = _report.build_report(paint, cast_names, _paint.explain_unpainted)
+        report = _reporting.build_report(paint, cast_names, _paint.explain_unpainted)
     except Exception as error:  # pylint: disable=broad-except
         if strict:
             raise RewriteError(f"tf_mpt rewrite failed in pass {step}: "
@@ -326,14 +342,14 @@ def _rewrite_one(graph_def, view, fetched, dtype_name, lists, signatures, strict
         _log.warning("tf_mpt rewrite failed in pass %s (%s: %s); the graph is left unchanged "
                      "in float32.", step, type(error).__name__, error)
         message = f"pass {step}: {type(error).__name__}: {error}"
-        report = _report.RewriteReport(dtype=dtype_name, total_nodes=len(view.nodes),
+        report = _report.RewriteReport(dtype=half.name, total_nodes=len(view.nodes),
                                        converted_nodes=0, casts_added=0, error=message)
         return graph_def, report, False, message
     modified = any(paint.converted) or bool(cast_names)
     return new_graph_def, report, modified, None
 
 
-def _rewrite_function_body(fdef, dtype_name, lists, signatures, strict, constants):
+def _rewrite_function_body(fdef, half, lists, signatures, strict, constants):
     """Rewrites one library function, its signature unchanged.
 
     Returns (new FunctionDef or None if unchanged, report or None if not rewritable).
@@ -346,7 +362,7 @@ def _rewrite_function_body(fdef, dtype_name, lists, signatures, strict, constant
         _log.debug("function %s is left as it is: %s", name, error)
         return None, None
     new_body, report, modified, error = _rewrite_one(
-        body, view, set(fetches), dtype_name, lists, signatures, strict, constants, None)
+        body, view, set(fetches), half, lists, signatures, strict, constants, None)
     if error is not None or not modified:
         return None, report
     try:

@@ -35,6 +35,16 @@ def called_functions(node):
         yield from value.list.func
 
 
+def function_references(graph_def):
+    """{function name: how many nodes (in the graph and in every function) call it}."""
+    counts = {}
+    for nodes in [graph_def.node] + [f.node_def for f in graph_def.library.function]:
+        for node in nodes:
+            for func in called_functions(node):
+                counts[func.name] = counts.get(func.name, 0) + 1
+    return counts
+
+
 def _op_def(op, signatures):
     op_def = op_def_registry.get(op)
     if op_def is None:

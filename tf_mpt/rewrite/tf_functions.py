@@ -19,7 +19,7 @@ import weakref
 import tensorflow as tf
 
 from tf_mpt.rewrite import function_bodies as _function_library
-from tf_mpt import lists as _lists
+from tf_mpt import _dtypes
 from tf_mpt import rewrite as _rewrite
 
 _log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def rewrite_function(concrete_function, *, dtype="float16", config=None):
         config: a tf_mpt.Config, or None for the TF_MPT_* environment.
     """
     _check_concrete_function(concrete_function)
-    dtype_name = _lists._dtype_name(dtype)  # pylint: disable=protected-access
+    dtype_name = _dtypes.parse(dtype).name
     cf = concrete_function
     graph_def = cf.graph.as_graph_def()
     fetches = ([t.op.name for t in cf.outputs] + [op.name for op in cf.graph.control_outputs]
@@ -186,7 +186,7 @@ class Function:
     """A tf.function whose traced graphs are rewritten to mixed precision (see `function`)."""
 
     def __init__(self, fn, dtype, tf_function_kwargs, tf_function=None):
-        self._dtype = _lists._dtype_name(dtype)  # pylint: disable=protected-access
+        self._dtype = _dtypes.parse(dtype).name
         self._tf_function = (tf_function if tf_function is not None
                              else _TF_FUNCTION(fn, **tf_function_kwargs))
         self._rewritten = {}

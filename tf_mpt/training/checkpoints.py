@@ -3,7 +3,8 @@
 A fallback in tf.compat.v1.train.Saver.restore: a checkpoint without tf_mpt's loss-scale
 variables (written by a float32 run) restores into a mixed-precision graph, the loss scale
 starting from its initial value. Installed the first time a DynamicLossScale creates graph
-variables; `reset_for_tests()` removes it.
+variables; `tf_mpt.disable()` removes it (tf_mpt/_patches.py), and the next
+DynamicLossScale that creates graph variables installs it again.
 """
 
 import functools
@@ -12,18 +13,18 @@ import re
 
 import tensorflow as tf
 
+from tf_mpt import _patches
+
 _log = logging.getLogger(__name__)
 
 _LOSS_SCALE_VARIABLE = re.compile(r"^tf_mpt(_\d+)?/(current_loss_scale|good_steps|skipped_steps)$")
-_original_restore = None
 
 
 def install_saver_restore_fallback():
     """Makes Saver.restore tolerate checkpoints lacking only tf_mpt loss-scale variables."""
-    global _original_restore
-    if _original_restore is not None:
-        return
     saver_class = tf.compat.v1.train.Saver
+    if _patches.is_applied(saver_class, "restore"):
+        return
     original = saver_class.restore
 
     @functools.wraps(original)
@@ -35,16 +36,7 @@ def install_saver_restore_fallback():
                 raise
             return None
 
-    saver_class.restore = restore
-    _original_restore = original
-
-
-def reset_for_tests():
-    """Removes every hook this module installed."""
-    global _original_restore
-    if _original_restore is not None:
-        tf.compat.v1.train.Saver.restore = _original_restore
-        _original_restore = None
+    _patches.replace(saver_class, "restore", restore)
 
 
 def _restore_without_loss_scale_state(saver, sess, save_path):

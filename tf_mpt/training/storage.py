@@ -16,7 +16,7 @@ import contextlib
 
 import tensorflow as tf
 
-from tf_mpt import lists as _lists
+from tf_mpt import _dtypes
 
 tf1 = tf.compat.v1
 
@@ -35,11 +35,8 @@ def float32_storage_getter(getter, name, shape=None, dtype=None, *args, **kwargs
     if requested not in _HALF or not trainable:
         return getter(name, *args, shape=shape, dtype=dtype, **kwargs)
     variable = getter(name, *args, shape=shape, dtype=tf.float32, **kwargs)
-    return tf.cast(variable, requested, name=f"{variable.op.name}/CastTo{_tag(requested)}")
-
-
-def _tag(dtype):
-    return "Fp16" if dtype == tf.float16 else "Bf16"
+    tag = _dtypes.parse(requested).tag
+    return tf.cast(variable, requested, name=f"{variable.op.name}/CastTo{tag}")
 
 
 @contextlib.contextmanager
@@ -54,7 +51,7 @@ def mixed_precision_scope(dtype="float16", name_or_scope=None):
     Yields:
         the tf.DType of `dtype`.
     """
-    half = tf.as_dtype(_lists._dtype_name(dtype))  # pylint: disable=protected-access
+    half = tf.as_dtype(_dtypes.parse(dtype).name)
     scope = name_or_scope if name_or_scope is not None else tf1.get_variable_scope()
     # TensorFlow nests custom getters: a getter of an enclosing scope still runs (inside ours).
     with tf1.variable_scope(scope, custom_getter=float32_storage_getter,

@@ -17,14 +17,10 @@ name, so every other caller keeps the signature it was built for. Functions with
 gradient, fetched or opted-out call nodes, and polymorphic signatures are left alone.
 """
 
+from tf_mpt.rewrite import editor as _editor
 from tf_mpt.rewrite import type_attrs as ta
-from tf_mpt.rewrite.graph_view import parse_input
-from tf_mpt.rewrite.boundaries.loops import _Outer
-from tf_mpt.rewrite.boundaries.loops import return_before_exit_cast
-from tf_mpt.rewrite.boundaries.loops import _function_references
-from tf_mpt.rewrite.boundaries.loops import _half_entry_casts
+from tf_mpt.rewrite.boundaries import bodies as _bodies
 from tf_mpt.rewrite.casts import is_our_cast
-from tf_mpt.rewrite.boundaries.loops import _remove_entry_casts
 
 # op -> (function-valued attrs, index of the first argument among the node's inputs)
 CALL_OPS = {"PartitionedCall": (("f",), 0), "StatefulPartitionedCall": (("f",), 0),
@@ -44,51 +40,33 @@ def _functions_of(node):
     return out
 
 
-def _exit_cast(fdef, out_name, half):
-    """tf_mpt's Cast to float32 whose output `out_name` returns, or None."""
-    name = fdef.ret[out_name].split(":")[0]
-    node = next((n for n in fdef.node_def if n.name == name), None)
-    return node if node is not None and is_our_cast(node, half, ta.DT_FLOAT) else None
-
-
-def _outer_readers(graph_def, node, port, half):
+def _outer_readers(outer, node, port, half):
     """(tf_mpt's Casts to half reading node:port, other readers) in the main graph."""
-    casts, others = 0, 0
-    for reader in graph_def.node:
-        for tensor in reader.input:
-            if not tensor.startswith("^") and parse_input(tensor) == (node.name, port):
-                if is_our_cast(reader, ta.DT_FLOAT, half):
-                    casts += 1
-                else:
-                    others += 1
-    return casts, others
+    readers = [reader for reader, _ in outer.readers(node.name, port)]
+    casts = sum(is_our_cast(reader, ta.DT_FLOAT, half) for reader in readers)
+    return casts, len(readers) - casts
+
+
+def _float32_positions(node, attr):
+    return [k for k, dtype in enumerate(node.attr[attr].list.type) if dtype == ta.DT_FLOAT]
 
 
 class _Plan:
     """The switches worth making at one call node."""
 
-    def __init__(self, graph_def, by_name, node, bodies, half):
+    def __init__(self, outer, node, bodies, half):
         _, offset = CALL_OPS[node.op]
         self.args, self.rets = [], []
-        for k, dtype in enumerate(node.attr["Tin"].list.type):
-            if dtype != ta.DT_FLOAT:
-                continue
-            entries = [_half_entry_casts(b, b.signature.input_arg[k].name, half) for b in bodies]
-            if any(e is None for e in entries):
-                continue
-            removed = sum(len(e) for e in entries)
-            producer = by_name.get(parse_input(node.input[offset + k])[0])
+        for k in _float32_positions(node, "Tin"):
+            entries = [b.entry_casts(k) for b in bodies]
+            producer, _ = outer.producer(node.input[offset + k])
             added = 0 if producer is not None and is_our_cast(producer, half, ta.DT_FLOAT) else 1
-            if removed > added:
+            if all(e is not None for e in entries) and sum(map(len, entries)) > added:
                 self.args.append(k)
-        for k, dtype in enumerate(node.attr["Tout"].list.type):
-            if dtype != ta.DT_FLOAT:
-                continue
-            exits = [_exit_cast(b, b.signature.output_arg[k].name, half) for b in bodies]
-            if any(e is None for e in exits):
-                continue
-            casts, others = _outer_readers(graph_def, node, k, half)
-            if len(exits) + casts > (1 if others else 0):
+        for k in _float32_positions(node, "Tout"):
+            exits = [b.exit_cast(k) for b in bodies]
+            casts, others = _outer_readers(outer, node, k, half)
+            if all(e is not None for e in exits) and len(exits) + casts > (1 if others else 0):
                 self.rets.append(k)
 
     def __bool__(self):
@@ -97,17 +75,15 @@ class _Plan:
 
 def _switch_arg(node, bodies, k, half):
     for body in bodies:
-        arg = body.signature.input_arg[k]
-        _remove_entry_casts(body, arg.name, _half_entry_casts(body, arg.name, half))
-        arg.type = half
+        body.remove_entry_casts(k, body.entry_casts(k))
+        body.set_half(inputs=[k])
     node.attr["Tin"].list.type[k] = half
 
 
 def _switch_ret(node, bodies, k, half):
     for body in bodies:
-        out = body.signature.output_arg[k]
-        return_before_exit_cast(body, out.name, _exit_cast(body, out.name, half))
-        out.type = half
+        body.return_before_exit_cast(k, body.exit_cast(k))
+        body.set_half(outputs=[k])
     node.attr["Tout"].list.type[k] = half
 
 
@@ -130,36 +106,36 @@ def keep_call_values_half(graph_def, half, fetched):
 
 
 def _sweep(graph_def, half, fetched):
-    library = {f.signature.name: f for f in graph_def.library.function}
+    library = _bodies.Library(graph_def)
     with_gradient = {g.function_name for g in graph_def.library.gradient}
-    references = _function_references(graph_def)
-    by_name = {n.name: n for n in graph_def.node}
-    outer = _Outer(graph_def, half)
+    references = library.references
+    outer = _editor.Editor(graph_def, half)
     switched = 0
-    for node in list(graph_def.node):
-        if node.op not in CALL_OPS or node.name in fetched or (
-                ta.KEEP_FP32_ATTR in node.attr and node.attr[ta.KEEP_FP32_ATTR].b):
-            continue
+    for node in _bodies.switchable_nodes(graph_def, CALL_OPS, fetched):
         funcs = _functions_of(node)
-        bodies = [library.get(f.name) for f in funcs]
-        if not funcs or any(b is None or b.signature.name in with_gradient
+        fdefs = [library.functions.get(f.name) for f in funcs]
+        if not funcs or any(f is None or f.signature.name in with_gradient
                             or any(a.type_attr or a.type_list_attr or a.number_attr
-                                   for a in list(b.signature.input_arg)
-                                   + list(b.signature.output_arg))
-                            for b in bodies):
+                                   for a in list(f.signature.input_arg)
+                                   + list(f.signature.output_arg))
+                            for f in fdefs):
             continue
-        plan = _Plan(graph_def, by_name, node, bodies, half)
+        try:
+            bodies = [_bodies.Body(f, library.signatures, half) for f in fdefs]
+        except _bodies.UnsupportedFunction:
+            continue
+        plan = _Plan(outer, node, bodies, half)
         if not plan:
             continue
+        names = [f.name for f in funcs]
         for i, (func, body) in enumerate(zip(funcs, bodies)):
-            if references.get(func.name, 0) > 1 or bodies.count(body) > 1:
+            if references.get(func.name, 0) > 1 or names.count(func.name) > 1:
                 copy = graph_def.library.function.add()
-                copy.CopyFrom(body)
-                copy.signature.name = f"{body.signature.name}{SPECIALISED}{node.name}_{i}"
+                copy.CopyFrom(body.fdef)
+                copy.signature.name = f"{body.name}{SPECIALISED}{node.name}_{i}"
                 references[func.name] -= 1
                 func.name = copy.signature.name
-                library[copy.signature.name] = copy
-                bodies[i] = copy
+                body.fdef = copy  # its edits go to the copy
         _, offset = CALL_OPS[node.op]
         for k in plan.args:
             _switch_arg(node, bodies, k, half)
@@ -167,7 +143,9 @@ def _sweep(graph_def, half, fetched):
             switched += 1
         for k in plan.rets:
             _switch_ret(node, bodies, k, half)
-            outer.read_half(node, k)
+            outer.read_half(node.name, k)
             switched += 1
+        for body in bodies:
+            body.write_back()
     outer.finish()
     return switched

@@ -17,13 +17,10 @@ every value read goes straight to a Cast to half). A list that
 reaches anything else (a call, an op that is not a list op) is left alone.
 """
 
-import collections
-
-from tf_mpt.rewrite import casts as _casts
+from tf_mpt.rewrite import editor as _editor
 from tf_mpt.rewrite import function_bodies as _function_library
 from tf_mpt.rewrite import type_attrs as ta
-from tf_mpt.rewrite.graph_view import parse_input
-from tf_mpt.rewrite.boundaries.loops import _function_references
+from tf_mpt.rewrite.function_bodies import function_references
 from tf_mpt.rewrite.casts import is_our_cast
 
 MAKERS = ("EmptyTensorList", "TensorListReserve")
@@ -40,19 +37,11 @@ _IDENTITY = ("Identity",)
 
 
 class _Scope:
-    """The main graph or one loop function, as a GraphDef with a reader index."""
+    """The main graph or one loop function, as a GraphDef with its editor."""
 
-    def __init__(self, name, graph_def, fdef=None):
+    def __init__(self, name, graph_def, half, fdef=None):
         self.name, self.graph_def, self.fdef = name, graph_def, fdef
-        self.by_name = {n.name: n for n in graph_def.node}
-        self.readers = collections.defaultdict(list)
-        for node in graph_def.node:
-            for k, tensor in enumerate(node.input):
-                if not tensor.startswith("^"):
-                    self.readers[parse_input(tensor)].append((node, k))
-        self.taken = set(self.by_name)
-        self.casts = {(parse_input(n.input[0]), n.attr["DstT"].type): n.name
-                      for n in graph_def.node if n.op == "Cast" and len(n.input) == 1}
+        self.editor = _editor.Editor(graph_def, half)
         self.changed = False
 
 
@@ -64,13 +53,13 @@ class _Group:
         self.broken = False
 
 
-def _scopes(graph_def):
+def _scopes(graph_def, half):
     """{None: main scope, function name: scope} for the bodies/conds of main-graph Whiles
     that no other node calls."""
     library = {f.signature.name: f for f in graph_def.library.function}
     signatures = {name: f.signature for name, f in library.items()}
-    references = _function_references(graph_def)
-    scopes = {None: _Scope(None, graph_def)}
+    references = function_references(graph_def)
+    scopes = {None: _Scope(None, graph_def, half)}
     for node in graph_def.node:
         if node.op not in _WHILE_OPS:
             continue
@@ -82,7 +71,7 @@ def _scopes(graph_def):
                 body, _ = _function_library.function_to_graph_def(library[name], signatures)
             except _function_library.UnsupportedFunction:
                 continue
-            scopes[name] = _Scope(name, body, library[name])
+            scopes[name] = _Scope(name, body, half, library[name])
     return scopes
 
 
@@ -97,7 +86,7 @@ def _follow(scopes, start_scope, start_node):
         if (scope.name, tensor) in seen:
             continue
         seen.add((scope.name, tensor))
-        for node, k in scope.readers.get(tensor, ()):
+        for node, k in scope.editor.readers(*tensor):
             op = node.op
             if op in WRITERS or op in READERS or op in NEUTRAL:
                 if k != 0:  # the list is this op's value or index: not a list use
@@ -127,13 +116,8 @@ def _follow(scopes, start_scope, start_node):
     return group
 
 
-def _producer(scope, node, index):
-    name, port = parse_input(node.input[index])
-    return scope.by_name.get(name), port
-
-
 def _half_consumers(scope, node, port, half):
-    readers = scope.readers.get((node.name, port), ())
+    readers = scope.editor.readers(node.name, port)
     return ([r for r, _ in readers if is_our_cast(r, ta.DT_FLOAT, half)],
             [r for r, _ in readers if not is_our_cast(r, ta.DT_FLOAT, half)])
 
@@ -144,8 +128,9 @@ def _decide(group, half):
         return False
     if any(n.attr["element_dtype"].type != ta.DT_FLOAT for _, n in group.members):
         return False
-    written_half = [is_our_cast(p, half, ta.DT_FLOAT) if p is not None else False
-                    for p, _ in (_producer(s, n, WRITERS[n.op]) for s, n in group.writers)]
+    written_half = [p is not None and is_our_cast(p, half, ta.DT_FLOAT)
+                    for p, _ in (s.editor.producer(n.input[WRITERS[n.op]])
+                                 for s, n in group.writers)]
     reads = [_half_consumers(s, n, READERS[n.op], half) for s, n in group.readers]
     read_half = [bool(casts) and not others for casts, others in reads]
     if not (all(written_half) or all(read_half)):
@@ -157,52 +142,16 @@ def _decide(group, half):
     return after <= now
 
 
-def _new_cast(scope, tensor, from_dtype, to):
-    """A Cast of `tensor` to `to`: the one the scope already has, or a new one."""
-    key = (parse_input(tensor), to)
-    if key not in scope.casts:
-        cast = _casts.new_cast(scope.taken, tensor, from_dtype, to)
-        scope.graph_def.node.append(cast)
-        scope.casts[key] = cast.name
-    return scope.casts[key]
-
-
 def _switch(group, half):
+    """Every op of the group goes half; values written reach the list in half and values
+    read leave it in half (tf_mpt's Casts around it undone, float32 readers given a Cast)."""
     for scope, node in group.members:
         node.attr["element_dtype"].type = half
         scope.changed = True
-    dropped = collections.defaultdict(set)
     for scope, node in group.writers:
-        index = WRITERS[node.op]
-        producer, _ = _producer(scope, node, index)
-        if is_our_cast(producer, half, ta.DT_FLOAT):
-            node.input[index] = producer.input[0]
-            dropped[scope.name].add(producer.name)
-        else:
-            node.input[index] = _new_cast(scope, node.input[index], ta.DT_FLOAT, half)
+        scope.editor.feed_half(node, WRITERS[node.op])
     for scope, node in group.readers:
-        port = READERS[node.op]
-        tensor = node.name if port == 0 else f"{node.name}:{port}"
-        casts, others = _half_consumers(scope, node, port, half)
-        for cast in casts:
-            for reader, k in scope.readers.get((cast.name, 0), ()):
-                reader.input[k] = tensor
-            dropped[scope.name].add(cast.name)
-        if others:
-            fp32 = _new_cast(scope, tensor, half, ta.DT_FLOAT)
-            for reader in others:
-                for k, t in enumerate(reader.input):
-                    if not t.startswith("^") and parse_input(t) == (node.name, port):
-                        reader.input[k] = fp32
-    return dropped
-
-
-def _remove_unread(scope, names):
-    read = {parse_input(t)[0] for n in scope.graph_def.node for t in n.input}
-    drop = {name for name in names if name not in read}
-    keep = [n for n in scope.graph_def.node if n.name not in drop]
-    del scope.graph_def.node[:]
-    scope.graph_def.node.extend(keep)
+        scope.editor.read_half(node.name, READERS[node.op])
 
 
 def keep_tensor_lists_half(graph_def, half):
@@ -210,23 +159,21 @@ def keep_tensor_lists_half(graph_def, half):
 
     Returns the number of lists switched.
     """
-    scopes = _scopes(graph_def)
+    scopes = _scopes(graph_def, half)
     main = scopes[None]
     switched = 0
-    dropped = collections.defaultdict(set)
     for node in list(graph_def.node):
         if node.op not in MAKERS:
             continue
         group = _follow(scopes, main, node)
         if _decide(group, half):
-            for name, names in _switch(group, half).items():
-                dropped[name] |= names
+            _switch(group, half)
             switched += 1
     if not switched:
         return 0
     signatures = {f.signature.name: f.signature for f in graph_def.library.function}
     for name, scope in scopes.items():
-        _remove_unread(scope, dropped.get(name, set()))
+        scope.editor.finish()
         if name is None or not scope.changed:
             continue
         new = _function_library.graph_def_to_function(scope.graph_def, scope.fdef, signatures)

@@ -148,7 +148,11 @@ def _boundary_tensors(p, members):
 
 
 def keep_unprofitable_clusters_fp32(p):
-    """The cost-model pass (see the module docstring). Needs p.cost = (Constants, shapes)."""
+    """The cost-model pass (see the module docstring).
+
+    Kind: un-paint. Needs: the rules' final paint (after cast_the_selected_part_not_the_whole)
+    and p.cost.
+    """
     if p.cost is None:
         return
     constants, shape_table = p.cost

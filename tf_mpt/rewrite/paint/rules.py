@@ -27,11 +27,11 @@ class Paint:
         converted: per vertex, True when the rewrite changes its dtype to half.
     """
 
-    def __init__(self, view, types, target, lists, node_skip_reason, default_device):
+    def __init__(self, view, types, half, lists, node_skip_reason, default_device):
         self.view = view
         self.types = types
-        self.target = target
-        self.target_name = "bfloat16" if target == ta.DT_BFLOAT16 else "float16"
+        self.target = half.enum
+        self.target_name = half.name
         self.lists = lists
         self.node_skip_reason = node_skip_reason
         self.default_device = default_device
@@ -76,7 +76,7 @@ class Paint:
                 self.fanin[dv].append(sv)
                 if src_port in src_types.ref_out_ports:
                     self.reads_ref[dv] = True
-        self.allow = [d == target for d in self.v_dtype]
+        self.allow = [d == self.target for d in self.v_dtype]
         self.deny = [False] * n
         self.converted = [False] * n
         self.reason = [f"already {self.target_name}" if a else None for a in self.allow]
@@ -179,6 +179,8 @@ def add_allowlist_ops(p):
     """Allow ops go half.
 
     x -> MatMul -> y   becomes   x -> [MatMul] -> y   ([ ] = half).
+
+    Kind: paint. Needs: the index (OpDefs and kernels per vertex).
     """
     for v, lst in enumerate(p.v_list):
         if lst == "allow" and not p.allow[v] and p.candidate(v):
@@ -192,6 +194,8 @@ def propagate_deny_forward_through_clear_and_infer(p):
 
     Exp -> Relu -> Tanh -> Relu -> MatMul   becomes   Exp* -> Relu* -> Tanh* -> Relu -> MatMul
     (* = deny): the last Relu leads to no deny/infer op, so it stays free.
+
+    Kind: paint (deny). Needs: add_allowlist_ops.
     """
     lists = p.v_list
     roots = [v for v, lst in enumerate(lists) if lst in ("deny", "infer")]
@@ -218,6 +222,8 @@ def add_clear_and_infer_to_allow_if_between_allow(p):
     """Clear and infer ops with an allow op both upstream and downstream go half.
 
     MatMul -> Add -> Relu -> MatMul   becomes   [MatMul] -> [Add] -> [Relu] -> [MatMul].
+
+    Kind: paint. Needs: allow and deny painted.
     """
     allow_roots = [v for v in range(len(p.allow))
                    if p.allow[v] and (p.v_list[v] == "allow" or not p.converted[v])]
@@ -243,6 +249,8 @@ def add_infer_to_allow_if_following_allow(p):
 
     MatMul -> Tanh -> Sigmoid   becomes   [MatMul] -> [Tanh] -> [Sigmoid].
     Computed as a fixpoint, so the result does not depend on node order.
+
+    Kind: paint. Needs: add_clear_and_infer_to_allow_if_between_allow.
     """
     def ready(w):
         if p.allow[w] or p.deny[w] or p.v_list[w] != "infer" or not p.candidate(w):
@@ -271,6 +279,8 @@ def propagate_allow_through_clear(p):
 
     x -> Reshape -> MatMul -> Relu -> MaxPool   becomes   x -> [Reshape] -> [MatMul] -> [Relu]
     -> [MaxPool].
+
+    Kind: paint. Needs: add_infer_to_allow_if_following_allow.
     """
     roots = [v for v in range(len(p.allow)) if p.allow[v]]
     neighbours = [p.fanin[v] + p.fanout[v] for v in range(len(p.allow))]
@@ -292,6 +302,9 @@ def repeat_infer_and_clear_until_stable(p):
 
     MatMul -> Split -> Sigmoid   becomes   [MatMul] -> [Split] -> [Sigmoid]
     (an LSTM's gates: once pass 5 paints the Split, the Sigmoids follow it).
+
+    Kind: paint. Needs: add_infer_to_allow_if_following_allow and propagate_allow_through_clear
+    ran once.
     """
     while True:
         before = sum(p.allow)
@@ -315,6 +328,8 @@ def cast_the_selected_part_not_the_whole(p):
     table(9008x200) -> Cast -> [GatherV2](128x200) -> [MatMul]   becomes
     table(9008x200) -> GatherV2(128x200) -> Cast -> [MatMul].
     Needs static shapes of both sides (none known: nothing changes).
+
+    Kind: un-paint. Needs: every paint pass of the rules; static shapes.
     """
     shapes = None  # built at the first candidate: shapes cost a walk of the graph
     for i, node in enumerate(p.view.nodes):
@@ -341,6 +356,9 @@ def force_colour_match_on_loop_back_edges(p):
     """A loop-carried value has one colour around the back edge (NextIteration -> Merge).
 
     If the NextIteration or any Merge it feeds is not half, none of them is.
+
+    Kind: un-paint. Needs: every pass that paints half (it runs after them so a back edge ends
+    with one colour).
     """
     nodes = p.view.nodes
     for i, node in enumerate(nodes):
@@ -374,6 +392,8 @@ def let_existing_casts_read_and_emit_half(p):
 
     MatMul -> Cast(f32->i32)   becomes   [MatMul] -> Cast(half->i32)  (no Cast added), and
     Cast(i32->f32) -> MatMul   becomes   Cast(i32->half) -> [MatMul].
+
+    Kind: paint (existing Casts). Needs: the final colours of the Casts' neighbours.
     """
     for i, node in enumerate(p.view.nodes):
         if node.op != "Cast" or p.node_skip_reason[i] not in (None, FETCHED):
@@ -393,6 +413,8 @@ def store_constants_in_half(p):
     """A float32 Const whose every consumer is half is stored in half: no Cast at run time.
 
     Const -> [MatMul]   becomes   [Const] -> [MatMul].
+
+    Kind: paint (Consts). Needs: the final colours of every consumer; runs last.
     """
     for i, node in enumerate(p.view.nodes):
         if node.op != "Const" or p.node_skip_reason[i] is not None:

@@ -112,7 +112,11 @@ def _safe_in_half(p, members):
 
 
 def store_tensor_arrays_in_half(p):
-    """Paints a TensorArray's declaration, writes and reads half where that saves Casts."""
+    """Paints a TensorArray's declaration, writes and reads half where that saves Casts.
+
+    Kind: paint (whole arrays). Needs: every rule and un-paint before it: it counts Casts around
+    the final colours.
+    """
     for source, members in _arrays(p).items():
         vertices = [v for v, _, _, _ in members]
         if any(v is None or p.allow[v] or p.deny[v] or not p.candidate(v) for v in vertices):

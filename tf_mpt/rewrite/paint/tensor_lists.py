@@ -120,6 +120,9 @@ def link_tensor_list_writers_to_readers(p):
 
     x -> [MatMul] -> SetItem(L) ... GetItem(L) -> Tanh   gains the edges
     SetItem.element_dtype -> Reserve(L).element_dtype -> GetItem.element_dtype.
+
+    Kind: link (adds element edges, paints nothing). Needs: the index only; runs before every
+    paint pass.
     """
     for makers, members in _joined_lists(p):
         hub = p.node_vertex[makers[0]].get(_KEY)
@@ -149,6 +152,9 @@ def force_colour_match_on_tensor_lists(p):
     it float32 (denied, so no clear rule repaints it); else one half member makes all half.
 
     [SetItem(L)] ... GetItem(L)   becomes   [SetItem(L)] ... [GetItem(L)]  (no deny member).
+
+    Kind: paint (a list's deny or half, as a whole).
+    Needs: propagate_deny_forward_through_clear_and_infer.
     """
     for group in p.tensor_list_groups:
         vertices = group.vertices
@@ -181,6 +187,8 @@ def match_tensor_lists_and_repeat_until_stable(p):
 
     [MatMul] -> [SetItem(L)] ... GetItem(L) -> Tanh   becomes
     [MatMul] -> [SetItem(L)] ... [GetItem(L)] -> [Tanh].
+
+    Kind: paint. Needs: repeat_infer_and_clear_until_stable.
     """
     if not p.tensor_list_groups:
         return
@@ -196,6 +204,8 @@ def unpaint_split_tensor_lists(p):
     """After the cost model: a list it split (some members half, some not) is float32 whole.
 
     [SetItem(L)] ... GetItem(L)   becomes   SetItem(L) ... GetItem(L).
+
+    Kind: un-paint. Needs: keep_unprofitable_clusters_fp32.
     """
     for group in p.tensor_list_groups:
         vertices = group.vertices

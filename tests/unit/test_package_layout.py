@@ -1,0 +1,129 @@
+"""The package's shape: no import circle, every module imports only downward.
+
+Layers, lowest first (a module may import its own layer or a lower one, never in a circle):
+    facts      _dtypes, _patches, _cpu, lists, report
+    config     config (reads TF_MPT_*)
+    rewrite    rewrite/ (the orchestrator and its passes)
+    training   training/ (storage getter, loss scales, optimizer, checkpoints)
+    uses       automatic/, models/ (built on rewrite and training)
+    entries    cli, __main__, _startup, the public aliases loss_scale/optimizer/variables
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "tf_mpt"
+
+LAYERS = (
+    ("facts", ("tf_mpt._dtypes", "tf_mpt._patches", "tf_mpt._cpu", "tf_mpt.lists",
+               "tf_mpt.report")),
+    ("config", ("tf_mpt.config",)),
+    ("rewrite", ("tf_mpt.rewrite",)),
+    ("training", ("tf_mpt.training",)),
+    ("uses", ("tf_mpt.automatic", "tf_mpt.models")),
+    ("entries", ("tf_mpt.cli", "tf_mpt.__main__", "tf_mpt._startup", "tf_mpt.loss_scale",
+                 "tf_mpt.optimizer", "tf_mpt.variables", "tf_mpt")),
+)
+
+
+def _module_name(path):
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules():
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(path, modules):
+    """The tf_mpt modules `path` imports anywhere in its body (function-level too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules
+                     else node.module for alias in node.names]
+        else:
+            continue
+        found.update(n for n in names if n in modules)
+    return found
+
+
+def _graph():
+    modules = _modules()
+    return {name: _imports(path, modules) - {name} for name, path in modules.items()}
+
+
+def _layer(module):
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes if p != "tf_mpt"):
+            return index
+    assert module == "tf_mpt", f"{module} is in no layer: add it to LAYERS"
+    return len(LAYERS) - 1
+
+
+def longest_chain(graph):
+    """The longest import chain (module, a module it imports, ...) of an acyclic graph."""
+    memo = {}
+
+    def chain(module):
+        if module not in memo:
+            best = max((chain(m) for m in graph[module]), key=len, default=())
+            memo[module] = (module,) + best
+        return memo[module]
+
+    return max((chain(m) for m in graph), key=len)
+
+
+def find_circle(graph):
+    """An import circle [a, b, ..., a] in `graph` ({module: imported modules}), or None."""
+    state = {}
+
+    def visit(module, path):
+        state[module] = "open"
+        for imported in sorted(graph[module]):
+            if state.get(imported) == "open":
+                return path[path.index(imported):] + [imported]
+            if imported not in state:
+                circle = visit(imported, path + [imported])
+                if circle:
+                    return circle
+        state[module] = "done"
+        return None
+
+    for module in sorted(graph):
+        if module not in state:
+            circle = visit(module, [module])
+            if circle:
+                return circle
+    return None
+
+
+def upward_imports(graph):
+    return [f"{module} ({LAYERS[_layer(module)][0]}) imports {imported} "
+            f"({LAYERS[_layer(imported)][0]})"
+            for module, imported_set in sorted(graph.items()) for imported in sorted(imported_set)
+            if _layer(imported) > _layer(module)]
+
+
+def test_there_is_no_import_circle():
+    graph = _graph()
+    assert len(graph) > 40 and "tf_mpt.rewrite.apply" in graph["tf_mpt.rewrite"]
+    assert find_circle(graph) is None
+
+
+def test_every_module_imports_only_its_own_layer_or_lower():
+    assert upward_imports(_graph()) == []
+
+
+def test_the_checks_find_circles_and_upward_imports():
+    assert find_circle({"x.a": {"x.b"}, "x.b": {"x.c"}, "x.c": {"x.a"}}) == [
+        "x.a", "x.b", "x.c", "x.a"]
+    assert upward_imports({"tf_mpt.rewrite.casts": {"tf_mpt.cli"}, "tf_mpt.cli": set()}) == [
+        "tf_mpt.rewrite.casts (rewrite) imports tf_mpt.cli (entries)"]
+    assert longest_chain({"a": {"b"}, "b": {"c"}, "c": set()}) == ("a", "b", "c")

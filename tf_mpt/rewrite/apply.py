@@ -1,0 +1,87 @@
+"""Applying a finished Paint to the GraphDef: the one edit of the paint phase.
+
+    copy the graph; set every converted (node, type-attr) to half (renaming an op to its
+      half form, storing a Const's value in half)
+    for each data edge whose two ends now differ: the reader reads editor.cast(tensor, dtype)
+
+The editor (editor.py) decides which Cast: the tensor before a Cast to float32 of it, a Cast
+already in the graph (one whose own input keeps its dtype), or one new Cast per (tensor,
+dtype) shared by every reader.
+"""
+
+from tensorflow.core.framework import graph_pb2
+from tensorflow.python.framework import dtypes as tf_dtypes
+from tensorflow.python.framework import tensor_util
+
+from tf_mpt.rewrite import editor as _editor
+from tf_mpt.rewrite import type_attrs as ta
+
+
+def _set_dtype(node, key, dtype):
+    if isinstance(key, tuple):
+        node.attr[key[0]].list.type[key[1]] = dtype
+    else:
+        node.attr[key].type = dtype
+
+
+def _store_constant_in_half(node, dtype):
+    values = tensor_util.MakeNdarray(node.attr["value"].tensor)
+    np_dtype = tf_dtypes.as_dtype(dtype).as_numpy_dtype
+    node.attr["value"].tensor.CopyFrom(
+        tensor_util.make_tensor_proto(values.astype(np_dtype), dtype=dtype, shape=values.shape))
+
+
+def apply_paint(graph_def, view, types, paint):
+    """Returns (new GraphDef, names of the Casts added). `graph_def` is not modified."""
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    target = paint.target
+    for v, converted in enumerate(paint.converted):
+        if not converted:
+            continue
+        i, key = paint.v_node[v], paint.v_key[v]
+        node = out.node[i]
+        if node.op == "Const" and key == "dtype":
+            _store_constant_in_half(node, target)
+        _set_dtype(node, key, target)
+        if types[i].renamed_to is not None and node.op != types[i].op:
+            new_op, attrs = types[i].renamed_to
+            node.op = new_op
+            for name, dtype in attrs.items():
+                node.attr[name].type = dtype
+    def new_dtype(i, key):
+        v = paint.node_vertex[i][key]
+        return target if paint.converted[v] else paint.v_dtype[v]
+
+    def new_dtype_of_output(i, port):
+        nt = types[i]
+        if not nt.known or port >= len(nt.out_keys) or nt.out_keys[port] is None:
+            return None
+        return new_dtype(i, nt.out_keys[port])
+
+    def reusable(cast):
+        """An existing Cast is shared only if its own input keeps the dtype it reads."""
+        i = view.index[cast.name]
+        if not view.fanin[i] or "SrcT" not in paint.node_vertex[i]:
+            return False
+        src, port = view.fanin[i][0]
+        return new_dtype(i, "SrcT") == new_dtype_of_output(src, port)
+
+    editor = _editor.Editor(out, target, reusable)
+    for i, ports in enumerate(view.fanin):
+        in_keys = types[i].in_keys
+        node_vertex = paint.node_vertex[i]
+        for port, (src, src_port) in enumerate(ports):
+            key = in_keys[port]
+            dst_half = key is not None and paint.converted[node_vertex[key]]
+            src_types = types[src]
+            src_half = False
+            if src_types.known and src_port < len(src_types.out_keys):
+                src_key = src_types.out_keys[src_port]
+                src_half = src_key is not None and paint.converted[paint.node_vertex[src][src_key]]
+            if src_half == dst_half:
+                continue
+            to = target if dst_half else ta.DT_FLOAT
+            tensor = _editor.tensor_name(view.nodes[src].name, src_port)
+            editor.set_input(out.node[i], port, editor.cast(tensor, to))
+    return out, editor.finish()
