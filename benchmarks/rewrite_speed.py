@@ -5,10 +5,10 @@ NodeDefs: towers of conv + fused batch norm blocks, residual MLP blocks with
 Relu/Tanh/Sigmoid/Elu, layer-norm-like Mean/Rsqrt blocks, attention-like
 MatMul/Softmax/MatMul blocks, Exp gates, and a sparse softmax cross-entropy head per tower),
 the conv-net training graph of examples/rewrite_conv_net.py, and graphs with many function
-calls (--calls: a chain of tf.function blocks, each a StatefulPartitionedCall of its own copy
-of a MatMul + BiasAdd + Relu function, as Keras builds grouped convolutions): there the
-boundary phase switches call arguments and results to half, and its time must grow linearly
-with the number of calls.
+calls (--calls: a chain of tf.function blocks, each a call of its own function that calls an
+inner MatMul + BiasAdd + Relu function, as Keras builds layers inside a model function and
+grouped convolutions): there the boundary phase runs on the main graph and on every function
+body, and its time must grow linearly with the number of calls.
 
 Timing: tf_mpt is `tf_mpt.rewrite_graph_def` in this process; Grappler is one
 `tf_optimizer.OptimizeGraph` call with only the AMP optimizer, in a subprocess (see
@@ -226,18 +226,22 @@ def generate_graph(target_nodes):
 
 
 def many_calls_graph(calls):
-    """A chain of `calls` function calls (each its own function: MatMul + BiasAdd + Relu with
-    weights passed in), then a softmax. Returns (GraphDef, fetches)."""
+    """A chain of `calls` function calls, each of its own outer function, which adds 1 to
+    what its own inner function (MatMul + BiasAdd + Relu, weights passed in) returns; then a
+    softmax. Returns (GraphDef, fetches): 2 x `calls` library functions."""
     graph = tf.Graph()
     with graph.as_default():
         x = tf.compat.v1.placeholder(tf.float32, [BATCH, CALL_WIDTH], name="x")
         for i in range(calls):
-            # a new Python function per call: one library function per call site
-            def block(value, weights, bias):
+            # new Python functions per call: one pair of library functions per call site
+            def inner(value, weights, bias):
                 return tf.nn.relu(tf.nn.bias_add(tf.matmul(value, weights), bias))
+
+            def outer(value, weights, bias, inner=inner):
+                return tf.function(inner, autograph=False)(value, weights, bias) + 1.0
             w = tf.constant(0.01, tf.float32, [CALL_WIDTH, CALL_WIDTH], name=f"w{i}")
             b = tf.constant(0.0, tf.float32, [CALL_WIDTH], name=f"b{i}")
-            x = tf.function(block, autograph=False)(x, w, b)
+            x = tf.function(outer, autograph=False)(x, w, b)
         tf.nn.softmax(x, name="probs")
     return graph.as_graph_def(), ("probs",)
 

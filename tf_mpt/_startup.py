@@ -12,6 +12,9 @@ import logging
 import os
 import sys
 
+from tf_mpt import _patches  # no TensorFlow import
+
+
 def install_from_env(environ=None, at_startup=True):
     """Called at start-up. Returns True if the post-import hook was installed.
 
@@ -34,7 +37,10 @@ def install_from_env(environ=None, at_startup=True):
     if "tensorflow" in sys.modules:
         _enable(config)
     else:
-        sys.meta_path.insert(0, _AfterTensorFlowImport(config))
+        finder = _AfterTensorFlowImport(config)
+        sys.meta_path.insert(0, finder)
+        _patches.record("<start-up import hook>",
+                        lambda: finder in sys.meta_path and sys.meta_path.remove(finder))
     return True
 
 

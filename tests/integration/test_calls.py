@@ -41,9 +41,11 @@ def _rewrite(cf, dtype):
 
 
 def _check_signatures(graph_def):
-    """Every call's Tin/Tout equals the signature of every function it calls."""
+    """Every call's Tin/Tout (in the graph and in every function) equals the signature of
+    every function it calls."""
     library = {f.signature.name: f.signature for f in graph_def.library.function}
-    for node in graph_def.node:
+    for node in list(graph_def.node) + [n for f in graph_def.library.function
+                                        for n in f.node_def]:
         if node.op not in _CALLS:
             continue
         names = ([node.attr["f"].func.name] if "f" in node.attr
@@ -115,6 +117,38 @@ def test_function_called_in_half_and_in_float32_is_specialised(half_dtype):
     kinds = sorted(tuple(a.type for a in library[name].input_arg)[:1] for name in called.values())
     assert kinds == sorted([(tf.float32.as_datatype_enum,), (half,)])
     assert library[next(iter(callee.values()))].input_arg[0].type == tf.float32.as_datatype_enum
+    x = tf.random.stateless_uniform([4, 8], seed=(3, 4), minval=-1, maxval=1)
+    np.testing.assert_allclose(tf_mpt.rewrite_function(cf, dtype=half_dtype)(x), cf(x),
+                               **TOLERANCES[half_dtype])
+
+
+def test_a_function_the_graph_and_another_function_both_call_is_specialised_inside(half_dtype):
+    w = _weights()
+
+    @tf.function
+    def inner(h):
+        return tf.tanh(tf.matmul(h, w))
+
+    @tf.function
+    def outer(h):
+        return tf.matmul(inner(tf.matmul(h, w)), w)  # inner is half on both sides here
+
+    @tf.function(input_signature=[tf.TensorSpec([4, 8], tf.float32, name="x")])
+    def f(x):
+        # ... and float32 on both sides here (Log and Exp are deny ops)
+        return outer(x) + tf.math.exp(inner(tf.math.log(tf.abs(x) + 1)))
+
+    cf = f.get_concrete_function()
+    original = cf.graph.as_graph_def()
+    inner_name = next(n.attr["f"].func.name for n in original.node
+                      if n.op == "StatefulPartitionedCall" and "inner" in n.attr["f"].func.name)
+    result = _rewrite(cf, half_dtype)
+    gd = result.graph_def
+    _check_signatures(gd)  # the graph's own call of inner still matches inner's signature
+    library = {f.signature.name: f for f in gd.library.function}
+    assert library[inner_name].signature.input_arg[0].type == tf.float32.as_datatype_enum
+    assert result.report.call_values_kept_half >= 2  # outer's call of inner, on a copy
+    assert any(name.startswith(inner_name + "_tf_mpt_call_") for name in library)
     x = tf.random.stateless_uniform([4, 8], seed=(3, 4), minval=-1, maxval=1)
     np.testing.assert_allclose(tf_mpt.rewrite_function(cf, dtype=half_dtype)(x), cf(x),
                                **TOLERANCES[half_dtype])

@@ -78,13 +78,15 @@ def test_bypass_and_drop_unread_remove_only_what_nobody_reads():
                        ("c1", "Cast", ["h"], (BF16, F32)),
                        ("c2", "Cast", ["h"], (BF16, F32)),
                        ("c3", "Cast", ["h"], (BF16, F32)),
-                       ("r1", "Relu", ["c1"]), ("r2", "Relu", ["c2"]), ("after", "NoOp", ["^c3"]))
+                       ("r1", "Relu", ["c1"]), ("r2", "Relu", ["c2"]), ("after", "NoOp", ["^c3"]),
+                       ("waits", "NoOp", ["^c1"]))
     editor = Editor(graph_def, BF16)
     editor.bypass("c1", "h")
     editor.drop_unread(["c2", "c3"])
     editor.finish()
     nodes = _by_name(graph_def)
     assert nodes["r1"].input[0] == "h" and "c1" not in nodes
+    assert list(nodes["waits"].input) == ["^h"]  # a bypassed node's control readers move too
     assert "c2" in nodes  # r2 reads it
     assert "c3" in nodes  # a control reader counts as a reader
 

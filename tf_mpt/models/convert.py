@@ -25,6 +25,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from google.protobuf import message
 
 from tf_mpt.rewrite import casts as _casts
+from tf_mpt.rewrite import editor as _editor
 from tf_mpt.rewrite import graph_view as _graph_view
 from tf_mpt.models import model_io as _model_io
 from tf_mpt.models import progress as _progress
@@ -417,26 +418,17 @@ class FrozenGraph:
 
 def _half_placeholders(graph_def, half_enum):
     """Makes float32 Placeholders read only by tf_mpt's Casts to half half, in place."""
-    readers = {}
-    for node in graph_def.node:
-        for index, text in enumerate(node.input):
-            if not text.startswith("^"):
-                readers.setdefault(_graph_view.parse_input(text)[0], []).append((node, index))
-    removed = set()
-    for node in graph_def.node:
+    editor = _editor.Editor(graph_def, half_enum)
+    for node in list(graph_def.node):
         if node.op != "Placeholder" or node.attr["dtype"].type != _FLOAT_ENUM:
             continue
-        casts = [reader for reader, _ in readers.get(node.name, ())]
+        casts = [reader for reader, _ in editor.readers(node.name)]
         if not casts or not all(_casts.is_our_cast(c, _FLOAT_ENUM, half_enum) for c in casts):
             continue
         node.attr["dtype"].type = half_enum
         for cast in casts:
-            removed.add(cast.name)
-            for reader, index in readers.get(cast.name, ()):
-                reader.input[index] = node.name
-    kept = [n for n in graph_def.node if n.name not in removed]
-    del graph_def.node[:]
-    graph_def.node.extend(kept)
+            editor.bypass(cast.name, node.name)
+    editor.finish()
 
 
 class _GraphRunner:

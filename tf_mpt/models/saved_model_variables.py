@@ -30,7 +30,10 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from tf_mpt.rewrite import casts as _casts
+from tf_mpt.rewrite import editor as _editor
+from tf_mpt.rewrite import function_bodies as _function_bodies
 from tf_mpt.rewrite.casts import CAST_SUFFIX
+from tf_mpt.rewrite.graph_view import parse_input
 from tf_mpt.models.model_io import ModelError
 
 _FLOAT = types_pb2.DT_FLOAT
@@ -60,40 +63,46 @@ class VariableChoice:
 
 
 class _Graph:
-    """A GraphDef or FunctionDef body: its nodes and who reads each tensor.
+    """The MetaGraph's GraphDef, or one function's body as a GraphDef (each argument a
+    Placeholder named like it, each return value an Identity `__tf_mpt_ret__/<name>`), edited
+    through the rewrite's editor: nodes by name, who reads each tensor, one codec of tensor
+    names ((node, port) keys) for both."""
 
-    Tensors are keyed (node, index) for node outputs and ('', arg) for function arguments;
-    function bodies name outputs 'node:out_arg:index' (every op here has one output list).
-    """
-
-    def __init__(self, name, nodes, function=None):
+    def __init__(self, name, graph_def, half, function=None, signatures=None):
         self.name = name
         self.function = function
-        self.container = nodes  # the repeated NodeDef field, for removing nodes
-        self.nodes = {node.name: node for node in nodes}
-        self.readers = collections.defaultdict(list)  # tensor key -> [(node, input position)]
-        for node in nodes:
-            for position, ref in enumerate(node.input):
-                if not ref.startswith("^"):
-                    self.readers[self.key(ref)].append((node, position))
-        self.returned = set()
-        if function is not None:
-            self.returned = {self.key(ref) for ref in function.ret.values()}
+        self.graph_def = graph_def
+        self.signatures = signatures
+        self.editor = _editor.Editor(graph_def, half)
+        self.nodes = self.editor.by_name
+        self.changed = False
 
-    def key(self, ref):
-        parts = ref.split(":")
-        if self.function is None:
-            return (parts[0], int(parts[1]) if len(parts) > 1 else 0)
-        return ("", ref) if len(parts) == 1 else (parts[0], int(parts[2]))
+    @classmethod
+    def of_function(cls, function, signatures, half):
+        body, _ = _function_bodies.function_to_graph_def(function, signatures)
+        return cls(function.signature.name, body, half, function, signatures)
 
-    def ref(self, key, out_arg):
-        node, index = key
-        if self.function is None:
-            return node if index == 0 else f"{node}:{index}"
-        return f"{node}:{out_arg}:{index}"
+    key = staticmethod(parse_input)
+
+    def readers(self, key):
+        """[(node, input position)] reading tensor `key`, return values left out."""
+        return [(node, k) for node, k in self.editor.readers(*key)
+                if not node.name.startswith(_function_bodies.RET_PREFIX)]
+
+    def returns(self, key):
+        """True if the function returns tensor `key`."""
+        return any(node.name.startswith(_function_bodies.RET_PREFIX)
+                   for node, _ in self.editor.readers(*key))
 
     def where(self):
         return "the graph" if self.name is MAIN else f"function {self.name}"
+
+    def write_back(self):
+        """Finishes the edits; a function's FunctionDef gets its edited body."""
+        self.editor.finish()
+        if self.function is not None and self.changed:
+            self.function.CopyFrom(_function_bodies.graph_def_to_function(
+                self.graph_def, self.function, self.signatures))
 
 
 def _object_paths(nodes):
@@ -136,10 +145,14 @@ class _Plan:
 
     def __init__(self, meta_graph, keys, half):
         self.half = half
-        self.graphs = {MAIN: _Graph(MAIN, meta_graph.graph_def.node)}
+        self.graphs = {MAIN: _Graph(MAIN, meta_graph.graph_def, half)}
+        signatures = {f.signature.name: f.signature for f in meta_graph.graph_def.library.function}
         for function in meta_graph.graph_def.library.function:
-            name = function.signature.name
-            self.graphs[name] = _Graph(name, function.node_def, function)
+            try:
+                self.graphs[function.signature.name] = _Graph.of_function(function, signatures,
+                                                                          half)
+            except _function_bodies.UnsupportedFunction:
+                continue  # a handle reaching it keeps its variable float32 ("unknown function")
         self.keys = keys
         saved = meta_graph.object_graph_def.nodes
         self.names = {i: key[:-len(_VALUE_SUFFIX)] if key.endswith(_VALUE_SUFFIX) else key
@@ -173,10 +186,10 @@ class _Plan:
                 ids.update({first + k: i for k, i in enumerate(saved.bound_inputs)})
             positions = {arg.name: k for k, arg in enumerate(callee.function.signature.input_arg)}
             for assign in callee.nodes.values():
-                if assign.op != "AssignVariableOp" or ":" in assign.input[0]:
-                    continue
+                if assign.op != "AssignVariableOp" or assign.input[0] not in positions:
+                    continue  # (an assign through an argument, not a node's output)
                 source = _restored_from(callee, assign.input[1])
-                if source is not None and assign.input[0] in positions:
+                if source is not None:
                     restore, index, _ = source
                     key = _restore_names(callee, restore)[index]
                     if key in by_key:
@@ -194,7 +207,7 @@ class _Plan:
                 continue
             args = graph.function.signature.input_arg[-len(saved.bound_inputs):]
             for arg, object_id in zip(args, saved.bound_inputs):
-                todo.append((name, ("", arg.name), object_id))
+                todo.append((name, (arg.name, 0), object_id))
         todo += [(MAIN, key, object_id) for key, object_id in self._main_seeds(meta_graph)]
         seen = set()
         while todo:
@@ -219,9 +232,9 @@ class _Plan:
     def _follow(self, graph, key, object_id):
         """Handles `key` of `graph` reaches; records reads and assigns; blocks other uses."""
         found = []
-        if key in graph.returned:
+        if graph.returns(key):
             self._block(object_id, f"{graph.where()} returns its handle")
-        for node, position in graph.readers.get(key, ()):
+        for node, position in graph.readers(key):
             if node.op == "ReadVariableOp":
                 self.reads[object_id].append((graph, node))
             elif node.op == "AssignVariableOp" and position == 0:
@@ -234,7 +247,7 @@ class _Plan:
                     self._block(object_id, f"{node.op} {node.name!r} calls an unknown function")
                     continue
                 arg = callee.function.signature.input_arg[position].name
-                found.append((callee.name, ("", arg), object_id))
+                found.append((callee.name, (arg, 0), object_id))
             elif node.op not in _DTYPE_FREE:
                 self._block(object_id, f"{node.op} {node.name!r} in {graph.where()} uses it")
         return found
@@ -242,9 +255,9 @@ class _Plan:
     def _value_readers(self, graph, key, chain):
         """(reader, input position) of a value past any Identity nodes (collected into
         `chain`); (None, None) when the graph returns it."""
-        if key in graph.returned:
+        if graph.returns(key):
             yield None, None
-        for node, position in graph.readers.get(key, ()):
+        for node, position in graph.readers(key):
             if node.op == "Identity":
                 chain.append(node)
                 yield from self._value_readers(graph, (node.name, 0), chain)
@@ -287,11 +300,11 @@ class _Plan:
     def apply(self, meta_graph, converted):
         """Edits the MetaGraph for the converted variables; returns the Casts removed."""
         converted = set(converted)
-        removed, casts = [], _MainCasts(meta_graph.graph_def, self.half)
+        removed, later = [], []  # later: main-graph (reader, input position, from, to) Casts
         for object_id in converted:
             meta_graph.object_graph_def.nodes[object_id].variable.dtype = self.half
         for (graph_name, key), ids in self.handles.items():
-            node = self.graphs[graph_name].nodes.get(key[0]) if key[0] else None
+            node = self.graphs[graph_name].nodes.get(key[0])
             if ids & converted and node is not None and node.op == "VarHandleOp":
                 node.attr["dtype"].type = self.half
         half_values = set()  # main-graph values already half: reads of converted variables
@@ -303,6 +316,7 @@ class _Plan:
                 if (graph.name, read.name) in done:
                     continue
                 done.add((graph.name, read.name))
+                graph.changed = True
                 read.attr["dtype"].type = self.half
                 chain = []
                 readers = list(self._value_readers(graph, (read.name, 0), chain))
@@ -323,11 +337,12 @@ class _Plan:
                             (graph.name, node.name) in half_assigns:
                         continue  # an initializer copying into another converted variable
                     elif graph.name is MAIN:
-                        casts.later.append((node, position, self.half, _FLOAT))
+                        later.append((node, position, self.half, _FLOAT))
             for graph, assign, source in self.assigns[object_id]:
                 if (graph.name, assign.name) in done:
                     continue
                 done.add((graph.name, assign.name))
+                graph.changed = True
                 assign.attr["dtype"].type = self.half
                 if source is not None:
                     restore, index, chain = source
@@ -335,65 +350,26 @@ class _Plan:
                     for node in chain:
                         node.attr["T"].type = self.half
                 elif graph.name is MAIN:  # an initializer: its value is cast to half
-                    casts.later.append((assign, 1, _FLOAT, self.half))
+                    later.append((assign, 1, _FLOAT, self.half))
         # Values read from converted variables are half already: their readers among the
         # initializers of converted variables need no Cast.
-        casts.apply(half_values)
-        return self._remove(removed)
-
-    def _remove(self, removed):
-        """Readers of tf_mpt's Casts (now half to half) read the half variables instead."""
+        main = self.graphs[MAIN]
+        for reader, position, source, target in later:
+            ref = reader.input[position]
+            if target == self.half and main.key(ref)[0] in half_values:
+                continue  # an initializer copying another converted variable
+            main.editor.set_input(reader, position, main.editor.cast(ref, target, source))
         names = [self._bypass(graph, cast, read) for graph, cast, read in removed]
-        gone = collections.defaultdict(set)
-        for graph, cast, _ in removed:
-            gone[graph.name].add(cast.name)
-        for graph_name, casts in gone.items():
-            container = self.graphs[graph_name].container
-            kept = [node for node in container if node.name not in casts]
-            copies = [type(node)() for node in kept]
-            for copy, node in zip(copies, kept):
-                copy.CopyFrom(node)
-            del container[:]
-            container.extend(copies)
+        for graph in self.graphs.values():
+            graph.write_back()
         return names
 
-    def _bypass(self, graph, cast, read):
-        source = read.name if graph.function is None else f"{read.name}:value:0"
-        targets = {graph.ref((cast.name, 0), "y"), f"{cast.name}:0"}
-        for node in graph.nodes.values():
-            for position, ref in enumerate(node.input):
-                if ref in targets:
-                    node.input[position] = source
-                elif ref == f"^{cast.name}":
-                    node.input[position] = f"^{read.name}"
-        if graph.function is not None:
-            for name, ref in graph.function.ret.items():
-                if ref in targets:
-                    graph.function.ret[name] = source
+    @staticmethod
+    def _bypass(graph, cast, read):
+        """Readers of tf_mpt's Cast (now half to half) read the half variable instead."""
+        graph.editor.bypass(cast.name, read.name)
+        graph.changed = True
         return cast.name if graph.function is None else f"{graph.name}/{cast.name}"
-
-
-class _MainCasts:
-    """Casts the GraphDef's float32 initializers and readers need around converted variables."""
-
-    def __init__(self, graph_def, half):
-        self.graph_def = graph_def
-        self.half = half
-        self.later = []  # (reader, input position, from dtype, to dtype)
-
-    def apply(self, half_values):
-        taken = {node.name for node in self.graph_def.node}
-        made = {}
-        for reader, position, source, target in self.later:
-            ref = reader.input[position]
-            producer = ref.split(":")[0]
-            if target == self.half and producer in half_values:
-                continue  # an initializer copying another converted variable
-            if (ref, target) not in made:
-                cast = _casts.new_cast(taken, ref, source, target)
-                self.graph_def.node.append(cast)
-                made[(ref, target)] = cast.name
-            reader.input[position] = made[(ref, target)]
 
 
 def _restored_from(graph, ref):
@@ -401,7 +377,7 @@ def _restored_from(graph, ref):
     chain = []
     key = graph.key(ref)
     while True:
-        node = graph.nodes.get(key[0]) if key[0] else None
+        node = graph.nodes.get(key[0])
         if node is None:
             return None
         if node.op == "RestoreV2":

@@ -4,7 +4,7 @@
                                         the Casts already in the graph
     editor.cast(tensor, to)             the tensor in dtype `to`: one Cast per (tensor, dtype)
     editor.set_input(node, k, tensor)   input k of node reads `tensor` (index kept current)
-    editor.bypass(name, tensor)         every data reader of name:0 reads `tensor` instead
+    editor.bypass(name, tensor)         every reader of name:0 reads `tensor` instead
     editor.drop_unread(names)           these nodes go at finish() if nobody reads them then
     editor.finish()                     adds the new Casts, removes the unread nodes
 
@@ -107,9 +107,12 @@ class Editor:
         self._readers[name][port].append((node, k))
 
     def bypass(self, name, tensor):
-        """Every data reader of `name`:0 reads `tensor` instead; `name` goes if then unread."""
+        """Every data reader of `name`:0 reads `tensor` instead, and every control reader
+        waits for `tensor`'s producer; `name` goes if nothing else reads it then."""
         for reader, k in self.readers(name, 0):
             self.set_input(reader, k, tensor)
+        for reader, k in self.readers(name, -1):
+            self.set_input(reader, k, "^" + parse_input(tensor)[0])
         self._replaced[name] = tensor
         self._drop.add(name)
 

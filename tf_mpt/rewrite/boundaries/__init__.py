@@ -10,8 +10,7 @@ tf.function calling another) is treated like one in the main graph.
 
 import dataclasses
 
-from tensorflow.core.framework import graph_pb2
-
+from tf_mpt.rewrite.boundaries import bodies as _bodies
 from tf_mpt.rewrite.boundaries import calls as _calls
 from tf_mpt.rewrite import function_bodies as _function_library
 from tf_mpt.rewrite.boundaries import loops as _loops
@@ -35,10 +34,10 @@ class Counts:
         return bool(self.loop_variables or self.call_values or self.tensor_lists)
 
 
-def _run(graph_def, half, fetched):
-    return Counts(_loops.keep_loop_variables_half(graph_def, half, fetched),
-                  _calls.keep_call_values_half(graph_def, half, fetched),
-                  _tensor_lists.keep_tensor_lists_half(graph_def, half))
+def _run(graph_def, half, fetched, library):
+    return Counts(_loops.keep_loop_variables_half(graph_def, half, fetched, library),
+                  _calls.keep_call_values_half(graph_def, half, fetched, library),
+                  _tensor_lists.keep_tensor_lists_half(graph_def, half, library))
 
 
 def keep_values_half_across_boundaries(graph_def, half, fetched):
@@ -58,32 +57,19 @@ def keep_values_half_across_boundaries(graph_def, half, fetched):
 
 
 def _sweep(graph_def, half, fetched):
-    """The boundary passes once on the main graph, then once on each function body."""
-    counts = _run(graph_def, half, fetched)
-    names = [f.signature.name for f in graph_def.library.function
-             if any(n.op in _BOUNDARY_OPS for n in f.node_def)]
-    for name in names:
-        index = next(i for i, f in enumerate(graph_def.library.function)
-                     if f.signature.name == name)
-        fdef = graph_def.library.function[index]
-        signatures = {f.signature.name: f.signature for f in graph_def.library.function}
+    """The boundary passes once on the main graph, then once on each function body (as a
+    GraphDef of its own, sharing one Library: linear in the size of the graph)."""
+    library = _bodies.Library(graph_def)
+    counts = _run(graph_def, half, fetched, library)
+    for fdef in [f for f in graph_def.library.function
+                 if any(n.op in _BOUNDARY_OPS for n in f.node_def)]:
         try:
-            body, fetches = _function_library.function_to_graph_def(fdef, signatures)
+            body, fetches = _function_library.function_to_graph_def(fdef, library.signatures)
         except _function_library.UnsupportedFunction:
             continue
-        scratch = graph_pb2.GraphDef()
-        scratch.node.extend(body.node)
-        scratch.library.CopyFrom(graph_def.library)
-        del scratch.library.function[index]  # its body is the graph here
         # Control outputs only have to run: their dtypes may change.
-        found = _run(scratch, half, set(fetches) - set(fdef.control_ret.values()))
-        if not found:
-            continue
-        counts.add(found)
-        signatures = {f.signature.name: f.signature for f in scratch.library.function}
-        new_fdef = _function_library.graph_def_to_function(scratch, fdef, signatures)
-        library = graph_def.library
-        others = list(scratch.library.function)
-        del library.function[:]
-        library.function.extend(others[:index] + [new_fdef] + others[index:])
+        found = _run(body, half, set(fetches) - set(fdef.control_ret.values()), library)
+        if found:
+            counts.add(found)
+            fdef.CopyFrom(_function_library.graph_def_to_function(body, fdef, library.signatures))
     return counts

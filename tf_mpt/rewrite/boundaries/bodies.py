@@ -25,12 +25,33 @@ UnsupportedFunction = _function_bodies.UnsupportedFunction
 
 
 class Library:
-    """The graph's functions by name, their signatures, and how many nodes call each."""
+    """The graph's functions by name, their signatures, how many nodes call each (kept
+    current as calls are specialised) and those with a registered gradient. Built once per
+    sweep and shared by every scope (the main graph and each function body) the boundary
+    passes run on."""
 
     def __init__(self, graph_def):
+        self.graph_def = graph_def
         self.functions = {f.signature.name: f for f in graph_def.library.function}
         self.signatures = {name: f.signature for name, f in self.functions.items()}
         self.references = _function_bodies.function_references(graph_def)
+        self.with_gradient = {g.function_name for g in graph_def.library.gradient}
+
+    def specialise(self, func, new_name):
+        """The caller naming the function through `func` (a NameAttrList of one node) calls
+        a copy of it named `new_name` from now on; returns the copy."""
+        copy = self.graph_def.library.function.add()
+        copy.CopyFrom(self.functions[func.name])
+        copy.signature.name = new_name
+        self.references[func.name] -= 1
+        func.name = new_name
+        self.references[new_name] = 1
+        for node in copy.node_def:  # the copy's own calls count too
+            for called in _function_bodies.called_functions(node):
+                self.references[called.name] = self.references.get(called.name, 0) + 1
+        self.functions[new_name] = copy
+        self.signatures[new_name] = copy.signature
+        return copy
 
 
 def switchable_nodes(graph_def, ops, fetched):

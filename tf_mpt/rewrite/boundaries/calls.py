@@ -87,34 +87,32 @@ def _switch_ret(node, bodies, k, half):
     node.attr["Tout"].list.type[k] = half
 
 
-def keep_call_values_half(graph_def, half, fetched):
+def keep_call_values_half(graph_def, half, fetched, library):
     """Switches eligible call arguments and results of the main graph to half, in place.
 
     Args:
         graph_def: the rewritten GraphDef, library included.
         half: the half DataType enum.
         fetched: names of the fetched nodes (they and opted-out nodes keep their dtypes).
+        library: the bodies.Library of the whole graph (specialised copies go there).
 
     Returns the number of arguments and results switched.
     """
     total = 0
     while True:  # a switch at one call can make one at its neighbour worth it
-        switched = _sweep(graph_def, half, fetched)
+        switched = _sweep(graph_def, half, fetched, library)
         if not switched:
             return total
         total += switched
 
 
-def _sweep(graph_def, half, fetched):
-    library = _bodies.Library(graph_def)
-    with_gradient = {g.function_name for g in graph_def.library.gradient}
-    references = library.references
+def _sweep(graph_def, half, fetched, library):
     outer = _editor.Editor(graph_def, half)
     switched = 0
     for node in _bodies.switchable_nodes(graph_def, CALL_OPS, fetched):
         funcs = _functions_of(node)
         fdefs = [library.functions.get(f.name) for f in funcs]
-        if not funcs or any(f is None or f.signature.name in with_gradient
+        if not funcs or any(f is None or f.signature.name in library.with_gradient
                             or any(a.type_attr or a.type_list_attr or a.number_attr
                                    for a in list(f.signature.input_arg)
                                    + list(f.signature.output_arg))
@@ -129,13 +127,9 @@ def _sweep(graph_def, half, fetched):
             continue
         names = [f.name for f in funcs]
         for i, (func, body) in enumerate(zip(funcs, bodies)):
-            if references.get(func.name, 0) > 1 or names.count(func.name) > 1:
-                copy = graph_def.library.function.add()
-                copy.CopyFrom(body.fdef)
-                copy.signature.name = f"{body.name}{SPECIALISED}{node.name}_{i}"
-                references[func.name] -= 1
-                func.name = copy.signature.name
-                body.fdef = copy  # its edits go to the copy
+            if library.references.get(func.name, 0) > 1 or names.count(func.name) > 1:
+                # its edits go to the copy
+                body.fdef = library.specialise(func, f"{body.name}{SPECIALISED}{node.name}_{i}")
         _, offset = CALL_OPS[node.op]
         for k in plan.args:
             _switch_arg(node, bodies, k, half)

@@ -79,17 +79,17 @@ def _try_switch_invariant(while_node, index, body, cond, half):
     return True
 
 
-def keep_loop_variables_half(graph_def, half, fetched):
+def keep_loop_variables_half(graph_def, half, fetched, library):
     """Switches eligible While loop variables of the main graph to half, in place.
 
     Args:
         graph_def: the rewritten GraphDef, library included.
         half: the half DataType enum.
         fetched: names of the fetched nodes (they and opted-out nodes keep their dtypes).
+        library: the bodies.Library of the whole graph.
 
     Returns the number of loop variables switched.
     """
-    library = _bodies.Library(graph_def)
     outer = _editor.Editor(graph_def, half)
     switched = 0
     for node in _bodies.switchable_nodes(graph_def, _WHILE_OPS, fetched):

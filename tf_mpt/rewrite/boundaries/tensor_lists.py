@@ -18,9 +18,8 @@ reaches anything else (a call, an op that is not a list op) is left alone.
 """
 
 from tf_mpt.rewrite import editor as _editor
-from tf_mpt.rewrite import function_bodies as _function_library
 from tf_mpt.rewrite import type_attrs as ta
-from tf_mpt.rewrite.function_bodies import function_references
+from tf_mpt.rewrite.boundaries import bodies as _bodies
 from tf_mpt.rewrite.casts import is_our_cast
 
 MAKERS = ("EmptyTensorList", "TensorListReserve")
@@ -36,13 +35,17 @@ _WHILE_OPS = ("While", "StatelessWhile")
 _IDENTITY = ("Identity",)
 
 
-class _Scope:
-    """The main graph or one loop function, as a GraphDef with its editor."""
+class _Main:
+    """The main graph as a scope (loop functions are bodies.Body scopes)."""
 
-    def __init__(self, name, graph_def, half, fdef=None):
-        self.name, self.graph_def, self.fdef = name, graph_def, fdef
+    name = None
+
+    def __init__(self, graph_def, half):
         self.editor = _editor.Editor(graph_def, half)
         self.changed = False
+
+    def write_back(self):
+        self.editor.finish()
 
 
 class _Group:
@@ -53,25 +56,22 @@ class _Group:
         self.broken = False
 
 
-def _scopes(graph_def, half):
+def _scopes(graph_def, half, library):
     """{None: main scope, function name: scope} for the bodies/conds of main-graph Whiles
     that no other node calls."""
-    library = {f.signature.name: f for f in graph_def.library.function}
-    signatures = {name: f.signature for name, f in library.items()}
-    references = function_references(graph_def)
-    scopes = {None: _Scope(None, graph_def, half)}
+    scopes = {None: _Main(graph_def, half)}
     for node in graph_def.node:
         if node.op not in _WHILE_OPS:
             continue
         for attr in ("body", "cond"):
             name = node.attr[attr].func.name
-            if name in scopes or name not in library or references.get(name) != 1:
+            if name in scopes or name not in library.functions or \
+                    library.references.get(name) != 1:
                 continue
             try:
-                body, _ = _function_library.function_to_graph_def(library[name], signatures)
-            except _function_library.UnsupportedFunction:
+                scopes[name] = _bodies.Body(library.functions[name], library.signatures, half)
+            except _bodies.UnsupportedFunction:
                 continue
-            scopes[name] = _Scope(name, body, half, library[name])
     return scopes
 
 
@@ -108,7 +108,7 @@ def _follow(scopes, start_scope, start_node):
                     if inner is None:
                         group.broken = True
                         continue
-                    arg = inner.fdef.signature.input_arg[k].name
+                    arg = inner.arg(k)
                     stack.append((inner, (arg, 0)))
                 stack.append((scope, (node.name, k)))
             else:
@@ -154,12 +154,12 @@ def _switch(group, half):
         scope.editor.read_half(node.name, READERS[node.op])
 
 
-def keep_tensor_lists_half(graph_def, half):
+def keep_tensor_lists_half(graph_def, half, library):
     """Switches eligible TensorLists of the main graph's While loops to half, in place.
 
     Returns the number of lists switched.
     """
-    scopes = _scopes(graph_def, half)
+    scopes = _scopes(graph_def, half, library)
     main = scopes[None]
     switched = 0
     for node in list(graph_def.node):
@@ -171,11 +171,6 @@ def keep_tensor_lists_half(graph_def, half):
             switched += 1
     if not switched:
         return 0
-    signatures = {f.signature.name: f.signature for f in graph_def.library.function}
-    for name, scope in scopes.items():
-        scope.editor.finish()
-        if name is None or not scope.changed:
-            continue
-        new = _function_library.graph_def_to_function(scope.graph_def, scope.fdef, signatures)
-        scope.fdef.CopyFrom(new)
+    for scope in scopes.values():
+        scope.write_back()
     return switched

@@ -1,0 +1,45 @@
+"""tf_mpt/_patches.py: every process-wide patch in one registry that disable() empties."""
+
+import os
+import subprocess
+import sys
+
+from tf_mpt import _patches
+
+
+class _Owner:
+    def method(self):
+        return "original"
+
+
+def test_replace_record_and_undo_restore_everything_newest_first():
+    original = _Owner.method
+    restored = []
+    assert _patches.replace(_Owner, "method", lambda self: "patched") is original
+    _patches.record("<a setting>", lambda: restored.append("setting"))
+    assert _Owner().method() == "patched"
+    assert _patches.is_applied(_Owner, "method") and _patches.is_applied(None, "<a setting>")
+    assert _patches.originals(_Owner) == {"method": original}
+    _patches.undo(_Owner, "method")
+    assert _Owner.method is original and not _patches.is_applied(_Owner, "method")
+    assert _patches.is_applied(None, "<a setting>")  # undo() touched one patch only
+    _patches.undo_all()
+    assert restored == ["setting"] and not _patches.is_applied(None, "<a setting>")
+
+
+def test_disable_removes_the_start_up_import_hook():
+    # a fresh process: the hook waits for `import tensorflow`, which has not happened
+    code = ("import sys; from tf_mpt import _startup, _patches\n"
+            "hooks = lambda: [m for m in sys.meta_path\n"
+            "                 if type(m).__name__ == '_AfterTensorFlowImport']\n"
+            "assert _startup.install_from_env({'TF_MPT_ENABLE': '1'}, at_startup=False)\n"
+            "assert len(hooks()) == 1 and 'tensorflow' not in sys.modules\n"
+            "_patches.undo_all()  # what tf_mpt.disable() runs\n"
+            "assert hooks() == [] and 'tensorflow' not in sys.modules\n"
+            "print('hook removed')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "hook removed"
