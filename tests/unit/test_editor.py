@@ -70,7 +70,8 @@ def test_set_input_keeps_the_readers_index_current():
     editor.set_input(r, 1, "b")
     assert [(n.name, k) for n, k in editor.readers("a")] == [("r", 0)]
     assert [(n.name, k) for n, k in editor.readers("b")] == [("r", 1)]
-    assert editor.is_read("a") and editor.is_read("b")
+    assert [n.name for n in editor.all_readers("a")] == ["r", "c"]
+    assert [n.name for n in editor.all_readers("b")] == ["r"]
 
 
 def test_bypass_and_drop_unread_remove_only_what_nobody_reads():

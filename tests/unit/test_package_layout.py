@@ -12,8 +12,6 @@ Layers, lowest first (a module may import its own layer or a lower one, never in
 import ast
 import pathlib
 
-import pytest
-
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "tf_mpt"
 
 LAYERS = (

@@ -116,15 +116,6 @@ def disable():
     _stays_float32 = False
 
 
-def cpu_has_native_bfloat16(config=None):
-    """True if the CPU computes in bfloat16 (avx512_bf16 or amx_bf16 in /proc/cpuinfo, or in
-    TF_MPT_CPU_FLAGS when set)."""
-    if config is None:
-        from tf_mpt import config as _config  # pylint: disable=g-import-not-at-top
-        config = _config.Config.from_env(os.environ)
-    return _cpu.has_native_bfloat16(_cpu.cpu_flags(config))
-
-
 def _patch(owner, name, replacement):
     """owner.name(self, ...) becomes replacement(original, self, ...) until disable()."""
     original = getattr(owner, name)

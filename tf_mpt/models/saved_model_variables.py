@@ -30,7 +30,7 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from tf_mpt.rewrite import casts as _casts
-from tf_mpt.rewrite import editor as _editor
+from tf_mpt.rewrite.boundaries import bodies as _bodies
 from tf_mpt.rewrite import function_bodies as _function_bodies
 from tf_mpt.rewrite.casts import CAST_SUFFIX
 from tf_mpt.rewrite.graph_view import parse_input
@@ -65,22 +65,18 @@ class VariableChoice:
 class _Graph:
     """The MetaGraph's GraphDef, or one function's body as a GraphDef (each argument a
     Placeholder named like it, each return value an Identity `__tf_mpt_ret__/<name>`), edited
-    through the rewrite's editor: nodes by name, who reads each tensor, one codec of tensor
-    names ((node, port) keys) for both."""
+    through the rewrite's editor (a bodies.MainGraph or bodies.Body scope): nodes by name, who
+    reads each tensor, one codec of tensor names ((node, port) keys) for both."""
 
-    def __init__(self, name, graph_def, half, function=None, signatures=None):
-        self.name = name
-        self.function = function
-        self.graph_def = graph_def
-        self.signatures = signatures
-        self.editor = _editor.Editor(graph_def, half)
+    def __init__(self, scope):
+        self.scope = scope
+        self.name = scope.name
+        self.function = getattr(scope, "fdef", None)
+        self.editor = scope.editor
         self.nodes = self.editor.by_name
-        self.changed = False
 
-    @classmethod
-    def of_function(cls, function, signatures, half):
-        body, _ = _function_bodies.function_to_graph_def(function, signatures)
-        return cls(function.signature.name, body, half, function, signatures)
+    def mark_changed(self):
+        self.scope.changed = True
 
     key = staticmethod(parse_input)
 
@@ -98,11 +94,8 @@ class _Graph:
         return "the graph" if self.name is MAIN else f"function {self.name}"
 
     def write_back(self):
-        """Finishes the edits; a function's FunctionDef gets its edited body."""
-        self.editor.finish()
-        if self.function is not None and self.changed:
-            self.function.CopyFrom(_function_bodies.graph_def_to_function(
-                self.graph_def, self.function, self.signatures))
+        """Finishes the edits; a changed function's FunctionDef gets its edited body."""
+        self.scope.write_back()
 
 
 def _object_paths(nodes):
@@ -145,13 +138,13 @@ class _Plan:
 
     def __init__(self, meta_graph, keys, half):
         self.half = half
-        self.graphs = {MAIN: _Graph(MAIN, meta_graph.graph_def, half)}
+        self.graphs = {MAIN: _Graph(_bodies.MainGraph(meta_graph.graph_def, half))}
         signatures = {f.signature.name: f.signature for f in meta_graph.graph_def.library.function}
         for function in meta_graph.graph_def.library.function:
             try:
-                self.graphs[function.signature.name] = _Graph.of_function(function, signatures,
-                                                                          half)
-            except _function_bodies.UnsupportedFunction:
+                self.graphs[function.signature.name] = _Graph(
+                    _bodies.Body(function, signatures, half))
+            except _bodies.UnsupportedFunction:
                 continue  # a handle reaching it keeps its variable float32 ("unknown function")
         self.keys = keys
         saved = meta_graph.object_graph_def.nodes
@@ -316,7 +309,7 @@ class _Plan:
                 if (graph.name, read.name) in done:
                     continue
                 done.add((graph.name, read.name))
-                graph.changed = True
+                graph.mark_changed()
                 read.attr["dtype"].type = self.half
                 chain = []
                 readers = list(self._value_readers(graph, (read.name, 0), chain))
@@ -342,7 +335,7 @@ class _Plan:
                 if (graph.name, assign.name) in done:
                     continue
                 done.add((graph.name, assign.name))
-                graph.changed = True
+                graph.mark_changed()
                 assign.attr["dtype"].type = self.half
                 if source is not None:
                     restore, index, chain = source
@@ -368,7 +361,7 @@ class _Plan:
     def _bypass(graph, cast, read):
         """Readers of tf_mpt's Cast (now half to half) read the half variable instead."""
         graph.editor.bypass(cast.name, read.name)
-        graph.changed = True
+        graph.mark_changed()
         return cast.name if graph.function is None else f"{graph.name}/{cast.name}"
 
 

@@ -31,24 +31,30 @@ def _store_constant_in_half(node, dtype):
         tensor_util.make_tensor_proto(values.astype(np_dtype), dtype=dtype, shape=values.shape))
 
 
-def apply_paint(graph_def, view, types, paint):
-    """Returns (new GraphDef, names of the Casts added). `graph_def` is not modified."""
-    out = graph_pb2.GraphDef()
-    out.CopyFrom(graph_def)
-    target = paint.target
+def _set_painted_dtypes(out, types, paint):
+    """Every converted vertex of `out` (a copy of the painted graph) becomes half."""
     for v, converted in enumerate(paint.converted):
         if not converted:
             continue
         i, key = paint.v_node[v], paint.v_key[v]
         node = out.node[i]
         if node.op == "Const" and key == "dtype":
-            _store_constant_in_half(node, target)
-        _set_dtype(node, key, target)
+            _store_constant_in_half(node, paint.target)
+        _set_dtype(node, key, paint.target)
         if types[i].renamed_to is not None and node.op != types[i].op:
             new_op, attrs = types[i].renamed_to
             node.op = new_op
             for name, dtype in attrs.items():
                 node.attr[name].type = dtype
+
+
+def apply_paint(graph_def, view, types, paint):
+    """Returns (new GraphDef, names of the Casts added). `graph_def` is not modified."""
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    target = paint.target
+    _set_painted_dtypes(out, types, paint)
+
     def new_dtype(i, key):
         v = paint.node_vertex[i][key]
         return target if paint.converted[v] else paint.v_dtype[v]

@@ -83,10 +83,6 @@ class Editor:
         ports = self._readers.get(name)
         return [reader for entries in ports.values() for reader, _ in entries] if ports else []
 
-    def is_read(self, name):
-        """True if any node reads any output of `name`, or depends on it by control."""
-        return bool(self.all_readers(name))
-
     def producer(self, tensor):
         """(node or None, port) of a tensor name."""
         name, port = parse_input(tensor)
@@ -184,10 +180,11 @@ class Editor:
                 if all(reader.name in drop for reader in self.all_readers(name)):
                     drop.add(name)
                     changed = True
-        self.graph_def.node.extend(c for c in self.added if c.name not in drop)
-        if drop & self.taken:
+        added = [c for c in self.added if c.name not in drop]
+        self.graph_def.node.extend(added)
+        if len(added) + len(drop) > len(self.added):  # a node of the graph itself goes
             keep = [n for n in self.graph_def.node if n.name not in drop]
             del self.graph_def.node[:]
             self.graph_def.node.extend(keep)
         self._drop.clear()
-        return [c.name for c in self.added if c.name not in drop]
+        return [c.name for c in added]

@@ -61,6 +61,20 @@ def switchable_nodes(graph_def, ops, fetched):
             and not (ta.KEEP_FP32_ATTR in node.attr and node.attr[ta.KEEP_FP32_ATTR].b)]
 
 
+class MainGraph:
+    """The main graph as a scope beside the Bodies: the same editor; write_back finishes it."""
+
+    name = None
+
+    def __init__(self, graph_def, half):
+        self.graph_def = graph_def
+        self.editor = _editor.Editor(graph_def, half)
+        self.changed = False
+
+    def write_back(self):
+        self.editor.finish()
+
+
 class Body:
     """One FunctionDef's body, editable (raises UnsupportedFunction for a form the
     conversion does not handle: such a body was never rewritten, so it has nothing to undo)."""

@@ -22,7 +22,6 @@ While (its outputs and attrs keep their dtypes).
 
 from tf_mpt import _dtypes
 from tf_mpt.rewrite import editor as _editor
-from tf_mpt.rewrite import type_attrs as ta
 from tf_mpt.rewrite.boundaries import bodies as _bodies
 from tf_mpt.rewrite.casts import is_our_cast
 

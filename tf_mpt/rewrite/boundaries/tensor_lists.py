@@ -17,7 +17,6 @@ every value read goes straight to a Cast to half). A list that
 reaches anything else (a call, an op that is not a list op) is left alone.
 """
 
-from tf_mpt.rewrite import editor as _editor
 from tf_mpt.rewrite import type_attrs as ta
 from tf_mpt.rewrite.boundaries import bodies as _bodies
 from tf_mpt.rewrite.casts import is_our_cast
@@ -35,19 +34,6 @@ _WHILE_OPS = ("While", "StatelessWhile")
 _IDENTITY = ("Identity",)
 
 
-class _Main:
-    """The main graph as a scope (loop functions are bodies.Body scopes)."""
-
-    name = None
-
-    def __init__(self, graph_def, half):
-        self.editor = _editor.Editor(graph_def, half)
-        self.changed = False
-
-    def write_back(self):
-        self.editor.finish()
-
-
 class _Group:
     def __init__(self):
         self.members = []   # (scope, node)
@@ -59,7 +45,7 @@ class _Group:
 def _scopes(graph_def, half, library):
     """{None: main scope, function name: scope} for the bodies/conds of main-graph Whiles
     that no other node calls."""
-    scopes = {None: _Main(graph_def, half)}
+    scopes = {None: _bodies.MainGraph(graph_def, half)}
     for node in graph_def.node:
         if node.op not in _WHILE_OPS:
             continue
