@@ -95,6 +95,7 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
         optimizer_class = tf.compat.v1.train.Optimizer
         _patch(optimizer_class, "compute_gradients", _compute_gradients)
         _patch(optimizer_class, "apply_gradients", _apply_gradients)
+        _patch_gradients(settings.loss_scale)
     _enabled = settings
     _log.info("enabled: dtype=%s graph_rewrite=%s (TF1 Sessions: %s) loss_scaling=%s "
               "loss_scale=%s", dtype, settings.rewrite, settings.session_rewrite,
@@ -114,6 +115,17 @@ def disable():
     _shadows.clear()
     _enabled = None
     _stays_float32 = False
+
+
+def _patch_function(module, name, replacement):
+    """module.name(...) becomes replacement(original, ...) until disable()."""
+    original = getattr(module, name)
+
+    def function(*args, **kwargs):
+        return replacement(original, *args, **kwargs)
+
+    functools.update_wrapper(function, original)
+    _patches.replace(module, name, function)
 
 
 def _patch(owner, name, replacement):
@@ -401,8 +413,53 @@ def _compute_gradients(original, optimizer, loss, *args, **kwargs):
 def _apply_gradients(original, optimizer, grads_and_vars, *args, **kwargs):
     if _bypassing() or _is_wrapper(optimizer):
         return original(optimizer, grads_and_vars, *args, **kwargs)
+    from tf_mpt.training import auto_scaling as _auto  # pylint: disable=g-import-not-at-top
+    grads_and_vars = list(grads_and_vars)
+    wrapper = _scaling_optimizer(optimizer)
+    grads = [g for g, _ in grads_and_vars]
+    variables = [v for _, v in grads_and_vars]
+    _auto.claim(_auto.records_for(grads, variables), wrapper.loss_scale, variables,
+                optimizer.get_name())
     with _bypass():
-        return _scaling_optimizer(optimizer).apply_gradients(grads_and_vars, *args, **kwargs)
+        return wrapper.apply_gradients(grads_and_vars, *args, **kwargs)
+
+
+# --- gradients taken anywhere: tf.gradients, GradientTape (tf_mpt.training.auto_scaling) -----
+
+def _patch_gradients(loss_scale):
+    """tf.gradients, tf.compat.v1.gradients and GradientTape.gradient scale the backward pass
+    of the script's losses; Keras optimizers apply them with a loss scale of their own."""
+    from tf_mpt.training import auto_scaling as _auto  # pylint: disable=g-import-not-at-top
+    _auto.install(loss_scale)
+    _patches.record("<automatic loss scaling>", _auto.uninstall)
+    for module in {id(m): m for m in (tf, tf.compat.v1, tf.compat.v2)}.values():
+        if hasattr(module, "gradients") and not _patches.is_applied(module, "gradients"):
+            _patch_function(module, "gradients", _auto.tf_gradients)
+    _patch(tf.GradientTape, "gradient", _auto.tape_gradient)
+    _patch(_BASE_SESSION, "run", _session_run_reporting)
+    _patch_keras_optimizers()
+
+
+def _session_run_reporting(original, session, *args, **kwargs):
+    """Session.run, after one WARNING per gradient computation of its graph that reached no
+    optimizer (tf_mpt.training.auto_scaling)."""
+    from tf_mpt.training import auto_scaling as _auto  # pylint: disable=g-import-not-at-top
+    _auto.report_unclaimed(session.graph)
+    return original(session, *args, **kwargs)
+
+
+def _patch_keras_optimizers():
+    """Keras optimizers' apply_gradients / apply (once keras is imported)."""
+    keras = sys.modules.get("keras")
+    base = sys.modules.get("keras.src.optimizers.base_optimizer")
+    if keras is None or base is None or not hasattr(base, "BaseOptimizer"):
+        return  # keras_imported() patches them when keras is imported
+    owner = base.BaseOptimizer
+    if _patches.is_applied(owner, "apply"):
+        return
+    from tf_mpt.training import auto_scaling as _auto  # pylint: disable=g-import-not-at-top
+    _patch(owner, "apply_gradients", _auto.keras_apply_gradients)
+    _patch(owner, "apply", _auto.keras_apply)
 
 
 # --- TF2: tf.function and Keras -------------------------------------------------------------
@@ -424,7 +481,7 @@ def _patch_tf_function(dtype):
         if module.split(".")[0] in _LIBRARY_PREFIXES:
             return original(func, **kwargs)
         try:
-            return _functions.Function(func, dtype, kwargs)
+            return _functions.Function(func, dtype, kwargs, on_trace=_report_unclaimed)
         except Exception as error:  # pylint: disable=broad-except
             _log.warning("tf_mpt left tf.function %s in float32 (%s: %s)",
                          getattr(func, "__name__", func), type(error).__name__, error)
@@ -432,6 +489,13 @@ def _patch_tf_function(dtype):
 
     functools.update_wrapper(function, original)
     _patches.replace(tf, "function", function)
+
+
+def _report_unclaimed(graph):
+    """A traced tf.function: one WARNING per gradient computation that reached no optimizer."""
+    if _enabled is not None and _enabled.loss_scaling:
+        from tf_mpt.training import auto_scaling as _auto  # pylint: disable=g-import-not-at-top
+        _auto.report_unclaimed(graph)
 
 
 def _set_keras_policy(dtype):
@@ -457,3 +521,5 @@ def keras_imported():
     """Called when `import keras` finishes under the automatic path."""
     if _enabled is not None and _enabled.rewrite:
         _set_keras_policy(_enabled.dtype)
+    if _enabled is not None and _enabled.loss_scaling:
+        _patch_keras_optimizers()

@@ -185,8 +185,9 @@ def _pack_outputs(structure, tensors):
 class Function:
     """A tf.function whose traced graphs are rewritten to mixed precision (see `function`)."""
 
-    def __init__(self, fn, dtype, tf_function_kwargs, tf_function=None):
+    def __init__(self, fn, dtype, tf_function_kwargs, tf_function=None, on_trace=None):
         self._dtype = _dtypes.parse(dtype).name
+        self._on_trace = on_trace  # called with each newly traced graph, before the rewrite
         self._tf_function = (tf_function if tf_function is not None
                              else _TF_FUNCTION(fn, **tf_function_kwargs))
         self._rewritten = {}
@@ -204,7 +205,8 @@ class Function:
             bound = None
         if bound is None:
             bound = Function(self.__wrapped__, self._dtype, {},
-                             tf_function=self._tf_function.__get__(instance, owner))
+                             tf_function=self._tf_function.__get__(instance, owner),
+                             on_trace=self._on_trace)
             try:
                 self._bound[instance] = bound
             except TypeError:
@@ -221,6 +223,8 @@ class Function:
         with self._lock:
             rewritten = self._rewritten.get(original.name)
             if rewritten is None:
+                if self._on_trace is not None:
+                    self._on_trace(original.graph)
                 rewritten = rewrite_function(original, dtype=self._dtype)
                 self._rewritten[original.name] = rewritten
         return rewritten
@@ -231,7 +235,7 @@ class Function:
     def __getattr__(self, name):
         # Anything else a tf.function offers (input_signature, experimental_* ...) is the
         # wrapped tf.function's.
-        if name.startswith("__") or name in ("_tf_function", "_bound"):
+        if name.startswith("__") or name in ("_tf_function", "_bound", "_on_trace"):
             raise AttributeError(name)
         return getattr(self._tf_function, name)
 

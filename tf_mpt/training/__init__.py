@@ -2,6 +2,8 @@
 
     storage.py      float32_storage_getter, mixed_precision_scope (float32 master weights)
     loss_scale.py   StaticLossScale, DynamicLossScale, get(): the scale and its state
+    scaling.py      the arithmetic: scale a loss, unscale a gradient, apply only if finite
+    auto_scaling.py loss scaling wherever a script takes gradients (tf.gradients, tapes)
     optimizer.py    LossScaleOptimizer (TF1), scale_loss / apply_scaled_gradients (TF2)
     checkpoints.py  float32 checkpoints restore into a graph with loss-scale variables
 """

@@ -13,30 +13,12 @@ Example:
 
 import tensorflow as tf
 
-from tf_mpt.training import loss_scale as _loss_scale
 from tf_mpt.rewrite import keep_fp32
+from tf_mpt.training import auto_scaling as _auto_scaling
+from tf_mpt.training import loss_scale as _loss_scale
+from tf_mpt.training.scaling import apply_if_finite, scale_loss_value, unscale
 
 tf1 = tf.compat.v1
-
-_HALF = (tf.float16, tf.bfloat16)
-
-
-def _unscale(grad, inverse):
-    """grad * inverse, computed in float32 for half gradients; IndexedSlices kept sparse."""
-    if grad is None:
-        return None
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(_unscale(grad.values, inverse), grad.indices, grad.dense_shape)
-    if grad.dtype in _HALF:
-        return tf.cast(tf.cast(grad, tf.float32) * inverse, grad.dtype)
-    return grad * tf.cast(inverse, grad.dtype)
-
-
-def _scale_loss(loss, scale):
-    if loss.dtype in _HALF:
-        return tf.cast(tf.cast(loss, tf.float32) * scale, loss.dtype)
-    return loss * tf.cast(scale, loss.dtype)
-
 
 class LossScaleOptimizer(tf1.train.Optimizer):
     """Wraps a tf.compat.v1.train.Optimizer with loss scaling.
@@ -90,17 +72,17 @@ class LossScaleOptimizer(tf1.train.Optimizer):
             def scaled_loss():
                 value = loss()
                 with keep_fp32():
-                    return _scale_loss(value, scale)
+                    return scale_loss_value(value, scale)
         else:
             with keep_fp32():
-                scaled_loss = _scale_loss(loss, scale)
+                scaled_loss = scale_loss_value(loss, scale)
         grads_and_vars = self._optimizer.compute_gradients(
             scaled_loss, var_list=var_list, gate_gradients=gate_gradients,
             aggregation_method=aggregation_method,
             colocate_gradients_with_ops=colocate_gradients_with_ops, grad_loss=grad_loss)
         with keep_fp32():
             inverse = tf.math.reciprocal(scale)
-            return [(_unscale(g, inverse), v) for g, v in grads_and_vars]
+            return [(unscale(g, inverse), v) for g, v in grads_and_vars]
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         """Applies the gradients only if all are finite (dynamic scale); updates the scale."""
@@ -226,7 +208,7 @@ def scale_loss(loss, loss_scale):
             apply_scaled_gradients.
     """
     with keep_fp32():
-        return _scale_loss(loss, _loss_scale.get(loss_scale).scale())
+        return scale_loss_value(loss, _loss_scale.get(loss_scale).scale())
 
 
 def apply_scaled_gradients(optimizer, scaled_grads, variables, loss_scale):
@@ -259,19 +241,12 @@ def apply_scaled_gradients(optimizer, scaled_grads, variables, loss_scale):
     variables = list(variables)
     with keep_fp32():
         inverse = tf.math.reciprocal(loss_scale.scale())
-        grads = [_unscale(g, inverse) for g in scaled_grads]
-    if hasattr(optimizer, "build") and not getattr(optimizer, "built", True):
-        with tf.init_scope():
-            optimizer.build(variables)  # slots are created outside the conditional
+        grads = [unscale(g, inverse) for g in scaled_grads]
     pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
-    if not loss_scale.is_dynamic:
-        optimizer.apply_gradients(pairs)
-        return tf.constant(True)
-    update_scale, should_apply = loss_scale.update(grads)
+    _auto_scaling.opt_out(scaled_grads, variables)  # the script scales: no automatic scaling
 
     def apply():
-        optimizer.apply_gradients(pairs)
-        return tf.constant(True)
+        with _auto_scaling.passthrough():
+            optimizer.apply_gradients(pairs)
 
-    with tf.control_dependencies([update_scale]):
-        return tf.cond(should_apply, apply, lambda: tf.constant(False))
+    return apply_if_finite(optimizer, pairs, loss_scale, apply)
