@@ -33,6 +33,7 @@ TF_MPT_COST_MODEL = "TF_MPT_COST_MODEL"
 TF_MPT_CPU_FLAGS = "TF_MPT_CPU_FLAGS"
 TF_MPT_SESSION_REWRITE = "TF_MPT_SESSION_REWRITE"
 TF_MPT_CACHE_DIR = "TF_MPT_CACHE_DIR"
+TF_MPT_ALLREDUCE_DTYPE = "TF_MPT_ALLREDUCE_DTYPE"
 
 # (variable, default, meaning): the README's env-var table is checked against this by a test.
 ENV_VARS = (
@@ -45,6 +46,10 @@ ENV_VARS = (
     (TF_MPT_DTYPE, "auto", "float16, bfloat16 or auto (float16 with a GPU, bfloat16 on a CPU "
      "with native bfloat16, otherwise float32 with a warning)."),
     (TF_MPT_LOSS_SCALE, "dynamic", "dynamic, or a positive number for a static loss scale."),
+    (TF_MPT_ALLREDUCE_DTYPE, "float32", "dtype in which tf_mpt's loss-scaling optimizers "
+     "all-reduce gradients under tf.distribute: float32, float16 (the loss-scaled gradients; "
+     "an overflow in the sum skips the step on every replica), bfloat16 (unscaled), or auto "
+     "(float16 with a dynamic loss scale, else bfloat16)."),
     (TF_MPT_ALLOWLIST_ADD, "", "Comma-separated op names to put on the allow list "
      "(taken off any other list, so one ADD moves an op)."),
     (TF_MPT_ALLOWLIST_REMOVE, "", "Comma-separated op names to take off the allow list."),
@@ -90,6 +95,7 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _DTYPES = ("float16", "bfloat16", "auto")
 _SESSION_REWRITES = ("grappler", "copy")
+ALLREDUCE_DTYPES = ("float32", "float16", "bfloat16", "auto")
 
 
 def _parse_bool(environ, variable):
@@ -180,6 +186,7 @@ class Config:
         cpu_flags: frozenset of CPU flags from TF_MPT_CPU_FLAGS, or None (the real CPU's).
         session_rewrite: 'grappler' or 'copy' (TF_MPT_SESSION_REWRITE).
         cache_dir: TF_MPT_CACHE_DIR, or None (the default cache directory).
+        allreduce_dtype: 'float32', 'float16', 'bfloat16' or 'auto' (TF_MPT_ALLREDUCE_DTYPE).
     """
     list_add: tuple = ()
     list_remove: tuple = ()
@@ -193,6 +200,7 @@ class Config:
     cpu_flags: typing.Optional[frozenset] = None
     session_rewrite: str = "grappler"
     cache_dir: typing.Optional[str] = None
+    allreduce_dtype: str = "float32"
 
     @classmethod
     def from_env(cls, environ):
@@ -219,7 +227,8 @@ class Config:
                    cpu_flags=_parse_cpu_flags(environ),
                    session_rewrite=_parse_choice(environ, TF_MPT_SESSION_REWRITE,
                                                  _SESSION_REWRITES, "grappler"),
-                   cache_dir=environ.get(TF_MPT_CACHE_DIR, "").strip() or None)
+                   cache_dir=environ.get(TF_MPT_CACHE_DIR, "").strip() or None,
+                   allreduce_dtype=allreduce_dtype_from_env(environ))
 
     def loss_scaling_for(self, dtype):
         """Whether the automatic path scales the loss for `dtype` ('float16'/'bfloat16').
@@ -247,6 +256,11 @@ class Config:
         if not self.list_add and not self.list_remove:
             return base
         return base.edited(add=dict(self.list_add), remove=dict(self.list_remove))
+
+
+def allreduce_dtype_from_env(environ):
+    """TF_MPT_ALLREDUCE_DTYPE alone ('float32' when unset); ValueError for a bad value."""
+    return _parse_choice(environ, TF_MPT_ALLREDUCE_DTYPE, ALLREDUCE_DTYPES, "float32")
 
 
 def env_var_table_markdown():

@@ -1,9 +1,10 @@
 """MirroredStrategy over two logical CPUs with tf_mpt.LossScaleOptimizer (run by a test).
 
 Logical devices must be configured before TensorFlow starts, hence a separate process.
-Usage: python mirrored_worker.py graph|function NAN_STEP
+Usage: python mirrored_worker.py graph|function NAN_STEP [ALLREDUCE_DTYPE]
 On step NAN_STEP the loss of replica 1 only is multiplied by NaN. Prints one JSON line per
-step with each device's copy of the weights and of the loss scale, and global_step.
+step with each device's copy of the weights and of the loss scale, and global_step, then one
+line {"reduce_ops": [[op type, dtype], ...]}: the cross-replica reductions the graph runs.
 """
 
 import json
@@ -24,9 +25,22 @@ def _replica_loss(w, factor):
     return tf.reduce_sum(tf.matmul(x, w)) * tf.where(tf.equal(replica, 1.0), factor, 1.0)
 
 
+ALLREDUCE_DTYPE = sys.argv[3] if len(sys.argv) > 3 else "float32"
+_REDUCE_OPS = ("CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3", "NcclAllReduce",
+               "AddN")
+
+
 def _make_optimizer():
     scale = tf_mpt.DynamicLossScale(initial_loss_scale=8, increment_period=1)
-    return tf_mpt.LossScaleOptimizer(tf1.train.MomentumOptimizer(0.1, 0.9), scale), scale
+    return tf_mpt.LossScaleOptimizer(tf1.train.MomentumOptimizer(0.1, 0.9), scale,
+                                     allreduce_dtype=ALLREDUCE_DTYPE), scale
+
+
+def reduce_ops(graph_def):
+    """Sorted distinct (op type, T) of the reduction ops in a GraphDef and its library."""
+    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+    return sorted({(n.op, tf.as_dtype(n.attr["T"].type).name) for n in nodes
+                   if n.op in _REDUCE_OPS and "T" in n.attr})
 
 
 def _record(step, strategy, w, scale_var, global_step, read):
@@ -54,6 +68,7 @@ def run_graph(nan_step):
             for step in range(STEPS):
                 sess.run(train, {factor: np.nan if step == nan_step else 1.0})
                 yield _record(step, strategy, w, scale_var, global_step, sess.run)
+        yield {"reduce_ops": reduce_ops(graph.as_graph_def())}
 
 
 def run_function(nan_step):
@@ -72,6 +87,8 @@ def run_function(nan_step):
         train(tf.constant(np.nan if step == nan_step else 1.0, tf.float32))
         yield _record(step, strategy, w, scale.current_loss_scale, global_step,
                       lambda t: t.numpy())
+    graph = train.get_concrete_function(tf.TensorSpec([], tf.float32)).graph
+    yield {"reduce_ops": reduce_ops(graph.as_graph_def())}
 
 
 def main():

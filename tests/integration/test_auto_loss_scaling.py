@@ -408,24 +408,26 @@ def test_tf2_scale_state_is_checkpointed_and_a_float32_checkpoint_restores(
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
-def test_tf2_custom_loop_under_a_distribution_strategy_is_unscaled_with_a_warning(
-        float16_scaled, caplog):
+def test_tf2_custom_loop_under_a_distribution_strategy_is_scaled(float16_scaled):
+    """One replica in-process; two replicas and workers: test_distribution.py."""
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     with strategy.scope():
         w = tf.Variable([1.0, 2.0])
         optimizer = keras.optimizers.SGD(0.1)
 
-    def step():
+    def step(factor):
         with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(w * w)
+            loss = tf.reduce_sum(w * w) * factor
         grads = tape.gradient(loss, [w])
         optimizer.apply_gradients(zip(grads, [w]))
 
-    with caplog.at_level(logging.WARNING, "tf_mpt"):
-        tf.function(lambda: strategy.run(step))()
-    assert any("tf.distribute strategy" in r.getMessage() for r in caplog.records)
-    assert auto_scaling.loss_scale_of(optimizer) is None
-    np.testing.assert_allclose(w.numpy(), [0.8, 1.6], rtol=1e-6)
+    train = tf.function(lambda factor: strategy.run(step, args=(factor,)))
+    train(tf.constant(1.0))
+    train(tf.constant(np.nan))
+    scale = auto_scaling.loss_scale_of(optimizer)
+    assert float(scale.scale()) == 2.0 ** 14  # the NaN step halved it ...
+    assert int(optimizer.iterations.numpy()) == 1  # ... and was skipped
+    np.testing.assert_allclose(w.numpy(), [0.8, 1.6], rtol=1e-3)
 
 
 @pytest.mark.parametrize("compiled", COMPILED)

@@ -30,14 +30,20 @@ def _run(args, env=None):
                             stderr=subprocess.PIPE, text=True)
 
 
-def _records(proc):
+def _records(proc, reduce_dtype=None):
+    """The per-step records; with `reduce_dtype`, checks every cross-replica reduction the
+    step's graph runs is in that dtype."""
     try:
         out, err = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         proc.kill()
         pytest.fail(f"worker hung for {TIMEOUT_S} s")
     assert proc.returncode == 0, err[-3000:]
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    ops = records.pop()["reduce_ops"]
+    if reduce_dtype is not None:
+        assert ops and {dtype for _, dtype in ops} == {reduce_dtype}, ops
+    return records
 
 
 def _check(records, copies):
@@ -51,10 +57,16 @@ def _check(records, copies):
         assert record["global_step"] == step
 
 
+ALLREDUCE_DTYPES = ["float32", "float16", "bfloat16"]
+
+
+@pytest.mark.parametrize("allreduce", ALLREDUCE_DTYPES)
 @pytest.mark.parametrize("mode", ["graph", "function"])
-def test_mirrored_strategy_replicas_skip_together(mode):
-    proc = _run([os.path.join(HERE, "mirrored_worker.py"), mode, str(NAN_STEP)])
-    _check(_records(proc), copies=2)
+def test_mirrored_strategy_replicas_skip_together(mode, allreduce):
+    """Also with the gradients all-reduced in a half type (the expected weights are exact
+    in float16 and bfloat16 too: small integers times the scale)."""
+    proc = _run([os.path.join(HERE, "mirrored_worker.py"), mode, str(NAN_STEP), allreduce])
+    _check(_records(proc, reduce_dtype=allreduce), copies=2)
 
 
 def _free_port():
@@ -63,17 +75,40 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_multi_worker_mirrored_strategy_workers_skip_together():
+@pytest.mark.parametrize("allreduce", ALLREDUCE_DTYPES)
+def test_multi_worker_mirrored_strategy_workers_skip_together(allreduce):
     workers = [f"127.0.0.1:{_free_port()}" for _ in range(2)]
     procs = []
     for index in range(2):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        procs.append(_run([os.path.join(HERE, "mwms_worker.py"), str(NAN_STEP)],
+        procs.append(_run([os.path.join(HERE, "mwms_worker.py"), str(NAN_STEP), allreduce],
                           env={"TF_CONFIG": json.dumps(tf_config)}))
-    results = [_records(p) for p in procs]
+    results = [_records(p, reduce_dtype=allreduce) for p in procs]
     for records in results:
         assert [r["global_step"] for r in records] == EXPECTED_STEP
         assert [r["scale"] for r in records] == EXPECTED_SCALE
         for record, w in zip(records, EXPECTED_W):
             assert record["w"] == pytest.approx([w] * 3, abs=1e-5)
     assert results[0] == results[1]
+
+
+# tf2_mirrored_worker.py: the TF2 automatic path (float16) under MirroredStrategy. Its inputs
+# are mirrored_worker.py's times X_SCALE, so the weights move X_SCALE times as far; the loss
+# scale starts at 2^15, is halved by the NaN step and does not grow (increment period 2000).
+X_SCALE = 2.0 ** -6
+TF2_EXPECTED_SCALE = [2.0 ** 15, 2.0 ** 14, 2.0 ** 14, 2.0 ** 14]
+
+
+@pytest.mark.parametrize("allreduce", ALLREDUCE_DTYPES)
+@pytest.mark.parametrize("mode", ["function", "eager"])
+def test_tf2_custom_loop_replicas_skip_together_with_automatic_scaling(mode, allreduce):
+    proc = _run([os.path.join(HERE, "tf2_mirrored_worker.py"), mode, str(NAN_STEP), allreduce])
+    records = _records(proc, reduce_dtype=allreduce if mode == "function" else None)
+    assert [r["step"] for r in records] == list(range(4))
+    for record, w, step, scale in zip(records, EXPECTED_W, EXPECTED_STEP, TF2_EXPECTED_SCALE):
+        for copy in record["w"]:
+            assert copy == pytest.approx([1 + X_SCALE * (w - 1)] * 3, abs=1e-6), record
+            assert copy == record["w"][0]
+        assert record["scale"] == [scale, scale]
+        assert record["iterations"] == step
+

@@ -184,3 +184,25 @@ def test_tf2_helper_skips_non_finite_steps_with_a_keras_optimizer():
                         int(opt.iterations.numpy())))
     assert history == [(True, True, 16.0, 1), (False, False, 8.0, 1), (True, True, 8.0, 2),
                        (True, True, 16.0, 3)]
+
+
+def test_allreduce_dtype_choices_and_a_bad_value():
+    inner = tf1.train.GradientDescentOptimizer(0.1)
+    assert tf_mpt.LossScaleOptimizer(inner).allreduce_dtype == tf.float32  # the default
+    assert tf_mpt.LossScaleOptimizer(inner, allreduce_dtype="auto").allreduce_dtype == tf.float16
+    static = tf_mpt.LossScaleOptimizer(inner, 128, allreduce_dtype="auto")
+    assert static.allreduce_dtype == tf.bfloat16  # no dynamic scale to catch an overflow
+    assert tf_mpt.LossScaleOptimizer(
+        inner, allreduce_dtype=tf.bfloat16).allreduce_dtype == tf.bfloat16
+    with pytest.raises(ValueError, match=r"allreduce_dtype must be one of float32, float16, "
+                                         r"bfloat16, auto\. Received: allreduce_dtype='fp8'"):
+        tf_mpt.LossScaleOptimizer(inner, allreduce_dtype="fp8")
+
+
+def test_allreduce_dtype_comes_from_the_environment_when_not_given(monkeypatch):
+    inner = tf1.train.GradientDescentOptimizer(0.1)
+    monkeypatch.setenv("TF_MPT_ALLREDUCE_DTYPE", "bfloat16")
+    assert tf_mpt.LossScaleOptimizer(inner).allreduce_dtype == tf.bfloat16
+    monkeypatch.setenv("TF_MPT_ALLREDUCE_DTYPE", "int8")
+    with pytest.raises(ValueError, match="TF_MPT_ALLREDUCE_DTYPE must be one of"):
+        tf_mpt.LossScaleOptimizer(inner)

@@ -95,7 +95,7 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
         optimizer_class = tf.compat.v1.train.Optimizer
         _patch(optimizer_class, "compute_gradients", _compute_gradients)
         _patch(optimizer_class, "apply_gradients", _apply_gradients)
-        _patch_gradients(settings.loss_scale)
+        _patch_gradients(settings.loss_scale, config.allreduce_dtype)
     _enabled = settings
     _log.info("enabled: dtype=%s graph_rewrite=%s (TF1 Sessions: %s) loss_scaling=%s "
               "loss_scale=%s", dtype, settings.rewrite, settings.session_rewrite,
@@ -393,7 +393,8 @@ def _scaling_optimizer(optimizer):
     from tf_mpt.training import optimizer as _optimizer  # pylint: disable=g-import-not-at-top
     wrapper = getattr(optimizer, "_tf_mpt_loss_scale_optimizer", None)
     if wrapper is None:
-        wrapper = _optimizer.LossScaleOptimizer(optimizer, _enabled.loss_scale)
+        wrapper = _optimizer.LossScaleOptimizer(optimizer, _enabled.loss_scale,
+                                                allreduce_dtype=_enabled.config.allreduce_dtype)
         optimizer._tf_mpt_loss_scale_optimizer = wrapper  # pylint: disable=protected-access
     return wrapper
 
@@ -426,11 +427,11 @@ def _apply_gradients(original, optimizer, grads_and_vars, *args, **kwargs):
 
 # --- gradients taken anywhere: tf.gradients, GradientTape (tf_mpt.training.auto_scaling) -----
 
-def _patch_gradients(loss_scale):
+def _patch_gradients(loss_scale, allreduce_dtype):
     """tf.gradients, tf.compat.v1.gradients and GradientTape.gradient scale the backward pass
     of the script's losses; Keras optimizers apply them with a loss scale of their own."""
     from tf_mpt.training import auto_scaling as _auto  # pylint: disable=g-import-not-at-top
-    _auto.install(loss_scale)
+    _auto.install(loss_scale, allreduce_dtype)
     _patches.record("<automatic loss scaling>", _auto.uninstall)
     for module in {id(m): m for m in (tf, tf.compat.v1, tf.compat.v2)}.values():
         if hasattr(module, "gradients") and not _patches.is_applied(module, "gradients"):

@@ -55,16 +55,20 @@ _VARIABLE_SCALE = "_tf_mpt_loss_scale"  # attribute on a variable: its optimizer
 _AWAITING = "_tf_mpt_awaiting"  # attribute on a variable: its last eager Record
 _OPTIMIZER_SCALE = "tf_mpt_loss_scale"  # checkpoint name of a Keras optimizer's scale
 
-_state = {"loss_scale": None}  # the identifier ('dynamic' or a number) while installed
+# while installed: the loss scale identifier ('dynamic' or a number) for optimizers that have
+# none yet, and the all-reduce dtype choice (TF_MPT_ALLREDUCE_DTYPE)
+_state = {"loss_scale": None, "allreduce_dtype": "float32"}
 _records = weakref.WeakKeyDictionary()  # graph -> {name of an unscaling op: Record}
 _warned = set()
 _local = threading.local()
 
 
-def install(loss_scale):
+def install(loss_scale, allreduce_dtype="float32"):
     """Turns automatic scaling on with `loss_scale` ('dynamic' or a number) for optimizers
-    that have none yet (the patches themselves are made by tf_mpt.automatic)."""
+    that have none yet and gradients all-reduced in `allreduce_dtype` under tf.distribute
+    (the patches themselves are made by tf_mpt.automatic)."""
     _state["loss_scale"] = loss_scale
+    _state["allreduce_dtype"] = allreduce_dtype
 
 
 def uninstall():
@@ -321,11 +325,6 @@ def tape_gradient(original, tape, target, sources, output_gradients=None, *args,
     def unscaled():
         return original(tape, target, sources, None, *args, **kwargs)
 
-    if _in_distribution():
-        _warn_once(("distribution", site), "%s runs under a tf.distribute strategy, where "
-                   "tf_mpt does not scale a custom loop's gradients yet; they run without loss "
-                   "scaling.", what)
-        return unscaled()
     if tape._persistent:  # pylint: disable=protected-access
         taken = getattr(tape, "_tf_mpt_losses", 0)
         tape._tf_mpt_losses = taken + 1  # pylint: disable=protected-access
@@ -438,39 +437,102 @@ def _optimizer_scale(optimizer):
 
 
 def _keras_apply(optimizer, grads, variables, apply):
-    """A Keras optimizer applies (grads, variables) by calling `apply()`; with scaled
-    gradients it skips non-finite steps and updates its scale."""
-    if not installed() or _passing_through():
-        apply()
-        return
+    """A Keras optimizer applies (grads, variables) by calling `apply(grads, variables)`;
+    with scaled gradients it skips non-finite steps and updates its scale."""
     grads, variables = list(grads), list(variables)
+    if not installed() or _passing_through():
+        apply(grads, variables)
+        return
     if (_keras_loss_scale_optimizer(optimizer)
             or getattr(optimizer, "loss_scale_factor", None) is not None):
         opt_out(grads, variables)  # the script scales its loss itself
         with _Passthrough():
-            apply()
+            apply(grads, variables)
         return
     records = records_for(grads, variables)
     if not records:
         with _Passthrough():
-            apply()
+            apply(grads, variables)
         return
     scale = _optimizer_scale(optimizer)
     claim(records, scale, variables, type(optimizer).__name__)
+    if _in_distribution():
+        if tf.distribute.in_cross_replica_context() or not _can_skip_keras_reduce(optimizer):
+            _warn_once(("distribution", type(optimizer).__name__), "%s applies gradients "
+                       "under a tf.distribute strategy outside a replica context, or without "
+                       "the all-reduce hook tf_mpt needs; its steps are not skipped on "
+                       "overflow.", type(optimizer).__name__)
+            with _Passthrough():
+                apply(grads, variables)
+            return
+        _distributed_keras_apply(optimizer, grads, variables, scale, apply)
+        return
     pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
 
     def run():
         with _Passthrough():
-            apply()
+            apply(grads, variables)
 
     _scaling.apply_if_finite(optimizer, pairs, scale, run)
+
+
+def _distributed_keras_apply(optimizer, grads, variables, scale, apply):
+    """Replica context: all-reduce the gradients (in TF_MPT_ALLREDUCE_DTYPE, unconditionally),
+    then in the cross-replica context decide once from the reduced gradients (the same on
+    every replica), update the scale, and maybe apply them on every replica with the Keras
+    optimizer, whose own all-reduce is skipped for that call (they are reduced already)."""
+    replica = tf.distribute.get_replica_context()
+    dtype = _scaling.resolve_allreduce_dtype(_state["allreduce_dtype"], scale)
+    with _Passthrough():
+        reduced = _scaling.all_reduce_in(dtype, replica, list(zip(grads, variables)), scale)
+    reduced_grads = [g for g, _ in reduced]
+
+    def apply_reduced(*local_grads):
+        with _Passthrough():
+            apply(list(local_grads), variables)
+
+    def cross_replica(distribution, *reduced_grads):
+        firsts = [None if g is None else distribution.experimental_local_results(g)[0]
+                  for g in reduced_grads]
+        if not getattr(optimizer, "built", True):
+            with tf.init_scope():
+                optimizer.build(variables)  # slots are created outside the conditional
+        update_scale, should_apply = scale.update_from_finite(
+            _loss_scale.all_finite(firsts))
+
+        def run():
+            with _reduced_already(optimizer):
+                distribution.extended.call_for_each_replica(apply_reduced, args=reduced_grads)
+            return tf.constant(True)
+
+        with tf.control_dependencies([update_scale]):
+            return tf.cond(should_apply, run, lambda: tf.constant(False))
+
+    replica.merge_call(cross_replica, args=tuple(reduced_grads))
+
+
+class _reduced_already:  # pylint: disable=invalid-name
+    """While active, the Keras optimizer does not all-reduce the gradients it applies."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+    def __enter__(self):
+        self.optimizer._all_reduce_sum_gradients = list  # pylint: disable=protected-access
+
+    def __exit__(self, *exc):
+        del self.optimizer._all_reduce_sum_gradients  # pylint: disable=protected-access
+
+
+def _can_skip_keras_reduce(optimizer):
+    return callable(getattr(type(optimizer), "_all_reduce_sum_gradients", None))
 
 
 def keras_apply_gradients(original, optimizer, grads_and_vars, *args, **kwargs):
     """Patched keras Optimizer.apply_gradients(grads_and_vars); returns the iterations."""
     pairs = list(grads_and_vars)
     _keras_apply(optimizer, [g for g, _ in pairs], [v for _, v in pairs],
-                 lambda: original(optimizer, pairs, *args, **kwargs))
+                 lambda g, v: original(optimizer, list(zip(g, v)), *args, **kwargs))
     return optimizer.iterations
 
 
@@ -478,9 +540,8 @@ def keras_apply(original, optimizer, grads, trainable_variables=None, *args, **k
     """Patched keras Optimizer.apply(grads, trainable_variables)."""
     if trainable_variables is None:
         return original(optimizer, grads, trainable_variables, *args, **kwargs)
-    grads, variables = list(grads), list(trainable_variables)
-    _keras_apply(optimizer, grads, variables,
-                 lambda: original(optimizer, grads, variables, *args, **kwargs))
+    _keras_apply(optimizer, grads, trainable_variables,
+                 lambda g, v: original(optimizer, g, v, *args, **kwargs))
     return None
 
 

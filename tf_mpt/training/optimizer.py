@@ -16,7 +16,8 @@ import tensorflow as tf
 from tf_mpt.rewrite import keep_fp32
 from tf_mpt.training import auto_scaling as _auto_scaling
 from tf_mpt.training import loss_scale as _loss_scale
-from tf_mpt.training.scaling import apply_if_finite, scale_loss_value, unscale
+from tf_mpt.training.scaling import (all_reduce_in, apply_if_finite, resolve_allreduce_dtype,
+                                     scale_loss_value, unscale)
 
 tf1 = tf.compat.v1
 
@@ -27,9 +28,14 @@ class LossScaleOptimizer(tf1.train.Optimizer):
         optimizer: the tf.compat.v1.train.Optimizer to wrap (not already wrapped).
         loss_scale: "dynamic" (default), a number (static scale), or a tf_mpt LossScale.
         name: optional name; defaults to "LossScale" + the inner optimizer's name.
+        allreduce_dtype: dtype of the gradient all-reduce under tf.distribute: 'float32',
+            'float16' (the loss-scaled gradients are cast, summed in float16 and unscaled
+            in float32; an overflow in the sum is a non-finite step, skipped on every
+            replica), 'bfloat16' (unscaled gradients), 'auto' (float16 with a dynamic
+            loss scale, else bfloat16), or None for TF_MPT_ALLREDUCE_DTYPE (default float32).
     """
 
-    def __init__(self, optimizer, loss_scale="dynamic", name=None):
+    def __init__(self, optimizer, loss_scale="dynamic", name=None, allreduce_dtype=None):
         if isinstance(optimizer, LossScaleOptimizer):
             raise ValueError(
                 "optimizer is already a tf_mpt.LossScaleOptimizer; wrapping twice would scale "
@@ -48,6 +54,7 @@ class LossScaleOptimizer(tf1.train.Optimizer):
                          name=name or "LossScale" + optimizer.get_name())
         self._optimizer = optimizer
         self._loss_scale = scale
+        self._allreduce_dtype = resolve_allreduce_dtype(allreduce_dtype, scale)
         # tf.train.Checkpoint(optimizer=this) saves the inner optimizer and the scale state.
         self._track_trackable(optimizer, "base_optimizer")
         self._track_trackable(scale, "loss_scale")
@@ -59,6 +66,11 @@ class LossScaleOptimizer(tf1.train.Optimizer):
     @property
     def loss_scale(self):
         return self._loss_scale
+
+    @property
+    def allreduce_dtype(self):
+        """The tf.DType gradients are all-reduced in under tf.distribute."""
+        return self._allreduce_dtype
 
     def compute_gradients(self, loss, var_list=None, gate_gradients=tf1.train.Optimizer.GATE_OP,
                           aggregation_method=None, colocate_gradients_with_ops=False,
@@ -87,15 +99,20 @@ class LossScaleOptimizer(tf1.train.Optimizer):
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         """Applies the gradients only if all are finite (dynamic scale); updates the scale."""
         grads_and_vars = list(grads_and_vars)
-        if not self._loss_scale.is_dynamic:
+        half_reduce = self._allreduce_dtype != tf.float32 and tf.distribute.has_strategy()
+        if not self._loss_scale.is_dynamic and not half_reduce:
             return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
         if tf.distribute.has_strategy():
             if tf.distribute.in_cross_replica_context():
                 raise ValueError(
                     "apply_gradients() must be called in a replica context (inside "
                     "strategy.run or call_for_each_replica), like the wrapped optimizer's.")
-            return tf.distribute.get_replica_context().merge_call(
-                self._distributed_apply, args=(grads_and_vars, global_step, name))
+            replica = tf.distribute.get_replica_context()
+            if half_reduce:
+                grads_and_vars = all_reduce_in(self._allreduce_dtype, replica, grads_and_vars,
+                                               self._loss_scale)
+            return replica.merge_call(self._distributed_apply,
+                                      args=(grads_and_vars, global_step, name, half_reduce))
         is_finite = _loss_scale.all_finite([g for g, _ in grads_and_vars])
         return self._apply_if_finite(
             is_finite, grads_and_vars, name,
@@ -108,8 +125,10 @@ class LossScaleOptimizer(tf1.train.Optimizer):
         maybe_apply = _cond_v1(should_apply, apply, tf.no_op)
         return tf.group(maybe_apply, update_scale, name=name or self.get_name())
 
-    def _distributed_apply(self, distribution, grads_and_vars, global_step, name):
-        """Cross-replica: all-reduce, agree on finiteness, then maybe apply (in that order).
+    def _distributed_apply(self, distribution, grads_and_vars, global_step, name,
+                           reduced=False):
+        """Cross-replica: all-reduce (unless `reduced`: done in the replica context, in a
+        half type), agree on finiteness, then maybe apply (in that order).
 
         The all-reduce runs unconditionally, before the conditional: a collective inside a
         branch deadlocks when workers disagree (tensorflow#46863, horovod#3384). The finite
@@ -118,8 +137,11 @@ class LossScaleOptimizer(tf1.train.Optimizer):
         reaches all of them through the sum.
         """
         variables = [v for _, v in grads_and_vars]
-        reduced = distribution.extended.batch_reduce_to(
-            tf.distribute.ReduceOp.SUM, grads_and_vars)
+        if reduced:
+            reduced = [g for g, _ in grads_and_vars]
+        else:
+            reduced = distribution.extended.batch_reduce_to(
+                tf.distribute.ReduceOp.SUM, grads_and_vars)
         first_copies = [None if g is None else distribution.experimental_local_results(g)[0]
                         for g in reduced]
         is_finite = _loss_scale.all_finite(first_copies)

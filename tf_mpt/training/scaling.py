@@ -1,10 +1,16 @@
 """The arithmetic of loss scaling, shared by the optimizers and the automatic path:
 scale a loss, unscale a gradient (in float32, IndexedSlices kept sparse), apply a Keras
-optimizer's update only if every gradient is finite."""
+optimizer's update only if every gradient is finite, all-reduce gradients in a half type."""
+
+import os
 
 import tensorflow as tf
 
-__all__ = ["unscale", "scale_loss_value", "apply_if_finite"]
+from tf_mpt import config as _config
+from tf_mpt.rewrite import keep_fp32
+
+__all__ = ["unscale", "scale_loss_value", "apply_if_finite", "resolve_allreduce_dtype",
+           "all_reduce_in"]
 
 _HALF = (tf.float16, tf.bfloat16)
 
@@ -48,3 +54,62 @@ def apply_if_finite(optimizer, pairs, loss_scale, apply):
 
     with tf.control_dependencies([update_scale]):
         return tf.cond(should_apply, apply_and_say_so, lambda: tf.constant(False))
+
+
+def resolve_allreduce_dtype(choice, loss_scale):
+    """The all-reduce tf.DType for `choice` ('float32' | 'float16' | 'bfloat16' | 'auto',
+    a tf.DType, or None for TF_MPT_ALLREDUCE_DTYPE) and the optimizer's LossScale."""
+    if choice is None:
+        choice = _config.allreduce_dtype_from_env(os.environ)
+    if isinstance(choice, tf.DType):
+        choice = choice.name
+    text = str(choice).strip().lower()
+    if text not in _config.ALLREDUCE_DTYPES:
+        raise ValueError(f"allreduce_dtype must be one of {', '.join(_config.ALLREDUCE_DTYPES)}"
+                         f". Received: allreduce_dtype={choice!r}")
+    if text == "auto":
+        text = "float16" if loss_scale.is_dynamic else "bfloat16"
+    return tf.as_dtype(text)
+
+
+def all_reduce_in(dtype, replica, grads_and_vars, loss_scale):
+    """Replica context: the gradients summed over replicas in `dtype` (float16: the
+    loss-scaled gradients, unscaled after the sum in float32; bfloat16: as they are), cast
+    back to their own dtype. The collective runs unconditionally, before any branch."""
+    with keep_fp32("tf_mpt_allreduce"):
+        scale = loss_scale.scale() if dtype == tf.float16 else None
+        inverse = None if scale is None else tf.math.reciprocal(scale)
+
+        def to_wire(values):
+            if scale is not None:
+                values = tf.cast(values, tf.float32) * scale
+            return tf.cast(values, dtype)
+
+        def from_wire(values, like):
+            values = tf.cast(values, tf.float32)
+            if inverse is not None:
+                values = values * inverse
+            return tf.cast(values, like)
+
+        present = [(i, g) for i, (g, _) in enumerate(grads_and_vars) if g is not None]
+        wire = [tf.IndexedSlices(to_wire(g.values), g.indices, g.dense_shape)
+                if isinstance(g, tf.IndexedSlices) else to_wire(g) for _, g in present]
+        # batch_reduce_to in a merge_call rather than replica.all_reduce: in a TF1 graph the
+        # latter's custom gradient looks up the loss scale's per-replica variable by name.
+        pairs = [(w, grads_and_vars[i][1]) for (i, _), w in zip(present, wire)]
+        summed = replica.merge_call(_batch_sum, args=(pairs,)) if pairs else []
+        out = [g for g, _ in grads_and_vars]
+        for (i, g), s in zip(present, summed):
+            if isinstance(g, tf.IndexedSlices):
+                if isinstance(s, tf.IndexedSlices):
+                    out[i] = tf.IndexedSlices(from_wire(s.values, g.dtype), s.indices,
+                                              s.dense_shape)
+                else:
+                    out[i] = from_wire(s, g.dtype)
+            else:
+                out[i] = from_wire(s, g.dtype)
+    return [(g, v) for g, (_, v) in zip(out, grads_and_vars)]
+
+
+def _batch_sum(distribution, pairs):
+    return distribution.extended.batch_reduce_to(tf.distribute.ReduceOp.SUM, pairs)
