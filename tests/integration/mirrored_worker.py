@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_mpt
+from tf_mpt.models import inspection
 
 tf1 = tf.compat.v1
 STEPS = 4
@@ -26,8 +27,6 @@ def _replica_loss(w, factor):
 
 
 ALLREDUCE_DTYPE = sys.argv[3] if len(sys.argv) > 3 else "float32"
-_REDUCE_OPS = ("CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3", "NcclAllReduce",
-               "AddN")
 
 
 def _make_optimizer():
@@ -37,10 +36,7 @@ def _make_optimizer():
 
 
 def reduce_ops(graph_def):
-    """Sorted distinct (op type, T) of the reduction ops in a GraphDef and its library."""
-    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
-    return sorted({(n.op, tf.as_dtype(n.attr["T"].type).name) for n in nodes
-                   if n.op in _REDUCE_OPS and "T" in n.attr})
+    return [list(pair) for pair in inspection.reduction_ops(graph_def)]
 
 
 def _record(step, strategy, w, scale_var, global_step, read):

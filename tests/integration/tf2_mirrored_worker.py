@@ -1,8 +1,9 @@
 """An unmodified TF2 custom loop (GradientTape + Keras SGD) under MirroredStrategy over two
-logical CPUs, on tf_mpt's automatic path with float16 (run by test_distribution.py).
+logical CPUs, or as one of two MultiWorkerMirroredStrategy workers, on tf_mpt's automatic
+path with float16 (run by test_distribution.py).
 
-Usage: python tf2_mirrored_worker.py function|eager NAN_STEP ALLREDUCE_DTYPE
-On step NAN_STEP the loss of replica 1 only is multiplied by NaN. Prints one JSON line per
+Usage: [TF_CONFIG=...] python tf2_mirrored_worker.py function|eager|mwms NAN_STEP ALLREDUCE
+On step NAN_STEP the loss of replica (worker) 1 only is multiplied by NaN. Prints one JSON line per
 step (each device's copy of the weights and of the loss scale, the optimizer's iterations),
 then {"reduce_ops": [...]} of the training step's graph (function mode).
 """
@@ -26,12 +27,17 @@ X_SCALE = 2.0 ** -6
 
 def main():
     mode, nan_step, allreduce = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    if mode != "mwms":
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     tf_mpt.enable(tf_mpt.Config.from_env({"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": "float16",
                                           "TF_MPT_ALLREDUCE_DTYPE": allreduce}),
                   gpu_visible=False, native_bfloat16=False)
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    if mode == "mwms":  # one replica per worker: replica_id_in_sync_group is the worker's
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    else:
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():
         w = tf.Variable(tf.ones([3, 1]))
         optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
@@ -48,7 +54,7 @@ def main():
     def train(factor):
         strategy.run(replica_step, args=(factor,))
 
-    if mode == "function":
+    if mode != "eager":
         train = tf.function(train)
     for step in range(STEPS):
         train(tf.constant(np.nan if step == nan_step else 1.0, tf.float32))
@@ -60,7 +66,7 @@ def main():
                       strategy.experimental_local_results(scale.current_loss_scale)],
             "iterations": int(optimizer.iterations.numpy())}), flush=True)
     ops = []
-    if mode == "function":
+    if mode != "eager":
         graph = train.get_concrete_function(tf.TensorSpec([], tf.float32)).graph
         ops = reduce_ops(graph.as_graph_def())
     print(json.dumps({"reduce_ops": ops}), flush=True)

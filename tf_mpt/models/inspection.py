@@ -212,3 +212,16 @@ def numerics_lines(ranges, skipped, dtype, samples):
                          f"{r.max_abs:10.3g} {min_nonzero:10.3g} {r.overflow:9d} "
                          f"{r.underflow:9d} {r.subnormal:9d}")
     return lines
+
+
+REDUCTION_OPS = ("CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3",
+                 "NcclAllReduce", "AddN")
+
+
+def reduction_ops(graph_def):
+    """Sorted distinct [op type, dtype] of the ops that can sum values across replicas
+    (collectives, NCCL, AddN) in a GraphDef and its function library: which dtype a
+    distributed training step all-reduces its gradients in."""
+    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+    return sorted({(n.op, tf.as_dtype(n.attr["T"].type).name) for n in nodes
+                   if n.op in REDUCTION_OPS and "T" in n.attr})

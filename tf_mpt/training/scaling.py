@@ -96,7 +96,7 @@ def all_reduce_in(dtype, replica, grads_and_vars, loss_scale):
                 if isinstance(g, tf.IndexedSlices) else to_wire(g) for _, g in present]
         # batch_reduce_to in a merge_call rather than replica.all_reduce: in a TF1 graph the
         # latter's custom gradient looks up the loss scale's per-replica variable by name.
-        pairs = [(w, grads_and_vars[i][1]) for (i, _), w in zip(present, wire)]
+        pairs = [(w, _destination(grads_and_vars[i][1])) for (i, _), w in zip(present, wire)]
         summed = replica.merge_call(_batch_sum, args=(pairs,)) if pairs else []
         out = [g for g, _ in grads_and_vars]
         for (i, g), s in zip(present, summed):
@@ -109,6 +109,14 @@ def all_reduce_in(dtype, replica, grads_and_vars, loss_scale):
             else:
                 out[i] = from_wire(s, g.dtype)
     return [(g, v) for g, (_, v) in zip(out, grads_and_vars)]
+
+
+def _destination(variable):
+    """The tf.Variable a reduction is sent to (a Keras 3 Variable wraps one as `.value`)."""
+    if isinstance(variable, tf.Variable):
+        return variable
+    inner = getattr(variable, "value", None)
+    return inner if isinstance(inner, tf.Variable) else variable
 
 
 def _batch_sum(distribution, pairs):
