@@ -158,6 +158,26 @@ def test_tf1_gradient_of_a_gradient_is_unscaled_with_a_warning(float16_scaled, c
         np.testing.assert_allclose(sess.run(second), [6.0, 6.0], rtol=1e-2)
 
 
+def test_tf1_tf_gradients_applied_by_an_explicit_loss_scale_optimizer_use_its_scale(
+        float16_scaled, caplog):
+    graph = tf.Graph()
+    with graph.as_default(), caplog.at_level(logging.WARNING, "tf_mpt"):
+        w = tf1.get_variable("w", [2], initializer=tf1.ones_initializer())
+        grads = tf.gradients(tf.reduce_sum(w * w), [w])
+        scale = tf_mpt.DynamicLossScale(initial_loss_scale=64)
+        optimizer = tf_mpt.LossScaleOptimizer(tf1.train.GradientDescentOptimizer(0.1), scale)
+        train = optimizer.apply_gradients(zip(grads, [w]))
+        pending = graph.get_operation_by_name("tf_mpt_loss_scale/pending")
+        with tf1.Session() as sess:
+            sess.run(tf1.global_variables_initializer())
+            seen_scale = sess.run(pending.outputs[0])
+            sess.run(train)
+            value = sess.run(w)
+    assert seen_scale == 64.0  # the backward pass ran from the optimizer's scale
+    np.testing.assert_allclose(value, [0.8, 0.8], rtol=1e-6)
+    assert not any("reached no optimizer" in r.getMessage() for r in caplog.records)
+
+
 # --- TF2: GradientTape custom loops --------------------------------------------------------
 
 def _model(seed=1):

@@ -30,16 +30,21 @@ def _run(args, env=None):
                             stderr=subprocess.PIPE, text=True)
 
 
-def _records(proc, reduce_dtype=None):
-    """The per-step records; with `reduce_dtype`, checks every cross-replica reduction the
-    step's graph runs is in that dtype."""
+def _json_lines(proc):
+    """The JSON lines a worker printed (fails the test if it hangs or fails)."""
     try:
         out, err = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         proc.kill()
         pytest.fail(f"worker hung for {TIMEOUT_S} s")
     assert proc.returncode == 0, err[-3000:]
-    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def _records(proc, reduce_dtype=None):
+    """The per-step records; with `reduce_dtype`, checks every cross-replica reduction the
+    step's graph runs is in that dtype."""
+    records = _json_lines(proc)
     ops = records.pop()["reduce_ops"]
     if reduce_dtype is not None:
         assert ops and {dtype for _, dtype in ops} == {reduce_dtype}, ops
@@ -141,14 +146,7 @@ DIGITS_ACCURACY_TOL = 0.015
 
 def test_digits_with_half_all_reduce_reaches_float32_accuracy():
     proc = _run([os.path.join(HERE, "digits_mirrored_worker.py"), *ALLREDUCE_DTYPES])
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail(f"worker hung for {TIMEOUT_S} s")
-    assert proc.returncode == 0, err[-3000:]
-    runs = {r["run"]: r for r in (json.loads(line) for line in out.splitlines()
-                                  if line.startswith("{"))}
+    runs = {r["run"]: r for r in _json_lines(proc)}
     baseline = runs.pop("off")  # float32, tf_mpt off
     assert baseline["accuracy"] > 0.9
     assert sorted(runs) == sorted(ALLREDUCE_DTYPES)

@@ -414,15 +414,8 @@ def _compute_gradients(original, optimizer, loss, *args, **kwargs):
 def _apply_gradients(original, optimizer, grads_and_vars, *args, **kwargs):
     if _bypassing() or _is_wrapper(optimizer):
         return original(optimizer, grads_and_vars, *args, **kwargs)
-    from tf_mpt.training import auto_scaling as _auto  # pylint: disable=g-import-not-at-top
-    grads_and_vars = list(grads_and_vars)
-    wrapper = _scaling_optimizer(optimizer)
-    grads = [g for g, _ in grads_and_vars]
-    variables = [v for _, v in grads_and_vars]
-    _auto.claim(_auto.records_for(grads, variables), wrapper.loss_scale, variables,
-                optimizer.get_name())
-    with _bypass():
-        return wrapper.apply_gradients(grads_and_vars, *args, **kwargs)
+    with _bypass():  # the wrapper claims gradients tf.gradients scaled (auto_scaling)
+        return _scaling_optimizer(optimizer).apply_gradients(grads_and_vars, *args, **kwargs)
 
 
 # --- gradients taken anywhere: tf.gradients, GradientTape (tf_mpt.training.auto_scaling) -----

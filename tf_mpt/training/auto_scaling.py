@@ -351,6 +351,8 @@ def tape_gradient(original, tape, target, sources, output_gradients=None, *args,
 def claim(records, loss_scale, variables, optimizer_name):
     """The optimizer owning `loss_scale` applies gradients of `records`: pending scales are
     rewired to it, and `variables` use it from now on."""
+    if not records and not installed():
+        return
     for record in records:
         if record.claimed and record.scale is not loss_scale:
             _warn_once(("claimed twice", record.site), "the gradients taken by %s are applied "

@@ -99,6 +99,10 @@ class LossScaleOptimizer(tf1.train.Optimizer):
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         """Applies the gradients only if all are finite (dynamic scale); updates the scale."""
         grads_and_vars = list(grads_and_vars)
+        variables = [v for _, v in grads_and_vars]
+        # gradients tf_mpt's automatic path scaled (tf.gradients) now use this scale
+        _auto_scaling.claim(_auto_scaling.records_for([g for g, _ in grads_and_vars], variables),
+                            self._loss_scale, variables, self.get_name())
         half_reduce = self._allreduce_dtype != tf.float32 and tf.distribute.has_strategy()
         if not self._loss_scale.is_dynamic and not half_reduce:
             return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
