@@ -291,6 +291,33 @@ def test_constants_read_only_by_half_ops_are_stored_in_half(half_dtype):
     _compare(graph, result, ["out:0"], half_dtype, feeds_names=("x",))
 
 
+def test_constants_float16_cannot_hold_keep_what_they_feed_float32(half_dtype):
+    """x * 1e7 and x + 1e-10 after a half MatMul: in float16 the constants would be inf and
+    0 (0 * inf = NaN downstream); they and the ops they feed stay float32. bfloat16 has
+    float32's range: everything goes half."""
+    graph = tf.Graph()
+    with graph.as_default():
+        (x,) = _placeholders("x")
+        w = tf.constant(random_feed(SHAPE, seed=3), name="w")
+        allow1 = tf.matmul(x, w, name="allow1")
+        big = tf.multiply(allow1, 1e7, name="big")
+        eps = tf.add(allow1, 1e-10, name="eps")
+        fits = tf.multiply(allow1, 3.0, name="fits")
+        tf.identity(big + eps + fits, name="out")
+    result = rewrite(graph, half_dtype)
+    gd = result.graph_def
+    assert type_attr(gd, "allow1") == type_attr(gd, "fits") == half_dtype
+    kept = "float32" if half_dtype == "float16" else half_dtype
+    assert type_attr(gd, "big") == type_attr(gd, "eps") == kept
+    assert type_attr(gd, "big/y", "dtype") == type_attr(gd, "eps/y", "dtype") == kept
+    if half_dtype == "float16":
+        decisions = result.report.decisions
+        assert decisions["big/y"].reason == "constant 1e+07 overflows float16 (largest finite 65504)"
+        assert decisions["eps/y"].reason == "constant 1e-10 rounds to 0 in float16"
+    out = run(gd, "out:0", {"x:0": np.ones(SHAPE, np.float32)})
+    assert np.all(np.isfinite(out))
+
+
 def test_multi_input_and_multi_output_ops_are_painted_per_type_attr(half_dtype):
     graph = tf.Graph()
     with graph.as_default():

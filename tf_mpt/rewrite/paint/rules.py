@@ -10,6 +10,9 @@ op), the attr is float32, not tied to a reference port, and the OpDef and a regi
 on the node's device accept the half dtype.
 """
 
+import numpy as np
+from tensorflow.python.framework import tensor_util
+
 from tf_mpt.rewrite.paint import cost as _cost
 from tf_mpt.rewrite import type_attrs as ta
 
@@ -49,6 +52,15 @@ class Paint:
         self.v_list = [lists.list_of(nodes[i].op) or lists.list_of(types[i].op)
                        for i in self.v_node]
         self.v_dtype = [types[i].dtypes[k] for i, k in zip(self.v_node, self.v_key)]
+        # A float32 constant whose value the half type cannot hold is a deny op: pass 2 keeps
+        # float32 the clear/infer ops it feeds (x * 1e7, x + 1e-10 stay float32).
+        self.out_of_range = {}
+        for v, i in enumerate(self.v_node):
+            if nodes[i].op == "Const" and self.v_dtype[v] == ta.DT_FLOAT:
+                why = half_range_problem(nodes[i], half.name)
+                if why is not None:
+                    self.out_of_range[v] = why
+                    self.v_list[v] = "deny"
         self.fanin = [[] for _ in range(n)]
         self.fanout = [[] for _ in range(n)]
         self.reads_ref = [False] * n
@@ -156,6 +168,35 @@ class Paint:
         return out
 
 
+# float16's largest finite value, and the magnitude below which a value rounds to 0
+_FLOAT16_MAX = 65504.0
+_FLOAT16_ZERO = 2.0 ** -25
+
+
+def half_range_problem(node, half_name):
+    """Why a float32 Const's value does not fit `half_name`, or None.
+
+    float16 only (bfloat16 has float32's range): a finite value above 65504 would become inf;
+    a constant whose nonzero values all round to 0 (an epsilon such as 1e-10) would become
+    0. Weights with a few tiny entries among normal ones are fine.
+    """
+    if half_name != "float16":
+        return None
+    try:
+        values = np.abs(tensor_util.MakeNdarray(node.attr["value"].tensor)).ravel()
+    except (TypeError, ValueError):
+        return None
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return None
+    largest = float(values.max())
+    if largest > _FLOAT16_MAX:
+        return f"constant {largest:g} overflows float16 (largest finite 65504)"
+    if 0 < largest < _FLOAT16_ZERO:
+        return f"constant {largest:g} rounds to 0 in float16"
+    return None
+
+
 def _dfs(roots, neighbours, enter):
     """Iterative DFS; yields (vertex, root) for each vertex entered from a root."""
     seen = set()
@@ -203,7 +244,7 @@ def propagate_deny_forward_through_clear_and_infer(p):
     for v, lst in enumerate(lists):
         if lst == "deny" and not p.allow[v]:
             p.deny[v] = True
-            p.reason[v] = f"op {p.op(v)} is on the deny list"
+            p.reason[v] = p.out_of_range.get(v) or f"op {p.op(v)} is on the deny list"
     deny_roots = [v for v, lst in enumerate(lists) if lst == "deny"]
 
     def enter(w):
