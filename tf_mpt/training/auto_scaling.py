@@ -19,8 +19,11 @@ Which S a gradient computation uses:
 A pattern that cannot be mapped safely runs unscaled with one WARNING naming it and where
 the script does it: gradients that reach no optimizer, a persistent tape's second loss,
 gradients taken while another tape records (second order), a gradient of a gradient (TF1),
-a loss whose variables belong to two optimizers, and TF2 custom loops under a tf.distribute
-strategy. Gradients the script seeds itself (`grad_ys`, `output_gradients`), gradients with
+a loss whose variables belong to two optimizers, a gradient inside a tf.compat.v1
+while_loop/cond body, and a Keras optimizer applying under a tf.distribute strategy outside a
+replica context. Under a strategy, in a replica context (`strategy.run`), the gradients are
+all-reduced by tf_mpt (in TF_MPT_ALLREDUCE_DTYPE) and the step is decided once for all
+replicas. Gradients the script seeds itself (`grad_ys`, `output_gradients`), gradients with
 respect to tensors rather than variables, and calls from Keras or TensorFlow themselves
 (Keras `fit` has its own loss scaling) are left as they are.
 
