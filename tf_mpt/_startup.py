@@ -2,8 +2,9 @@
 
 Costs nothing unless a TF_MPT_ENABLE / TF_MPT_GRAPH_REWRITE / TF_MPT_LOSS_SCALING variable is
 set (no TensorFlow import). When one is, the configuration is parsed at once (a bad value
-stops the script with a message naming the variable, the value and what is accepted), and
-tf_mpt is enabled right after the script imports tensorflow.
+stops the script with a message naming the variable, the value and what is accepted; when
+every switch is off, a bad value of another variable is only a warning), and tf_mpt is
+enabled right after the script imports tensorflow.
 """
 
 import importlib.abc
@@ -26,6 +27,10 @@ def install_from_env(environ=None, at_startup=True):
     try:
         config = _config.Config.from_env(environ)
     except ValueError as error:
+        if not _switched_on(_config, environ):
+            # tf_mpt is off: a bad setting of a feature nobody turned on stops nothing
+            sys.stderr.write(f"tf_mpt: WARNING: {error} (ignored: tf_mpt is off)\n")
+            return False
         sys.stderr.write(f"tf_mpt: {error}\n")
         sys.stderr.flush()
         if at_startup:
@@ -42,6 +47,15 @@ def install_from_env(environ=None, at_startup=True):
         _patches.record("<start-up import hook>",
                         lambda: finder in sys.meta_path and sys.meta_path.remove(finder))
     return True
+
+
+def _switched_on(config_module, environ):
+    """Whether a TF_MPT_ENABLE / GRAPH_REWRITE / LOSS_SCALING switch is on; a bad switch value
+    counts as on (it stops the script)."""
+    try:
+        return config_module.any_switch_on(environ)
+    except ValueError:
+        return True
 
 
 def _show_log_lines():

@@ -258,6 +258,13 @@ class Config:
         return base.edited(add=dict(self.list_add), remove=dict(self.list_remove))
 
 
+def any_switch_on(environ):
+    """Whether TF_MPT_ENABLE, TF_MPT_GRAPH_REWRITE or TF_MPT_LOSS_SCALING is on (only these
+    are parsed; a bad value of one of them raises ValueError)."""
+    return any(_parse_bool(environ, v)
+               for v in (TF_MPT_ENABLE, TF_MPT_GRAPH_REWRITE, TF_MPT_LOSS_SCALING))
+
+
 def allreduce_dtype_from_env(environ):
     """TF_MPT_ALLREDUCE_DTYPE alone ('float32' when unset); ValueError for a bad value."""
     return _parse_choice(environ, TF_MPT_ALLREDUCE_DTYPE, ALLREDUCE_DTYPES, "float32")

@@ -186,6 +186,14 @@ def test_bad_value_stops_the_script_at_start_with_a_clear_message(variable, valu
     assert f"{variable}" in proc.stderr and repr(value) in proc.stderr
 
 
+def test_bad_value_with_every_switch_off_warns_and_the_script_runs():
+    env = {"TF_MPT_ENABLE": "0", "TF_MPT_DTYPE": "float32"}
+    proc = _run(["-c", "print('script ran')"], env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "script ran", proc.stderr
+    assert "TF_MPT_DTYPE" in proc.stderr and "'float32'" in proc.stderr
+    assert "ignored: tf_mpt is off" in proc.stderr
+
+
 def test_unset_switch_costs_no_tensorflow_import():
     proc = _run(["-c", "import sys; print('tensorflow' in sys.modules)"], {})
     assert proc.returncode == 0 and proc.stdout.strip() == "False"
