@@ -186,12 +186,15 @@ def _model(seed=1):
                              keras.layers.Dense(1, dtype="float32")])
 
 
-def _tf2_loop(compiled, steps=STEPS, nan_step=None, clip=None):
-    """An unmodified TF2 custom loop: tape.gradient, optional clipping, apply_gradients.
+def _tf2_loop(compiled, steps=STEPS, nan_step=None, clip=None, bare_apply=False):
+    """An unmodified TF2 custom loop: tape.gradient, optional clipping, apply_gradients (or,
+    with `bare_apply`, Keras 3's `optimizer.apply(grads)` on a built optimizer).
     Returns (losses, norms, model, optimizer)."""
     x, y = _data()
     model = _model()
     optimizer = keras.optimizers.Adam(0.01)
+    if bare_apply:
+        optimizer.build(model.trainable_variables)
 
     def train_step(x, y, factor):
         with tf.GradientTape() as tape:
@@ -202,7 +205,10 @@ def _tf2_loop(compiled, steps=STEPS, nan_step=None, clip=None):
         norm = tf.linalg.global_norm(grads)
         if clip is not None:
             grads, _ = tf.clip_by_global_norm(grads, clip)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        if bare_apply:
+            optimizer.apply(grads)
+        else:
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss, norm
 
     if compiled:
@@ -249,6 +255,19 @@ def test_tf2_custom_loop_trains_like_float32_with_scaling(float16_scaled, tf2_fl
     # the script's norm (between gradient and apply) is the unscaled one
     first = _first_scaled_step(compiled)
     np.testing.assert_allclose(norms[first], tf2_float32[1][first], rtol=FINAL_LOSS_RTOL)
+
+
+@pytest.mark.parametrize("compiled", COMPILED)
+def test_tf2_bare_optimizer_apply_is_scaled_and_skips_a_nan_step(float16_scaled, tf2_float32,
+                                                                  compiled):
+    """optimizer.apply(grads) without variables pairs them with the built optimizer's."""
+    losses, _, _, optimizer = _tf2_loop(compiled, nan_step=2, bare_apply=True)  # loop checks
+    scale = auto_scaling.loss_scale_of(optimizer)
+    assert isinstance(scale, tf_mpt.DynamicLossScale)
+    assert float(scale.scale()) == 2.0 ** 14  # halved once, at the NaN step
+    assert int(scale.good_steps.numpy()) == STEPS - 3
+    assert int(optimizer.iterations.numpy()) == STEPS - 1
+    np.testing.assert_allclose(losses[-1], tf2_float32[0][-1], rtol=FINAL_LOSS_RTOL)
 
 
 @pytest.mark.parametrize("compiled", COMPILED)

@@ -542,9 +542,14 @@ def keras_apply_gradients(original, optimizer, grads_and_vars, *args, **kwargs):
 
 
 def keras_apply(original, optimizer, grads, trainable_variables=None, *args, **kwargs):
-    """Patched keras Optimizer.apply(grads, trainable_variables)."""
+    """Patched keras Optimizer.apply(grads, trainable_variables); without variables, a built
+    optimizer's own (as Keras pairs them)."""
     if trainable_variables is None:
-        return original(optimizer, grads, trainable_variables, *args, **kwargs)
+        known = getattr(optimizer, "_trainable_variables", None)
+        if (not getattr(optimizer, "built", False) or known is None
+                or len(known) != len(list(grads))):
+            return original(optimizer, grads, trainable_variables, *args, **kwargs)
+        trainable_variables = list(known)
     _keras_apply(optimizer, grads, trainable_variables,
                  lambda g, v: original(optimizer, g, v, *args, **kwargs))
     return None
