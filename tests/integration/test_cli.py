@@ -69,7 +69,7 @@ def test_convert_frozen_graph_keeps_io_types_and_numbers(models, tmp_path, dtype
     dst = tmp_path / "half.pb"
     proc = _cli("convert", str(root / "frozen.pb"), str(dst), "--dtype", dtype)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"graph: Converted" in proc.stdout and f"nodes to {dtype} using" in proc.stdout
+    assert "graph: Converted" in proc.stdout and f"nodes to {dtype} using" in proc.stdout
     before, after = tf.compat.v1.GraphDef(), tf.compat.v1.GraphDef()
     before.ParseFromString((root / "frozen.pb").read_bytes())
     after.ParseFromString(dst.read_bytes())

@@ -9,7 +9,6 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
-from tf_mpt.rewrite.paint import rules as _paint
 from tf_mpt import rewrite as rewrite_module
 from helpers import added_casts, rewrite, tf1, type_attr
 

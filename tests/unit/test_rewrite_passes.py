@@ -4,7 +4,6 @@ Structure first (per-node dtypes, the exact Casts added), then numbers against f
 """
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 import tf_mpt

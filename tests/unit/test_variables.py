@@ -14,9 +14,9 @@ def test_half_trainable_variables_are_stored_in_float32_and_read_in_half(half_dt
     with graph.as_default():
         with tf1.variable_scope("net", custom_getter=tf_mpt.float32_storage_getter):
             w = tf1.get_variable("w", [3, 2], dtype=half_dtype, use_resource=use_resource)
-            b = tf1.get_variable("b", [2], dtype=tf.float32, use_resource=use_resource)
-            s = tf1.get_variable("s", [2], dtype=half_dtype, trainable=False,
-                                 use_resource=use_resource)
+            tf1.get_variable("b", [2], dtype=tf.float32, use_resource=use_resource)
+            tf1.get_variable("s", [2], dtype=half_dtype, trainable=False,
+                             use_resource=use_resource)
         stored = {v.op.name: v.dtype.base_dtype for v in tf1.global_variables()}
         loss = tf.reduce_sum(tf.cast(w, tf.float32))
         (grad, var), = tf1.train.GradientDescentOptimizer(0.1).compute_gradients(
