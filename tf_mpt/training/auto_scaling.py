@@ -105,14 +105,43 @@ class Record:
 # --- where the call comes from ----------------------------------------------------------------
 
 def _caller():
-    """(module name, 'file:line') of the first frame outside tf_mpt and autograph."""
+    """(module name, 'file:line') of the first frame outside tf_mpt and autograph; a line of
+    code autograph generated (in a tf.function) is named by the script's own file:line."""
     frame = sys._getframe(1)  # pylint: disable=protected-access
     while frame is not None:
         module = frame.f_globals.get("__name__", "") or ""
         if not any(module == m or module.startswith(m + ".") for m in _SKIPPED_FRAMES):
-            return module, f"{frame.f_code.co_filename}:{frame.f_lineno}"
+            return module, _script_line(frame.f_code, frame.f_lineno)
         frame = frame.f_back
     return "", "<unknown>"
+
+
+_AUTOGRAPH_FILE = "__autograph_generated_file"
+_source_maps = {}  # generated file -> {line: 'file:line' of the script}
+
+
+def _script_line(code, line):
+    filename = code.co_filename
+    if _AUTOGRAPH_FILE not in filename:
+        return f"{filename}:{line}"
+    lines = _source_maps.get(filename)
+    if lines is None:
+        lines = _source_maps[filename] = _autograph_lines(code)
+    return lines.get(line, f"{filename}:{line}")
+
+
+def _autograph_lines(code):
+    """{generated line: 'file:line'} from the source map autograph keeps on the converted
+    function (its `ag_source_map`); found once per generated file, when a gradient is
+    taken in it, i.e. while a tf.function is traced."""
+    import gc  # pylint: disable=g-import-not-at-top
+    for holder in gc.get_referrers(code):
+        source_map = getattr(holder, "ag_source_map", None)
+        if isinstance(source_map, dict):
+            return {key.lineno: f"{info.loc.filename}:{info.loc.lineno}"
+                    for key, info in source_map.items()
+                    if getattr(key, "filename", None) == code.co_filename}
+    return {}
 
 
 def _from_library(module):
@@ -123,7 +152,7 @@ def _warn_once(key, message, *args):
     if key in _warned:
         return
     _warned.add(key)
-    _log.warning("tf_mpt: " + message, *args)
+    _log.warning(message, *args)
 
 
 class _Passthrough:
