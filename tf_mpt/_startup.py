@@ -89,7 +89,7 @@ class _AfterTensorFlowImport(importlib.abc.MetaPathFinder):
         self._config = config
         self._searching = False
 
-    _WATCHED = ("tensorflow", "keras")
+    _WATCHED = ("tensorflow", "keras", "tf_keras")
 
     def find_spec(self, name, path=None, target=None):
         if name not in self._WATCHED or self._searching:

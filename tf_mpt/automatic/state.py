@@ -443,22 +443,45 @@ def _session_run_reporting(original, session, *args, **kwargs):
 
 
 def _patch_keras_optimizers():
-    """Keras optimizers' apply_gradients / apply (once keras is imported)."""
+    """Keras optimizers' apply_gradients / apply (once keras is imported), and tf_keras's
+    (Keras 2: `tf.keras` under TF_USE_LEGACY_KERAS=1), its optimizers old and new and its
+    LossScaleOptimizers (which opt their variables out), once tf_keras is imported."""
+    from tf_mpt.training import auto_scaling as _auto  # pylint: disable=g-import-not-at-top
     keras = sys.modules.get("keras")
     base = sys.modules.get("keras.src.optimizers.base_optimizer")
-    if keras is None or base is None or not hasattr(base, "BaseOptimizer"):
-        return  # keras_imported() patches them when keras is imported
-    owner = base.BaseOptimizer
-    if _patches.is_applied(owner, "apply"):
-        return
-    from tf_mpt.training import auto_scaling as _auto  # pylint: disable=g-import-not-at-top
-    _patch(owner, "apply_gradients", _auto.keras_apply_gradients)
-    _patch(owner, "apply", _auto.keras_apply)
+    if keras is not None and base is not None and hasattr(base, "BaseOptimizer"):
+        owner = base.BaseOptimizer
+        if not _patches.is_applied(owner, "apply"):
+            _patch(owner, "apply_gradients", _auto.keras_apply_gradients)
+            _patch(owner, "apply", _auto.keras_apply)
+    for owner in _tf_keras_optimizer_classes():
+        if "apply_gradients" in vars(owner) and not _patches.is_applied(owner, "apply_gradients"):
+            _patch(owner, "apply_gradients", _auto.tf_keras_apply_gradients)
+
+
+def _tf_keras_optimizer_classes():
+    """tf_keras's optimizer base classes and LossScaleOptimizers, if tf_keras is imported."""
+    if "tf_keras" not in sys.modules:
+        return []
+    import importlib  # pylint: disable=g-import-not-at-top
+    found = []
+    for module_name, class_names in (
+            ("tf_keras.src.optimizers.optimizer", ("Optimizer",)),
+            ("tf_keras.src.optimizers.legacy.optimizer_v2", ("OptimizerV2",)),
+            ("tf_keras.src.mixed_precision.loss_scale_optimizer",
+             ("LossScaleOptimizer", "LossScaleOptimizerV3"))):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        found.extend(getattr(module, name) for name in class_names if hasattr(module, name))
+    return found
 
 
 # --- TF2: tf.function and Keras -------------------------------------------------------------
 
 _KERAS_POLICY = "<keras dtype policy>"
+_TF_KERAS_POLICY = "<tf_keras dtype policy>"
 _LIBRARY_PREFIXES = ("keras", "tf_keras", "tensorflow", "tf_mpt", "absl")
 
 
@@ -494,25 +517,35 @@ def _report_unclaimed(graph):
 
 def _set_keras_policy(dtype):
     """Keras `fit` scripts: the global dtype policy mixed_float16 / mixed_bfloat16 (Keras then
-    wraps the optimizer in its own LossScaleOptimizer for float16 at compile)."""
+    wraps the optimizer in its own LossScaleOptimizer for float16 at compile); the same for
+    tf_keras (`tf.keras` under TF_USE_LEGACY_KERAS=1) once it is imported."""
     keras = sys.modules.get("keras")
-    if keras is None or not hasattr(keras, "config"):
-        return  # not (fully) imported yet: keras_imported() sets it when it is
-    if _patches.is_applied(None, _KERAS_POLICY):
+    if keras is not None and hasattr(keras, "config"):  # else: keras_imported() sets it later
+        _set_policy(_KERAS_POLICY, "Keras", keras.config.dtype_policy,
+                    keras.config.set_dtype_policy, dtype)
+    tf_keras = sys.modules.get("tf_keras")
+    mixed = getattr(tf_keras, "mixed_precision", None) if tf_keras is not None else None
+    if mixed is not None and hasattr(mixed, "set_global_policy"):
+        _set_policy(_TF_KERAS_POLICY, "tf_keras", mixed.global_policy, mixed.set_global_policy,
+                    dtype)
+
+
+def _set_policy(label, library, get, set_, dtype):
+    if _patches.is_applied(None, label):
         return
     try:
-        previous = keras.config.dtype_policy()
-        keras.config.set_dtype_policy(f"mixed_{dtype}")
+        previous = get()
+        set_(f"mixed_{dtype}")
     except Exception as error:  # pylint: disable=broad-except
-        _log.debug("Keras dtype policy not set: %s", error)
+        _log.debug("%s dtype policy not set: %s", library, error)
         return
-    _patches.record(_KERAS_POLICY, lambda: keras.config.set_dtype_policy(previous))
-    _log.info("Keras global dtype policy set to mixed_%s (Keras models built from now on "
-              "compute in %s with float32 variables)", dtype, dtype)
+    _patches.record(label, lambda: set_(previous))
+    _log.info("%s global dtype policy set to mixed_%s (%s models built from now on compute "
+              "in %s with float32 variables)", library, dtype, library, dtype)
 
 
 def keras_imported():
-    """Called when `import keras` finishes under the automatic path."""
+    """Called when `import keras` (or `import tf_keras`) finishes under the automatic path."""
     if _enabled is not None and _enabled.rewrite:
         _set_keras_policy(_enabled.dtype)
     if _enabled is not None and _enabled.loss_scaling:

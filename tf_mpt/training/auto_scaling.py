@@ -452,9 +452,12 @@ def report_unclaimed(graph):
 
 
 def _keras_loss_scale_optimizer(optimizer):
+    """A Keras or tf_keras LossScaleOptimizer (the script scales its loss with it)."""
     keras = sys.modules.get("keras")
-    cls = getattr(getattr(keras, "mixed_precision", None), "LossScaleOptimizer", None)
-    return cls is not None and isinstance(optimizer, cls)
+    classes = [getattr(getattr(keras, "mixed_precision", None), "LossScaleOptimizer", None)]
+    tf_keras = sys.modules.get("tf_keras.src.mixed_precision.loss_scale_optimizer")
+    classes.append(getattr(tf_keras, "BaseLossScaleOptimizer", None))
+    return any(cls is not None and isinstance(optimizer, cls) for cls in classes)
 
 
 def _optimizer_scale(optimizer):
@@ -472,22 +475,23 @@ def _optimizer_scale(optimizer):
 
 def _keras_apply(optimizer, grads, variables, apply):
     """A Keras optimizer applies (grads, variables) by calling `apply(grads, variables)`;
-    with scaled gradients it skips non-finite steps and updates its scale."""
+    with scaled gradients it skips non-finite steps and updates its scale.
+
+    Returns (scaled, result): whether tf_mpt's scale decided the step, and apply's result
+    (when it did not) or the step's bool "applied" tensor (when it did; None in a
+    tf.distribute replica context)."""
     grads, variables = list(grads), list(variables)
     if not installed() or _passing_through():
-        apply(grads, variables)
-        return
+        return False, apply(grads, variables)
     if (_keras_loss_scale_optimizer(optimizer)
             or getattr(optimizer, "loss_scale_factor", None) is not None):
         opt_out(grads, variables)  # the script scales its loss itself
         with _Passthrough():
-            apply(grads, variables)
-        return
+            return False, apply(grads, variables)
     records = records_for(grads, variables)
     if not records:
         with _Passthrough():
-            apply(grads, variables)
-        return
+            return False, apply(grads, variables)
     scale = _optimizer_scale(optimizer)
     claim(records, scale, variables, type(optimizer).__name__)
     if _in_distribution():
@@ -497,17 +501,16 @@ def _keras_apply(optimizer, grads, variables, apply):
                        "the all-reduce hook tf_mpt needs; its steps are not skipped on "
                        "overflow.", type(optimizer).__name__)
             with _Passthrough():
-                apply(grads, variables)
-            return
+                return False, apply(grads, variables)
         _distributed_keras_apply(optimizer, grads, variables, scale, apply)
-        return
+        return True, None
     pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
 
     def run():
         with _Passthrough():
-            apply(grads, variables)
+            return apply(grads, variables)
 
-    _scaling.apply_if_finite(optimizer, pairs, scale, run)
+    return True, _scaling.apply_if_finite(optimizer, pairs, scale, run)
 
 
 def _distributed_keras_apply(optimizer, grads, variables, scale, apply):
@@ -568,6 +571,22 @@ def keras_apply_gradients(original, optimizer, grads_and_vars, *args, **kwargs):
     _keras_apply(optimizer, [g for g, _ in pairs], [v for _, v in pairs],
                  lambda g, v: original(optimizer, list(zip(g, v)), *args, **kwargs))
     return optimizer.iterations
+
+
+def tf_keras_apply_gradients(original, optimizer, grads_and_vars, *args, **kwargs):
+    """Patched tf_keras (Keras 2) Optimizer / OptimizerV2 / LossScaleOptimizer
+    apply_gradients. Returns what the original returns, or when tf_mpt's scale decides the
+    step: the iterations variable (eagerly and in a tf.function), an op running the step (a
+    TF1 graph)."""
+    pairs = list(grads_and_vars)
+    scaled, result = _keras_apply(
+        optimizer, [g for g, _ in pairs], [v for _, v in pairs],
+        lambda g, v: original(optimizer, list(zip(g, v)), *args, **kwargs))
+    if not scaled:
+        return result
+    if tf.executing_eagerly() or tf.inside_function() or result is None:
+        return optimizer.iterations
+    return tf.group(result, name="tf_mpt_apply_gradients")
 
 
 def keras_apply(original, optimizer, grads, trainable_variables=None, *args, **kwargs):

@@ -34,26 +34,45 @@ def scale_loss_value(loss, scale):
 
 
 def apply_if_finite(optimizer, pairs, loss_scale, apply):
-    """Runs `apply()` (a Keras optimizer's update of `pairs`) only if every gradient is
+    """Runs `apply()` (a Keras optimizer's update of `pairs`, returning what runs it in a
+    TF1 graph) only if every gradient is
     finite, for a dynamic `loss_scale`, whose state is updated either way; a static scale
     always applies. The optimizer's slots are built first, outside the conditional.
 
     Returns a scalar bool tensor: whether the gradients were applied.
     """
-    if hasattr(optimizer, "build") and not getattr(optimizer, "built", True):
-        with tf.init_scope():
-            optimizer.build([v for _, v in pairs])  # slots are created outside the conditional
+    _create_slots(optimizer, [v for _, v in pairs])
     if not loss_scale.is_dynamic:
         apply()
         return tf.constant(True)
     update_scale, should_apply = loss_scale.update([g for g, _ in pairs])
 
     def apply_and_say_so():
-        apply()
-        return tf.constant(True)
+        # in a TF1 graph only what the branch's output depends on runs
+        ran = [t for t in tf.nest.flatten(apply())
+               if isinstance(t, (tf.Tensor, tf.Operation))]
+        with tf.control_dependencies(ran):
+            return tf.constant(True)
 
     with tf.control_dependencies([update_scale]):
         return tf.cond(should_apply, apply_and_say_so, lambda: tf.constant(False))
+
+
+def _create_slots(optimizer, variables):
+    """The optimizer's slots and iteration counter, made before (outside) the conditional
+    update: Keras 3 and tf_keras optimizers are built once; a tf_keras OptimizerV2 makes
+    the slots it lacks."""
+    if hasattr(optimizer, "_create_all_weights"):  # tf_keras OptimizerV2
+        optimizer._create_all_weights(variables)  # pylint: disable=protected-access
+        return
+    if not hasattr(optimizer, "build"):
+        return
+    built = getattr(optimizer, "built", None)
+    if built is None:  # a tf_keras Optimizer says so as `_built`, once built
+        built = getattr(optimizer, "_built", False)
+    if not built:
+        with tf.init_scope():
+            optimizer.build(variables)
 
 
 def resolve_allreduce_dtype(choice, loss_scale):
