@@ -207,3 +207,24 @@ def test_tf_keras_fit_script_gets_tf_keras_mixed_policy_under_tf_mpt_enable():
     assert said["optimizer"].startswith("LossScaleOptimizer")  # tf_keras's own, at compile
     assert said["finite"] == "True"
     assert "tf_mpt: tf_keras global dtype policy set to mixed_float16" in proc.stderr
+
+
+def test_apply_scaled_gradients_with_a_tf_keras_optimizer_in_a_tf1_graph():
+    """tf_mpt.apply_scaled_gradients returns a tensor that runs the step in a TF1 Session."""
+    x_value, y_value = _data()
+    graph = tf.Graph()
+    with graph.as_default():
+        w = tf1.get_variable("w", [8, 1], initializer=tf1.zeros_initializer())
+        loss = tf.reduce_mean(tf.square(tf.matmul(x_value, w) - y_value))
+        scale = tf_mpt.DynamicLossScale()
+        grads = tf.gradients(tf_mpt.scale_loss(loss, scale), [w])
+        optimizer = tf_keras.optimizers.legacy.SGD(0.1)
+        applied = tf_mpt.apply_scaled_gradients(optimizer, grads, [w], scale)
+        init = tf1.global_variables_initializer()
+    with tf1.Session(graph=graph) as sess:
+        sess.run(init)
+        first = sess.run(loss)
+        results = [sess.run(applied) for _ in range(10)]
+        last, iterations = sess.run([loss, optimizer.iterations])
+    assert all(results) and iterations == 10
+    assert last < UNTRAINED_FRACTION * first

@@ -273,6 +273,6 @@ def apply_scaled_gradients(optimizer, scaled_grads, variables, loss_scale):
 
     def apply():
         with _auto_scaling.passthrough():
-            optimizer.apply_gradients(pairs)
+            return optimizer.apply_gradients(pairs)
 
     return apply_if_finite(optimizer, pairs, loss_scale, apply)
