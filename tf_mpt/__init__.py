@@ -11,6 +11,7 @@ Public API (loaded on first use: `import tf_mpt` itself imports no TensorFlow):
     float32_storage_getter, mixed_precision_scope: float32 master weights (TF1 variable scopes)
     LossScaleOptimizer, StaticLossScale, DynamicLossScale, loss_scale.get: loss scaling
     scale_loss, apply_scaled_gradients: loss scaling in TF2 custom loops (GradientTape)
+    loss_scale_of(optimizer): the LossScale the automatic path gave an optimizer, or None
     enable, disable, is_enabled: the automatic path (what TF_MPT_ENABLE=1 turns on)
     RewriteReport, NodeDecision, RewriteResult, RewriteError, GraphDefError
 """
@@ -42,6 +43,7 @@ _EXPORTS = {
     "is_enabled": ("tf_mpt.automatic.state", "is_enabled"),
     "keep_fp32": ("tf_mpt.rewrite", "keep_fp32"),
     "loss_scale": ("tf_mpt.loss_scale", None),
+    "loss_scale_of": ("tf_mpt.training.auto_scaling", "loss_scale_of"),
     "mixed_precision_scope": ("tf_mpt.training.storage", "mixed_precision_scope"),
     "rewrite_function": ("tf_mpt.rewrite.tf_functions", "rewrite_function"),
     "rewrite_graph": ("tf_mpt.rewrite", "rewrite_graph"),

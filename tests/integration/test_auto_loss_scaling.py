@@ -248,7 +248,7 @@ def test_tf2_custom_loop_trains_like_float32_with_scaling(float16_scaled, tf2_fl
                                                           compiled):
     losses, norms, model, optimizer = _tf2_loop(compiled)
     assert model.layers[0].compute_dtype == "float16"
-    scale = auto_scaling.loss_scale_of(optimizer)
+    scale = tf_mpt.loss_scale_of(optimizer)  # the public name of auto_scaling.loss_scale_of
     assert isinstance(scale, tf_mpt.DynamicLossScale)
     assert float(scale.scale()) == 2.0 ** 15
     np.testing.assert_allclose(losses[-1], tf2_float32[0][-1], rtol=FINAL_LOSS_RTOL)
