@@ -7,13 +7,11 @@ every switch is off, a bad value of another variable is only a warning), and tf_
 enabled right after the script imports tensorflow.
 """
 
-import importlib.abc
-import importlib.util
 import logging
 import os
 import sys
 
-from tf_mpt import _patches  # no TensorFlow import
+from tf_mpt import _import_hooks, _patches  # no TensorFlow import
 
 
 def install_from_env(environ=None, at_startup=True):
@@ -42,10 +40,8 @@ def install_from_env(environ=None, at_startup=True):
     if "tensorflow" in sys.modules:
         _enable(config)
     else:
-        finder = _AfterTensorFlowImport(config)
-        sys.meta_path.insert(0, finder)
-        _patches.record("<start-up import hook>",
-                        lambda: finder in sys.meta_path and sys.meta_path.remove(finder))
+        finder = _import_hooks.AfterImport(_WATCHED, _after_import(config)).install()
+        _patches.record("<start-up import hook>", finder.remove)
     return True
 
 
@@ -82,33 +78,17 @@ def _enable(config):
             type(error).__name__, error)
 
 
-class _AfterTensorFlowImport(importlib.abc.MetaPathFinder):
-    """Runs `_enable` once, right after `import tensorflow` finishes."""
+_WATCHED = ("tensorflow", "keras", "tf_keras")
 
-    def __init__(self, config):
-        self._config = config
-        self._searching = False
 
-    _WATCHED = ("tensorflow", "keras", "tf_keras")
+def _after_import(config):
+    """What runs right after `name` finishes importing: enable after tensorflow; Keras's
+    policy after keras or tf_keras (a script that imports keras first imports tensorflow
+    from inside keras's import)."""
 
-    def find_spec(self, name, path=None, target=None):
-        if name not in self._WATCHED or self._searching:
-            return None
-        self._searching = True
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            self._searching = False
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _Loader(spec.loader, self, name)
-        return spec
-
-    def done(self, name):
-        """`name` finished importing: enable after tensorflow; Keras's policy after keras
-        (a script that imports keras first imports tensorflow from inside keras's import)."""
+    def done(name):
         if name == "tensorflow":
-            _enable(self._config)
+            _enable(config)
         elif "tensorflow" in sys.modules:
             try:
                 from tf_mpt.automatic import state as _autoenable  # pylint: disable=g-import-not-at-top
@@ -116,20 +96,5 @@ class _AfterTensorFlowImport(importlib.abc.MetaPathFinder):
             except Exception as error:  # pylint: disable=broad-except
                 logging.getLogger("tf_mpt").warning(
                     "tf_mpt could not set Keras's mixed precision policy (%s)", error)
-        if all(m in sys.modules for m in self._WATCHED) and self in sys.meta_path:
-            sys.meta_path.remove(self)
 
-
-class _Loader(importlib.abc.Loader):
-    def __init__(self, inner, finder, name):
-        self._inner, self._finder, self._name = inner, finder, name
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module):
-        self._inner.exec_module(module)
-        self._finder.done(self._name)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
+    return done

@@ -5,6 +5,7 @@ checked in the dumped report and graph, not only in the log.
 """
 
 import glob
+import importlib.util
 import json
 import os
 import re
@@ -202,3 +203,21 @@ def test_unset_switch_costs_no_tensorflow_import():
 def test_python_m_tf_mpt_without_a_script_prints_usage():
     proc = _run(["-m", "tf_mpt"], {})
     assert proc.returncode == 2 and "usage: python -m tf_mpt script.py" in proc.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tf_keras") is None,
+                    reason='needs tf_keras: python -m pip install --no-deps "tf_keras==2.21.*"')
+def test_tf_keras_imported_after_tf_mpt_enable_gets_its_policy_and_scaling():
+    """A script that calls tf_mpt.enable() and then imports tf_keras (`import tensorflow`
+    itself imports Keras 3, so only tf_keras can come later)."""
+    script = ("import tensorflow as tf, tf_mpt, sys\n"
+              "assert 'tf_keras' not in sys.modules\n"
+              "tf_mpt.enable(tf_mpt.Config.from_env({'TF_MPT_ENABLE': '1',\n"
+              "                                      'TF_MPT_DTYPE': 'float16'}))\n"
+              "import tf_keras\n"
+              "print('policy', tf_keras.mixed_precision.global_policy().name)\n"
+              "method = tf_keras.optimizers.Adam.apply_gradients\n"
+              "print('patched', method.__code__.co_filename.endswith('state.py'))\n")
+    proc = _run(["-c", script], {})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["policy", "mixed_float16", "patched", "True"], proc.stdout

@@ -31,7 +31,7 @@ def test_disable_removes_the_start_up_import_hook():
     # a fresh process: the hook waits for `import tensorflow`, which has not happened
     code = ("import sys; from tf_mpt import _startup, _patches\n"
             "hooks = lambda: [m for m in sys.meta_path\n"
-            "                 if type(m).__name__ == '_AfterTensorFlowImport']\n"
+            "                 if type(m).__name__ == 'AfterImport']\n"
             "assert _startup.install_from_env({'TF_MPT_ENABLE': '1'}, at_startup=False)\n"
             "assert len(hooks()) == 1 and 'tensorflow' not in sys.modules\n"
             "_patches.undo_all()  # what tf_mpt.disable() runs\n"

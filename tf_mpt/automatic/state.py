@@ -22,6 +22,7 @@ import weakref
 import tensorflow as tf
 
 from tf_mpt import _cpu
+from tf_mpt import _import_hooks
 from tf_mpt import _patches
 from tf_mpt.automatic import native_library as _native
 from tf_mpt.automatic import session_rewrite as _session_rewrite
@@ -97,6 +98,7 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
         _patch(optimizer_class, "apply_gradients", _apply_gradients)
         _patch_gradients(settings.loss_scale, config.allreduce_dtype)
     _enabled = settings
+    _watch_keras_imports()
     _log.info("enabled: dtype=%s graph_rewrite=%s (TF1 Sessions: %s) loss_scaling=%s "
               "loss_scale=%s", dtype, settings.rewrite, settings.session_rewrite,
               settings.loss_scaling, settings.loss_scale)
@@ -542,6 +544,27 @@ def _set_policy(label, library, get, set_, dtype):
     _patches.record(label, lambda: set_(previous))
     _log.info("%s global dtype policy set to mixed_%s (%s models built from now on compute "
               "in %s with float32 variables)", library, dtype, library, dtype)
+
+
+_KERAS_LIBRARIES = ("keras", "tf_keras")
+_KERAS_IMPORT_HOOK = "<keras import hook>"
+
+
+def _watch_keras_imports():
+    """Keras or tf_keras imported after enable() (a script calling tf_mpt.enable() before
+    `import keras`) gets its policy and optimizer patches once its import finishes."""
+    missing = [name for name in _KERAS_LIBRARIES if name not in sys.modules]
+    if not missing or _patches.is_applied(None, _KERAS_IMPORT_HOOK):
+        return
+
+    def imported(name):
+        try:
+            keras_imported()
+        except Exception as error:  # pylint: disable=broad-except
+            _log.warning("tf_mpt could not set %s's mixed precision policy (%s)", name, error)
+
+    hook = _import_hooks.AfterImport(missing, imported).install()
+    _patches.record(_KERAS_IMPORT_HOOK, hook.remove)
 
 
 def keras_imported():
