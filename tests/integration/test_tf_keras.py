@@ -228,3 +228,37 @@ def test_apply_scaled_gradients_with_a_tf_keras_optimizer_in_a_tf1_graph():
         last, iterations = sess.run([loss, optimizer.iterations])
     assert all(results) and iterations == 10
     assert last < UNTRAINED_FRACTION * first
+
+
+def test_tf_keras_optimizer_under_a_strategy_runs_unscaled_with_one_warning(
+        float16_scaled, caplog):
+    """Without Keras 3's all-reduce hook no step can be decided for all replicas: the
+    gradients stay unscaled (the pending scale is never wired in), with one WARNING, rather
+    than scaled with nothing to catch an overflow."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    x, y = _data()
+    with strategy.scope():
+        tf_keras.utils.set_random_seed(1)
+        model = tf_keras.Sequential([tf_keras.Input((8,)),
+                                     tf_keras.layers.Dense(16, activation="relu"),
+                                     tf_keras.layers.Dense(1, dtype="float32")])
+        optimizer = tf_keras.optimizers.Adam(0.01)
+
+    def replica_step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+            tiny = loss * TINY
+        grads = tape.gradient(tiny, model.trainable_variables)
+        optimizer.apply_gradients(zip([g / TINY for g in grads], model.trainable_variables))
+        return loss
+
+    @tf.function
+    def train_step():
+        return strategy.run(replica_step)
+
+    with caplog.at_level(logging.WARNING, "tf_mpt"):
+        losses = [float(train_step()) for _ in range(STEPS)]
+    said = [r.getMessage() for r in caplog.records if "tf.distribute" in r.getMessage()]
+    assert len(said) == 1 and "without loss scaling" in said[0], said
+    assert auto_scaling.loss_scale_of(optimizer) is None
+    assert not losses[-1] < UNTRAINED_FRACTION * losses[0]  # float16 gradients underflowed

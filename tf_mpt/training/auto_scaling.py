@@ -21,7 +21,7 @@ the script does it: gradients that reach no optimizer, a persistent tape's secon
 gradients taken while another tape records (second order), a gradient of a gradient (TF1),
 a loss whose variables belong to two optimizers, a gradient inside a tf.compat.v1
 while_loop/cond body, and a Keras optimizer applying under a tf.distribute strategy outside a
-replica context. Under a strategy, in a replica context (`strategy.run`), the gradients are
+replica context or without the all-reduce hook tf_mpt needs (tf_keras optimizers). Under a strategy, in a replica context (`strategy.run`), the gradients are
 all-reduced by tf_mpt (in TF_MPT_ALLREDUCE_DTYPE) and the step is decided once for all
 replicas. Gradients the script seeds itself (`grad_ys`, `output_gradients`), gradients with
 respect to tensors rather than variables, and calls from Keras or TensorFlow themselves
@@ -492,16 +492,19 @@ def _keras_apply(optimizer, grads, variables, apply):
     if not records:
         with _Passthrough():
             return False, apply(grads, variables)
+    if _in_distribution() and (tf.distribute.in_cross_replica_context()
+                               or not _can_skip_keras_reduce(optimizer)):
+        # no safe step to decide: these variables' gradients run unscaled from now on
+        _warn_once(("distribution", type(optimizer).__name__), "%s applies gradients under a "
+                   "tf.distribute strategy outside a replica context, or without the "
+                   "all-reduce hook tf_mpt needs (a Keras 3 optimizer in strategy.run has "
+                   "it); its gradients run without loss scaling.", type(optimizer).__name__)
+        opt_out(grads, variables)
+        with _Passthrough():
+            return False, apply(grads, variables)
     scale = _optimizer_scale(optimizer)
     claim(records, scale, variables, type(optimizer).__name__)
     if _in_distribution():
-        if tf.distribute.in_cross_replica_context() or not _can_skip_keras_reduce(optimizer):
-            _warn_once(("distribution", type(optimizer).__name__), "%s applies gradients "
-                       "under a tf.distribute strategy outside a replica context, or without "
-                       "the all-reduce hook tf_mpt needs; its steps are not skipped on "
-                       "overflow.", type(optimizer).__name__)
-            with _Passthrough():
-                return False, apply(grads, variables)
         _distributed_keras_apply(optimizer, grads, variables, scale, apply)
         return True, None
     pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
