@@ -89,12 +89,10 @@ def _after_import(config):
     def done(name):
         if name == "tensorflow":
             _enable(config)
-        elif "tensorflow" in sys.modules:
-            try:
-                from tf_mpt.automatic import state as _autoenable  # pylint: disable=g-import-not-at-top
-                _autoenable.keras_imported()
-            except Exception as error:  # pylint: disable=broad-except
-                logging.getLogger("tf_mpt").warning(
-                    "tf_mpt could not set Keras's mixed precision policy (%s)", error)
+            return
+        # loaded by _enable; absent if tensorflow is not imported yet or enabling failed
+        state = sys.modules.get("tf_mpt.automatic.state")
+        if state is not None:
+            state.keras_imported(name)
 
     return done

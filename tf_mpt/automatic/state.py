@@ -557,19 +557,17 @@ def _watch_keras_imports():
     if not missing or _patches.is_applied(None, _KERAS_IMPORT_HOOK):
         return
 
-    def imported(name):
-        try:
-            keras_imported()
-        except Exception as error:  # pylint: disable=broad-except
-            _log.warning("tf_mpt could not set %s's mixed precision policy (%s)", name, error)
-
-    hook = _import_hooks.AfterImport(missing, imported).install()
+    hook = _import_hooks.AfterImport(missing, keras_imported).install()
     _patches.record(_KERAS_IMPORT_HOOK, hook.remove)
 
 
-def keras_imported():
-    """Called when `import keras` (or `import tf_keras`) finishes under the automatic path."""
-    if _enabled is not None and _enabled.rewrite:
-        _set_keras_policy(_enabled.dtype)
-    if _enabled is not None and _enabled.loss_scaling:
-        _patch_keras_optimizers()
+def keras_imported(name="keras"):
+    """Called when `import keras` (or `import tf_keras`) finishes under the automatic path;
+    a failure is a warning, never an error in the script's import."""
+    try:
+        if _enabled is not None and _enabled.rewrite:
+            _set_keras_policy(_enabled.dtype)
+        if _enabled is not None and _enabled.loss_scaling:
+            _patch_keras_optimizers()
+    except Exception as error:  # pylint: disable=broad-except
+        _log.warning("tf_mpt could not set %s's mixed precision policy (%s)", name, error)

@@ -21,9 +21,9 @@ the script does it: gradients that reach no optimizer, a persistent tape's secon
 gradients taken while another tape records (second order), a gradient of a gradient (TF1),
 a loss whose variables belong to two optimizers, a gradient inside a tf.compat.v1
 while_loop/cond body, and a Keras optimizer applying under a tf.distribute strategy outside a
-replica context or without the all-reduce hook tf_mpt needs (tf_keras optimizers). Under a strategy, in a replica context (`strategy.run`), the gradients are
-all-reduced by tf_mpt (in TF_MPT_ALLREDUCE_DTYPE) and the step is decided once for all
-replicas. Gradients the script seeds itself (`grad_ys`, `output_gradients`), gradients with
+replica context or without the all-reduce hook tf_mpt needs (tf_keras optimizers). Under a
+strategy, in a replica context (`strategy.run`), the gradients are all-reduced by tf_mpt (in
+TF_MPT_ALLREDUCE_DTYPE) and the step is decided once for all replicas. Gradients the script seeds itself (`grad_ys`, `output_gradients`), gradients with
 respect to tensors rather than variables, and calls from Keras or TensorFlow themselves
 (Keras `fit` has its own loss scaling) are left as they are.
 
@@ -534,9 +534,7 @@ def _distributed_keras_apply(optimizer, grads, variables, scale, apply):
     def cross_replica(distribution, *reduced_grads):
         firsts = [None if g is None else distribution.experimental_local_results(g)[0]
                   for g in reduced_grads]
-        if not getattr(optimizer, "built", True):
-            with tf.init_scope():
-                optimizer.build(variables)  # slots are created outside the conditional
+        _scaling.create_slots(optimizer, variables)  # outside the conditional
         update_scale, should_apply = scale.update_from_finite(
             _loss_scale.all_finite(firsts))
 

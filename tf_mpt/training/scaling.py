@@ -9,8 +9,8 @@ import tensorflow as tf
 from tf_mpt import config as _config
 from tf_mpt.rewrite import keep_fp32
 
-__all__ = ["unscale", "scale_loss_value", "apply_if_finite", "resolve_allreduce_dtype",
-           "all_reduce_in"]
+__all__ = ["unscale", "scale_loss_value", "apply_if_finite", "create_slots",
+           "resolve_allreduce_dtype", "all_reduce_in"]
 
 _HALF = (tf.float16, tf.bfloat16)
 
@@ -35,13 +35,13 @@ def scale_loss_value(loss, scale):
 
 def apply_if_finite(optimizer, pairs, loss_scale, apply):
     """Runs `apply()` (a Keras optimizer's update of `pairs`, returning what runs it in a
-    TF1 graph) only if every gradient is
-    finite, for a dynamic `loss_scale`, whose state is updated either way; a static scale
-    always applies. The optimizer's slots are built first, outside the conditional.
+    TF1 graph) only if every gradient is finite, for a dynamic `loss_scale`, whose state is
+    updated either way; a static scale always applies. The optimizer's slots are built
+    first, outside the conditional.
 
     Returns a scalar bool tensor: whether the gradients were applied.
     """
-    _create_slots(optimizer, [v for _, v in pairs])
+    create_slots(optimizer, [v for _, v in pairs])
     if not loss_scale.is_dynamic:
         apply()
         return tf.constant(True)
@@ -58,7 +58,7 @@ def apply_if_finite(optimizer, pairs, loss_scale, apply):
         return tf.cond(should_apply, apply_and_say_so, lambda: tf.constant(False))
 
 
-def _create_slots(optimizer, variables):
+def create_slots(optimizer, variables):
     """The optimizer's slots and iteration counter, made before (outside) the conditional
     update: Keras 3 and tf_keras optimizers are built once; a tf_keras OptimizerV2 makes
     the slots it lacks."""
