@@ -209,14 +209,17 @@ def test_tf_keras_fit_script_gets_tf_keras_mixed_policy_under_tf_mpt_enable():
     assert "tf_mpt: tf_keras global dtype policy set to mixed_float16" in proc.stderr
 
 
-def test_apply_scaled_gradients_with_a_tf_keras_optimizer_in_a_tf1_graph():
+@pytest.mark.parametrize("make_scale", [tf_mpt.DynamicLossScale,
+                                        lambda: tf_mpt.StaticLossScale(128)],
+                         ids=["dynamic", "static"])
+def test_apply_scaled_gradients_with_a_tf_keras_optimizer_in_a_tf1_graph(make_scale):
     """tf_mpt.apply_scaled_gradients returns a tensor that runs the step in a TF1 Session."""
     x_value, y_value = _data()
     graph = tf.Graph()
     with graph.as_default():
         w = tf1.get_variable("w", [8, 1], initializer=tf1.zeros_initializer())
         loss = tf.reduce_mean(tf.square(tf.matmul(x_value, w) - y_value))
-        scale = tf_mpt.DynamicLossScale()
+        scale = make_scale()
         grads = tf.gradients(tf_mpt.scale_loss(loss, scale), [w])
         optimizer = tf_keras.optimizers.legacy.SGD(0.1)
         applied = tf_mpt.apply_scaled_gradients(optimizer, grads, [w], scale)

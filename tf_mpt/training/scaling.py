@@ -43,19 +43,19 @@ def apply_if_finite(optimizer, pairs, loss_scale, apply):
     """
     create_slots(optimizer, [v for _, v in pairs])
     if not loss_scale.is_dynamic:
-        apply()
-        return tf.constant(True)
+        return _true_after(apply())
     update_scale, should_apply = loss_scale.update([g for g, _ in pairs])
-
-    def apply_and_say_so():
-        # in a TF1 graph only what the branch's output depends on runs
-        ran = [t for t in tf.nest.flatten(apply())
-               if isinstance(t, (tf.Tensor, tf.Operation))]
-        with tf.control_dependencies(ran):
-            return tf.constant(True)
-
     with tf.control_dependencies([update_scale]):
-        return tf.cond(should_apply, apply_and_say_so, lambda: tf.constant(False))
+        return tf.cond(should_apply, lambda: _true_after(apply()),
+                       lambda: tf.constant(False))
+
+
+def _true_after(result):
+    """A True tensor that runs `result` (the update's tensors or ops): in a TF1 graph only
+    what is fetched, or what a conditional branch's output depends on, runs."""
+    ran = [t for t in tf.nest.flatten(result) if isinstance(t, (tf.Tensor, tf.Operation))]
+    with tf.control_dependencies(ran):
+        return tf.constant(True)
 
 
 def create_slots(optimizer, variables):
