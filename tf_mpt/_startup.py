@@ -70,7 +70,7 @@ def _show_log_lines():
 def _enable(config):
     """Enables the automatic path; any failure leaves the script in float32 with a warning."""
     try:
-        from tf_mpt.automatic import state as _autoenable  # pylint: disable=g-import-not-at-top
+        from tf_mpt.automatic import switch as _autoenable  # pylint: disable=g-import-not-at-top
         _autoenable.enable(config)
     except Exception as error:  # pylint: disable=broad-except
         logging.getLogger("tf_mpt").warning(
@@ -91,8 +91,8 @@ def _after_import(config):
             _enable(config)
             return
         # loaded by _enable; absent if tensorflow is not imported yet or enabling failed
-        state = sys.modules.get("tf_mpt.automatic.state")
-        if state is not None:
-            state.keras_imported(name)
+        keras = sys.modules.get("tf_mpt.automatic.keras")
+        if keras is not None:
+            keras.keras_imported(name)
 
     return done

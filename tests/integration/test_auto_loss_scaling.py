@@ -13,8 +13,9 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
-from tf_mpt.automatic import state as _autoenable
-from tf_mpt.training import auto_scaling
+from tf_mpt.automatic import switch as _autoenable
+from tf_mpt.automatic import optimizers as auto_scaling
+from tf_mpt.training import gradient_records
 from helpers import tf1
 
 keras = pytest.importorskip("keras")
@@ -248,7 +249,7 @@ def test_tf2_custom_loop_trains_like_float32_with_scaling(float16_scaled, tf2_fl
                                                           compiled):
     losses, norms, model, optimizer = _tf2_loop(compiled)
     assert model.layers[0].compute_dtype == "float16"
-    scale = tf_mpt.loss_scale_of(optimizer)  # the public name of auto_scaling.loss_scale_of
+    scale = tf_mpt.loss_scale_of(optimizer)  # the public name of automatic.optimizers.loss_scale_of
     assert isinstance(scale, tf_mpt.DynamicLossScale)
     assert float(scale.scale()) == 2.0 ** 15
     np.testing.assert_allclose(losses[-1], tf2_float32[0][-1], rtol=FINAL_LOSS_RTOL)
@@ -491,7 +492,7 @@ def test_a_loop_that_scales_by_hand_is_not_scaled_twice(float16_scaled, compiled
     if compiled:
         train_step = tf.function(train_step)
     for _ in range(3):
-        with auto_scaling.passthrough():
+        with gradient_records.passthrough():
             with tf.GradientTape() as tape:
                 plain = tf.reduce_mean(tf.square(model(x) - y))
             expected = tape.gradient(plain, model.trainable_variables)

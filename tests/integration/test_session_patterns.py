@@ -128,7 +128,7 @@ def test_without_a_compiler_the_copy_path_takes_over_with_one_warning(tmp_path):
 
 def test_the_native_optimizer_is_built_once_and_cached(tmp_path):
     cache = tmp_path / "cache"
-    code = ("import tensorflow as tf; from tf_mpt.automatic import native_library as _native; "
+    code = ("import tensorflow as tf; from tf_mpt.automatic.native import library as _native; "
             "print(_native.load(%r)._name)" % str(cache))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
     env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")

@@ -17,8 +17,8 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
-from tf_mpt.automatic import state as _autoenable
-from tf_mpt.training import auto_scaling
+from tf_mpt.automatic import switch as _autoenable
+from tf_mpt.automatic import optimizers as auto_scaling
 from helpers import tf1
 
 tf_keras = pytest.importorskip(

@@ -17,7 +17,7 @@ import tensorflow as tf
 import keras
 import tf_mpt
 from mirrored_worker import reduce_ops
-from tf_mpt.training import auto_scaling
+from tf_mpt.automatic import optimizers as auto_scaling
 
 STEPS = 4
 # Inputs are scaled down so that the loss-scaled gradients (2^15 * 6 * X_SCALE) fit float16:

@@ -11,8 +11,9 @@ import tensorflow as tf
 
 import tf_mpt
 from tf_mpt import _patches
-from tf_mpt.automatic import state as _autoenable
-from tf_mpt.automatic import session_rewrite as _session_rewrite
+from tf_mpt.automatic import sessions as _sessions
+from tf_mpt.automatic import switch as _autoenable
+from tf_mpt.automatic.native import rewriter as _session_rewrite
 from helpers import tf1
 
 
@@ -139,7 +140,7 @@ def test_disable_removes_every_patch(enabled):
     graph, t = _graph()
     with tf1.Session(graph=graph) as sess:
         sess.run(t["init"])
-        assert sess not in _autoenable._shadows
+        assert sess not in _sessions._shadows
         assert not sess._config.graph_options.rewrite_options.custom_optimizers
         _, ran = _ran_dtypes(sess, t["loss"], {t["x"]: FEED_X})
     assert ran["y"] == tf.float32

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from tf_mpt.automatic import native_library as _native
+from tf_mpt.automatic.native import library as _native
 
 
 def _fake_compiler(tmp_path, body):

@@ -1,6 +1,10 @@
 """The automatic path: what TF_MPT_ENABLE=1 and `python -m tf_mpt` switch on.
 
-    state.py            enable / disable / is_enabled and every process-wide patch
-    session_rewrite.py  TF1 Sessions rewrite their graph in their own Grappler pass
-    native_library.py   builds and loads that Grappler optimizer (native/session_rewrite.cc)
+    switch.py       enable() / disable(): installs and removes every patch below
+    state.py        the process-wide state: Settings in force, bypass, patch helpers
+    sessions.py     TF1 Sessions: the in-Session rewrite, or a rewritten shadow copy
+    native/         the Grappler optimizer TF1 Sessions rewrite with (build, cache, callback)
+    keras.py        tf.function -> tf_mpt.function, Keras / tf_keras dtype policies, import hook
+    gradients.py    tf.gradients and GradientTape.gradient start from the loss scale
+    optimizers.py   which optimizer's loss scale applies them (TF1, Keras, tf_keras, distributed)
 """

@@ -3,7 +3,8 @@
     storage.py      float32_storage_getter, mixed_precision_scope (float32 master weights)
     loss_scale.py   StaticLossScale, DynamicLossScale, get(): the scale and its state
     scaling.py      the arithmetic: scale a loss, unscale a gradient, apply only if finite
-    auto_scaling.py loss scaling wherever a script takes gradients (tf.gradients, tapes)
+    gradient_records.py  the gradient computations the automatic path scaled, and which
+                         optimizer's loss scale each uses (LossScaleOptimizer claims them too)
     optimizer.py    LossScaleOptimizer (TF1), scale_loss / apply_scaled_gradients (TF2)
     checkpoints.py  float32 checkpoints restore into a graph with loss-scale variables
 """

@@ -14,7 +14,7 @@ Example:
 import tensorflow as tf
 
 from tf_mpt.rewrite import keep_fp32
-from tf_mpt.training import auto_scaling as _auto_scaling
+from tf_mpt.training import gradient_records as _records
 from tf_mpt.training import loss_scale as _loss_scale
 from tf_mpt.training.scaling import (all_reduce_in, apply_if_finite, resolve_allreduce_dtype,
                                      scale_loss_value, unscale)
@@ -101,7 +101,7 @@ class LossScaleOptimizer(tf1.train.Optimizer):
         grads_and_vars = list(grads_and_vars)
         variables = [v for _, v in grads_and_vars]
         # gradients tf_mpt's automatic path scaled (tf.gradients) now use this scale
-        _auto_scaling.claim(_auto_scaling.records_for([g for g, _ in grads_and_vars], variables),
+        _records.claim(_records.records_for([g for g, _ in grads_and_vars], variables),
                             self._loss_scale, variables, self.get_name())
         half_reduce = self._allreduce_dtype != tf.float32 and tf.distribute.has_strategy()
         if not self._loss_scale.is_dynamic and not half_reduce:
@@ -269,10 +269,10 @@ def apply_scaled_gradients(optimizer, scaled_grads, variables, loss_scale):
         inverse = tf.math.reciprocal(loss_scale.scale())
         grads = [unscale(g, inverse) for g in scaled_grads]
     pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
-    _auto_scaling.opt_out(scaled_grads, variables)  # the script scales: no automatic scaling
+    _records.opt_out(scaled_grads, variables)  # the script scales: no automatic scaling
 
     def apply():
-        with _auto_scaling.passthrough():
+        with _records.passthrough():
             return optimizer.apply_gradients(pairs)
 
     return apply_if_finite(optimizer, pairs, loss_scale, apply)

@@ -10,7 +10,7 @@
 // sink and returns 0, or returns non-zero: the graph is then left as it is (Aborted is
 // Grappler's convention for "no change").
 //
-// Built by tf_mpt/automatic/native_library.py at first use against the installed TensorFlow's headers.
+// Built by tf_mpt/automatic/native/library.py at first use against the installed TensorFlow's headers.
 
 #include <atomic>
 #include <string>

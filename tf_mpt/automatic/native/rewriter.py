@@ -2,8 +2,8 @@
 
 Under the automatic path every tf.compat.v1.Session (MonitoredTrainingSession and
 InteractiveSession build one too) is created with a copy of its ConfigProto that lists
-tf_mpt's Grappler optimizer "TfMpt" (`tf_mpt/automatic/native/session_rewrite.cc`, built by
-`native_library`). The runtime hands TfMpt every graph the Session is about to run, with the exact
+tf_mpt's Grappler optimizer "TfMpt" (`session_rewrite.cc` beside this file, built by
+`library`). The runtime hands TfMpt every graph the Session is about to run, with the exact
 fetches and feeds of that run; TfMpt calls `_rewrite` below, which answers with tf_mpt's
 rewrite. There is one graph, one Session and one copy of every variable, queue, iterator,
 table and reader, so graph growth, `make_callable`, `partial_run` and queue runners work as in
@@ -32,7 +32,7 @@ import logging
 import threading
 import weakref
 
-from tf_mpt.automatic import native_library as _native
+from tf_mpt.automatic.native import library as _native
 
 _log = logging.getLogger(__name__)
 

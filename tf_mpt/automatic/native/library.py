@@ -25,8 +25,7 @@ import tensorflow as tf
 
 _log = logging.getLogger(__name__)
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native",
-                      "session_rewrite.cc")
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "session_rewrite.cc")
 PROTOCOL_VERSION = 1
 _BUILD_TIMEOUT_SECONDS = 600
 

@@ -1,0 +1,108 @@
+"""TF2 under the automatic path: `tf.function` in user code becomes tf_mpt.function, Keras and
+tf_keras get the mixed_* dtype policy, and a Keras imported after enable() gets its policy and
+optimizer patches when its import finishes.
+"""
+
+import functools
+import logging
+import sys
+
+import tensorflow as tf
+
+from tf_mpt import _import_hooks
+from tf_mpt import _patches
+from tf_mpt.automatic import optimizers as _optimizers
+from tf_mpt.automatic import state as _state
+from tf_mpt.training import gradient_records as _records
+
+_log = logging.getLogger(__name__)
+
+
+_KERAS_POLICY = "<keras dtype policy>"
+_TF_KERAS_POLICY = "<tf_keras dtype policy>"
+_LIBRARY_PREFIXES = ("keras", "tf_keras", "tensorflow", "tf_mpt", "absl")
+
+
+def patch_tf_function(dtype):
+    """`tf.function` in user code becomes tf_mpt.function (Keras and TF internals keep theirs:
+    Keras gets mixed precision through its dtype policy)."""
+    from tf_mpt.rewrite import tf_functions as _functions  # pylint: disable=g-import-not-at-top
+    original = _functions._TF_FUNCTION  # pylint: disable=protected-access
+
+    def function(func=None, **kwargs):
+        if func is None:
+            return lambda f: function(f, **kwargs)
+        module = getattr(func, "__module__", "") or ""
+        if module.split(".")[0] in _LIBRARY_PREFIXES:
+            return original(func, **kwargs)
+        try:
+            return _functions.Function(func, dtype, kwargs, on_trace=_report_unclaimed)
+        except Exception as error:  # pylint: disable=broad-except
+            _log.warning("tf_mpt left tf.function %s in float32 (%s: %s)",
+                         getattr(func, "__name__", func), type(error).__name__, error)
+            return original(func, **kwargs)
+
+    functools.update_wrapper(function, original)
+    _patches.replace(tf, "function", function)
+
+
+def _report_unclaimed(graph):
+    """A traced tf.function: one WARNING per gradient computation that reached no optimizer."""
+    if _state.enabled is not None and _state.enabled.loss_scaling:
+        _records.report_unclaimed(graph)
+
+
+def set_keras_policy(dtype):
+    """Keras `fit` scripts: the global dtype policy mixed_float16 / mixed_bfloat16 (Keras then
+    wraps the optimizer in its own LossScaleOptimizer for float16 at compile); the same for
+    tf_keras (`tf.keras` under TF_USE_LEGACY_KERAS=1) once it is imported."""
+    keras = sys.modules.get("keras")
+    if keras is not None and hasattr(keras, "config"):  # else: keras_imported() sets it later
+        _set_policy(_KERAS_POLICY, "Keras", keras.config.dtype_policy,
+                    keras.config.set_dtype_policy, dtype)
+    tf_keras = sys.modules.get("tf_keras")
+    mixed = getattr(tf_keras, "mixed_precision", None) if tf_keras is not None else None
+    if mixed is not None and hasattr(mixed, "set_global_policy"):
+        _set_policy(_TF_KERAS_POLICY, "tf_keras", mixed.global_policy, mixed.set_global_policy,
+                    dtype)
+
+
+def _set_policy(label, library, get, set_, dtype):
+    if _patches.is_applied(None, label):
+        return
+    try:
+        previous = get()
+        set_(f"mixed_{dtype}")
+    except Exception as error:  # pylint: disable=broad-except
+        _log.debug("%s dtype policy not set: %s", library, error)
+        return
+    _patches.record(label, lambda: set_(previous))
+    _log.info("%s global dtype policy set to mixed_%s (%s models built from now on compute "
+              "in %s with float32 variables)", library, dtype, library, dtype)
+
+
+_KERAS_LIBRARIES = ("keras", "tf_keras")
+_KERAS_IMPORT_HOOK = "<keras import hook>"
+
+
+def watch_keras_imports():
+    """Keras or tf_keras imported after enable() (a script calling tf_mpt.enable() before
+    `import keras`) gets its policy and optimizer patches once its import finishes."""
+    missing = [name for name in _KERAS_LIBRARIES if name not in sys.modules]
+    if not missing or _patches.is_applied(None, _KERAS_IMPORT_HOOK):
+        return
+
+    hook = _import_hooks.AfterImport(missing, keras_imported).install()
+    _patches.record(_KERAS_IMPORT_HOOK, hook.remove)
+
+
+def keras_imported(name="keras"):
+    """Called when `import keras` (or `import tf_keras`) finishes under the automatic path;
+    a failure is a warning, never an error in the script's import."""
+    try:
+        if _state.enabled is not None and _state.enabled.rewrite:
+            set_keras_policy(_state.enabled.dtype)
+        if _state.enabled is not None and _state.enabled.loss_scaling:
+            _optimizers.patch_keras_optimizers()
+    except Exception as error:  # pylint: disable=broad-except
+        _log.warning("tf_mpt could not set %s's mixed precision policy (%s)", name, error)

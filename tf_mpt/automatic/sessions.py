@@ -1,0 +1,272 @@
+"""TF1 Sessions under the automatic path: each Session is created with tf_mpt's Grappler
+optimizer in its ConfigProto and rewrites its own graph (tf_mpt.automatic.native); where the
+native optimizer cannot be built, or with TF_MPT_SESSION_REWRITE=copy, it runs a rewritten
+shadow copy of its graph instead (same node names, so fetches and feeds map by name; rebuilt
+with the variable values carried over when the graph grows; a graph holding other state stays
+float32).
+"""
+
+import collections.abc
+import logging
+import weakref
+
+import tensorflow as tf
+
+from tf_mpt.automatic import state as _state
+from tf_mpt.automatic.native import library as _native
+from tf_mpt.automatic.native import rewriter as _session_rewrite
+from tf_mpt.training import gradient_records as _records
+
+_log = logging.getLogger(__name__)
+
+_shadows = weakref.WeakKeyDictionary()  # user Session -> _Shadow
+
+
+# --- TF1 Sessions: the rewrite inside the Session's graph optimisation ----------------------
+
+BASE_SESSION = tf.compat.v1.Session.__mro__[1]
+
+
+def patch_sessions(config, dtype):
+    """Routes TF1 Sessions through tf_mpt's rewrite; returns 'grappler' or 'copy' (the way
+    taken: TF_MPT_SESSION_REWRITE, or copy when the native optimizer is unavailable)."""
+    if config.session_rewrite == "grappler":
+        try:
+            _session_rewrite.install(dtype, config)
+        except _native.NativeUnavailable as error:
+            _log.warning("tf_mpt's Grappler optimizer is unavailable (%s); TF1 Sessions run a "
+                         "rewritten copy of their graph instead (TF_MPT_SESSION_REWRITE=copy).",
+                         error)
+        else:
+            _state.patch(BASE_SESSION, "__init__", _session_init)
+            return "grappler"
+    _state.patch(BASE_SESSION, "run", _session_run)
+    _state.patch(BASE_SESSION, "make_callable", _session_make_callable)
+    _state.patch(BASE_SESSION, "partial_run_setup", _session_partial_run_setup)
+    _state.patch(BASE_SESSION, "partial_run", _session_partial_run)
+    _state.patch(BASE_SESSION, "close", _session_close)
+    return "copy"
+
+
+def _session_init(original, session, target="", graph=None, config=None):
+    if not _state.bypassing():
+        owner = graph if graph is not None else tf.compat.v1.get_default_graph()
+        config = _session_rewrite.session_config(config, owner)
+    return original(session, target, graph, config)
+
+
+# --- TF1 Sessions, TF_MPT_SESSION_REWRITE=copy: run a rewritten shadow of the graph --------
+
+class _Shadow:
+    """A rewritten copy of a Session's graph and the Session that runs it."""
+
+    def __init__(self, session, previous=None):
+        from tf_mpt import rewrite as _rewrite  # pylint: disable=g-import-not-at-top
+        graph = session.graph
+        self.user_graph = graph
+        self.version = graph.version
+        self.graph = _rewrite.rewrite_graph(graph, dtype=_state.enabled.dtype)
+        self.session = tf.compat.v1.Session(target=session.sess_str, graph=self.graph,
+                                            config=getattr(session, "_config", None))
+        self.session._tf_mpt_unshadowed = True  # pylint: disable=protected-access
+        self.fetch_casts = {}
+        if previous is not None:
+            self._take_state_from(previous)
+            previous.close()
+
+    def _take_state_from(self, previous):
+        """Copies variable values from the shadow of the graph before it grew."""
+        with previous.graph.as_default():
+            old = {v.op.name: v for v in tf.compat.v1.global_variables()
+                   + tf.compat.v1.local_variables()}
+        with self.graph.as_default():
+            new = {v.op.name: v for v in tf.compat.v1.global_variables()
+                   + tf.compat.v1.local_variables()}
+        for name, variable in new.items():
+            if name not in old:
+                continue
+            try:
+                with _state.bypass():
+                    value = previous.session.run(old[name])
+                    self.session.run(variable.initializer,
+                                     {variable.initializer.inputs[1]: value})
+            except tf.errors.OpError:
+                continue  # not initialised yet in the old graph
+
+    def element(self, item):
+        """The shadow-graph counterpart of a fetch or feed key (same name, same dtype)."""
+        if isinstance(item, str):
+            name = item
+            original_dtype = getattr(self.user_graph.as_graph_element(name), "dtype", None)
+        else:
+            graph_element = getattr(item, "_graph_element", None)
+            target = graph_element if graph_element is not None else item
+            name = target.name
+            original_dtype = getattr(target, "dtype", None)
+        element = self.graph.as_graph_element(name)
+        if (isinstance(element, tf.Tensor) and original_dtype is not None
+                and element.dtype.base_dtype != original_dtype.base_dtype
+                and element.dtype.base_dtype in (tf.float16, tf.bfloat16)):
+            cast = self.fetch_casts.get(name)
+            if cast is None:
+                with self.graph.as_default():
+                    cast = tf.cast(element, original_dtype.base_dtype,
+                                   name=element.op.name + "-FetchCast-TfMpt")
+                self.fetch_casts[name] = cast
+            return cast
+        return element
+
+    def tensor(self, key):
+        """The shadow-graph element of the same name as `key` (a name or a graph element)."""
+        return self.graph.as_graph_element(key if isinstance(key, str) else key.name)
+
+    def close(self):
+        self.session.close()
+
+
+def _shadow_for(session):
+    shadow = _shadows.get(session)
+    if shadow is None or shadow.version != session.graph.version:
+        shadow = _Shadow(session, previous=shadow)
+        _shadows[session] = shadow
+    return shadow
+
+
+def _map_fetches(shadow, fetches):
+    """The fetch structure with every element replaced by its shadow counterpart.
+
+    Walks the structures Session.run accepts (lists, tuples, namedtuples, dicts with any keys,
+    e.g. MonitoredSession's hook objects, SparseTensors) without sorting dict keys.
+    """
+    if fetches is None:
+        return None
+    if isinstance(fetches, collections.abc.Mapping):
+        items = [(k, _map_fetches(shadow, v)) for k, v in fetches.items()]
+        try:
+            return type(fetches)(items)
+        except TypeError:
+            return dict(items)
+    if isinstance(fetches, tuple) and hasattr(fetches, "_fields"):
+        return type(fetches)(*(_map_fetches(shadow, v) for v in fetches))
+    if isinstance(fetches, (list, tuple)):
+        return type(fetches)(_map_fetches(shadow, v) for v in fetches)
+    if isinstance(fetches, tf.SparseTensor):
+        return tf.SparseTensor(*(shadow.element(t) for t in
+                                 (fetches.indices, fetches.values, fetches.dense_shape)))
+    return shadow.element(fetches)
+
+
+def _map_feeds(shadow, feed_dict):
+    mapped = {}
+    for key, value in feed_dict.items():
+        # A fed tensor maps to its shadow by name, never to a fetch's dtype-restoring Cast.
+        if isinstance(key, (tuple, list)):
+            key = type(key)(shadow.tensor(k) for k in key)
+        elif isinstance(key, tf.SparseTensor):
+            key = tf.SparseTensor(*(shadow.tensor(t) for t in
+                                    (key.indices, key.values, key.dense_shape)))
+        else:
+            key = shadow.tensor(key)
+        mapped[key] = value
+    return mapped
+
+
+_VARIABLE_OPS = frozenset(("VariableV2", "Variable", "VarHandleOp"))
+
+
+def _state_a_copy_would_duplicate(graph):
+    """'Op type 'name'' of the first node holding state other than variables (queues,
+    iterators, tables, readers, accumulators: ops with a shared_name), or None."""
+    for op in graph.get_operations():
+        if op.type not in _VARIABLE_OPS and "shared_name" in op.node_def.attr:
+            return f"{op.type} {op.name!r}"
+    return None
+
+
+def _shadow_or_none(session):
+    """The session's shadow, or None when the session runs its own graph in float32."""
+    if _state.bypassing() or getattr(session, "_tf_mpt_unshadowed", False):
+        return None
+    had_shadow = session in _shadows
+    if not had_shadow:
+        state = _state_a_copy_would_duplicate(session.graph)
+        if state is not None:
+            _log.warning("this Session runs in float32: its graph holds %s, state that "
+                         "a rewritten copy of the graph would duplicate "
+                         "(TF_MPT_SESSION_REWRITE=copy; the default, grappler, rewrites in "
+                         "place and needs a C++ compiler once).", state)
+            session._tf_mpt_unshadowed = True  # pylint: disable=protected-access
+            return None
+    try:
+        return _shadow_for(session)
+    except Exception as error:  # pylint: disable=broad-except
+        if had_shadow:  # the state lives in the old shadow: running the original would lose it
+            raise RuntimeError(
+                f"tf_mpt could not rebuild the mixed-precision copy of this Session's graph "
+                f"after it grew ({type(error).__name__}: {error}). Build the whole graph "
+                "before the first Session.run, or run without TF_MPT_ENABLE.") from error
+        _log.warning("tf_mpt could not run this Session's graph in mixed precision (%s: %s); "
+                     "it runs in float32.", type(error).__name__, error)
+        session._tf_mpt_unshadowed = True  # pylint: disable=protected-access
+        return None
+
+
+def _session_run(original, session, fetches, feed_dict=None, options=None, run_metadata=None):
+    shadow = _shadow_or_none(session)
+    if shadow is None:
+        return original(session, fetches, feed_dict, options, run_metadata)
+    mapped_fetches = _map_fetches(shadow, fetches)
+    mapped_feeds = _map_feeds(shadow, feed_dict) if feed_dict else None
+    with _state.bypass():
+        return original(shadow.session, mapped_fetches, mapped_feeds, options, run_metadata)
+
+
+def _session_make_callable(original, session, fetches, feed_list=None, accept_options=False):
+    shadow = _shadow_or_none(session)
+    if shadow is None:
+        return original(session, fetches, feed_list, accept_options)
+    mapped_feeds = [shadow.tensor(key) for key in feed_list] if feed_list else feed_list
+    with _state.bypass():
+        return original(shadow.session, _map_fetches(shadow, fetches), mapped_feeds,
+                        accept_options)
+
+
+def _session_partial_run_setup(original, session, fetches, feeds=None):
+    shadow = _shadow_or_none(session)
+    if shadow is None:
+        return original(session, fetches, feeds)
+    mapped_feeds = [shadow.tensor(key) for key in feeds] if feeds else feeds
+    with _state.bypass():
+        return original(shadow.session, _map_fetches(shadow, fetches), mapped_feeds)
+
+
+def _session_partial_run(original, session, handle, fetches, feed_dict=None):
+    shadow = _shadows.get(session)  # the handle belongs to the Session that set it up
+    if _state.bypassing() or shadow is None:
+        return original(session, handle, fetches, feed_dict)
+    mapped_feeds = _map_feeds(shadow, feed_dict) if feed_dict else None
+    with _state.bypass():
+        return original(shadow.session, handle, _map_fetches(shadow, fetches), mapped_feeds)
+
+
+def _session_close(original, session):
+    shadow = _shadows.pop(session, None)
+    if shadow is not None:
+        shadow.close()
+    return original(session)
+
+
+
+def close_shadows():
+    """Closes every shadow Session (disable())."""
+    for shadow in list(_shadows.values()):
+        shadow.close()
+    _shadows.clear()
+
+
+def session_run_reporting(original, session, *args, **kwargs):
+    """Session.run, after one WARNING per gradient computation of its graph that reached no
+    optimizer (tf_mpt.training.gradient_records)."""
+    _records.report_unclaimed(session.graph)
+    return original(session, *args, **kwargs)
+
