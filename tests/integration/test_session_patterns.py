@@ -143,3 +143,13 @@ def test_the_native_optimizer_is_built_once_and_cached(tmp_path):
     assert paths[0] == paths[1]
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     assert tf.__version__ in os.path.basename(paths[0])  # a new TensorFlow builds a new one
+
+    # disk full or a crash before the data reached the disk: a truncated library is rebuilt
+    # (loading it would kill the process with SIGBUS)
+    with open(paths[0], "r+b") as handle:
+        handle.truncate(4096)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == paths[0]
+    assert "do not match the checksum" in proc.stderr and os.path.getsize(paths[0]) > 4096

@@ -13,7 +13,8 @@ from tf_mpt.automatic.native import library as _native
 def _fake_compiler(tmp_path, body):
     script = tmp_path / "fake-c++"
     script.write_text("#!/bin/sh\n"
-                      'if [ "$1" = --version ]; then echo "fake-c++ 1.0"; exit 0; fi\n' + body)
+                      'case " $* " in *" --version "*) echo "fake-c++ 1.0"; exit 0;; esac\n'
+                      + body)
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return str(script)
 
@@ -44,10 +45,112 @@ def test_the_cache_key_follows_the_compiler(tmp_path, monkeypatch):
     assert _native.library_path(str(tmp_path)) != default
 
 
-def test_an_unwritable_cache_directory_names_the_variable(tmp_path):
+def _building_compiler(tmp_path):
+    """A fake compiler that 'builds' by writing a few bytes to the -o file and counts its
+    builds in tmp_path/builds."""
+    return _fake_compiler(tmp_path, 'while [ "$1" != -o ]; do shift; done\n'
+                                    'echo built > "$2"\n'
+                                    f'echo x >> {tmp_path / "builds"}\n')
+
+
+def _builds(tmp_path):
+    path = tmp_path / "builds"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_a_compiler_with_flags_in_cxx_is_used_with_its_flags(tmp_path, monkeypatch):
+    compiler = _building_compiler(tmp_path)
+    monkeypatch.setenv("CXX", f"{compiler} -std=c++17")
+    path = _native.library_path(str(tmp_path / "cache"))
+    assert _native._build_command(_native._compiler(), "OUT")[:2] == [compiler, "-std=c++17"]
+    _native._build(path)
+    assert _builds(tmp_path) == 1 and _native._valid(path) == (True, None)
+
+
+def test_a_truncated_or_unchecked_library_is_rebuilt_never_loaded(tmp_path, monkeypatch,
+                                                                   caplog):
+    monkeypatch.setenv("CXX", _building_compiler(tmp_path))
+    path = _native.library_path(str(tmp_path / "cache"))
+    os.makedirs(os.path.dirname(path), mode=0o700)
+    _native._build(path)
+    _native._build(path)  # cached: no second build
+    assert _builds(tmp_path) == 1
+    with open(path, "r+b") as handle:  # a crash before the data reached the disk
+        handle.truncate(4)
+    valid, why = _native._valid(path)
+    assert not valid and "do not match the checksum" in why
+    _native._build(path)
+    assert _builds(tmp_path) == 2 and _native._valid(path) == (True, None)
+    assert "rebuilding tf_mpt's Grappler optimizer" in caplog.text
+    os.remove(path + ".sha256")  # a library from before checksums, or a planted one
+    assert _native._valid(path) == (False, "no checksum beside it")
+    _native._build(path)
+    assert _builds(tmp_path) == 3
+    assert [n for n in os.listdir(os.path.dirname(path)) if n.startswith(".tf_mpt-build-")] == []
+
+
+def test_a_world_writable_cache_directory_is_not_trusted(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("CXX", _building_compiler(tmp_path))
+    cache = tmp_path / "shared-cache"
+    cache.mkdir()
+    cache.chmod(0o777)
+    assert "writable by others" in _native._directory_unsafe_because(str(cache))
+    built = _native._built_library(str(cache))
+    assert os.path.dirname(built) != str(cache) and _native._valid(built) == (True, None)
+    assert os.listdir(cache) == []  # nothing planted there is ever used
+    assert caplog.text.count("built in a private temporary directory") == 1
+    assert "writable by others" in caplog.text
+
+
+def test_a_cache_owned_by_another_user_is_not_trusted(tmp_path, monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a directory to another user (os.chown)")
+    monkeypatch.setenv("CXX", _building_compiler(tmp_path))
+    cache = tmp_path / "planted"
+    cache.mkdir(mode=0o755)
+    os.chown(cache, 65534, 65534)  # nobody
+    assert "owned by uid 65534" in _native._directory_unsafe_because(str(cache))
+    path = _native.library_path(str(tmp_path / "mine"))
+    os.makedirs(os.path.dirname(path), mode=0o700)
+    _native._build(path)
+    os.chown(path, 65534, 65534)  # a library file of another user in my directory
+    assert not _native._valid(path)[0] and "owned by uid 65534" in _native._valid(path)[1]
+    assert os.path.dirname(_native._built_library(str(cache))) != str(cache)
+
+
+def test_a_planted_lock_symlink_is_not_followed(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("CXX", _building_compiler(tmp_path))
+    cache = tmp_path / "cache"
+    path = _native.library_path(str(cache))
+    cache.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    os.symlink(victim, path + ".lock")
+    built = _native._built_library(str(cache))
+    assert victim.read_text() == "precious"
+    assert os.path.dirname(built) != str(cache) and _native._valid(built) == (True, None)
+    assert "built in a private temporary directory" in caplog.text
+
+
+def test_an_unusable_cache_directory_falls_back_to_a_private_build(tmp_path, monkeypatch,
+                                                                  caplog):
+    monkeypatch.setenv("CXX", _building_compiler(tmp_path))
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    with pytest.raises(_native.NativeUnavailable,
-                       match=r"cannot create the cache directory .*a-file/sub .*set "
-                             r"TF_MPT_CACHE_DIR to a writable directory"):
-        _native._build(str(blocker / "sub" / "x.so"))  # pylint: disable=protected-access
+    built = _native._built_library(str(blocker / "sub"))
+    assert _native._valid(built) == (True, None)
+    assert "a-file/sub cannot be created or read" in caplog.text
+    assert "set TF_MPT_CACHE_DIR to a directory of your own" in caplog.text
+
+
+def test_a_build_that_times_out_is_killed_and_leaves_no_file(tmp_path, monkeypatch):
+    pid_file = tmp_path / "pid"
+    monkeypatch.setenv("CXX", _fake_compiler(tmp_path, f"echo $$ > {pid_file}\nexec sleep 60\n"))
+    monkeypatch.setattr(_native, "_BUILD_TIMEOUT_SECONDS", 1)
+    cache = tmp_path / "cache"
+    path = _native.library_path(str(cache))
+    cache.mkdir(mode=0o700)
+    with pytest.raises(_native.NativeUnavailable, match=r"took over 1 s"):
+        _native._build(path)
+    assert not os.path.exists(f"/proc/{pid_file.read_text().strip()}")  # no orphan compiler
+    assert [n for n in os.listdir(cache) if n.endswith(".so")] == []

@@ -33,10 +33,13 @@ def patch_sessions(config, dtype):
     if config.session_rewrite == "grappler":
         try:
             _session_rewrite.install(dtype, config)
-        except _native.NativeUnavailable as error:
+        except Exception as error:  # pylint: disable=broad-except
+            # NativeUnavailable says why; any other failure (a bug of ours) falls back too
+            reason = (str(error) if isinstance(error, _native.NativeUnavailable)
+                      else f"{type(error).__name__}: {error}")
             _log.warning("tf_mpt's Grappler optimizer is unavailable (%s); TF1 Sessions run a "
                          "rewritten copy of their graph instead (TF_MPT_SESSION_REWRITE=copy).",
-                         error)
+                         reason)
         else:
             _state.patch(BASE_SESSION, "__init__", _session_init)
             return "grappler"

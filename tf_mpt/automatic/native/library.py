@@ -1,11 +1,26 @@
-"""Builds and loads tf_mpt's Grappler optimizer (`tf_mpt/automatic/native/session_rewrite.cc`).
+"""Builds, caches and loads tf_mpt's Grappler optimizer (`session_rewrite.cc` beside this file).
 
 The library is compiled at first use against the installed TensorFlow (its headers and
-`tf.sysconfig` compile and link flags) with the C++ compiler in $CXX (default g++), and cached
-in TF_MPT_CACHE_DIR (default: $XDG_CACHE_HOME/tf_mpt or ~/.cache/tf_mpt) under a key made of
-the source, TensorFlow's version and flags and the compiler's version: a TensorFlow upgrade
-builds a new one, a second process waits for the first one's build (file lock) and reuses it.
-Loaded once per process (Grappler's registry accepts one "TfMpt").
+`tf.sysconfig` compile and link flags) with the C++ compiler in $CXX (default g++; flags
+allowed, e.g. CXX="g++ -std=c++17"), and cached in TF_MPT_CACHE_DIR (default:
+$XDG_CACHE_HOME/tf_mpt or ~/.cache/tf_mpt) under a key made of the source, TensorFlow's
+version and flags and the compiler's version: a TensorFlow upgrade builds a new one, a second
+process waits for the first one's build (file lock) and reuses it. Loaded once per process
+(Grappler's registry accepts one "TfMpt").
+
+A cached library is loaded only when it is safe to run, since its constructor runs in this
+process:
+
+    directory  owned by this user, not writable by group or others (else: build in a
+               private temporary directory for this process, one WARNING saying why)
+    file       a regular file owned by this user, not writable by group or others
+    contents   the SHA-256 written beside it (`<library>.sha256`) when it was built; a
+               truncated or half-written file (disk full, a crash before the data reached
+               the disk) does not match and is rebuilt
+
+The build writes to a temporary file, fsyncs it and renames it into place, then writes the
+checksum the same way; the lock file is opened without following symlinks. A compiler that
+is interrupted or times out is killed with its process group.
 
 `load(cache_dir)` returns the ctypes library or raises NativeUnavailable saying why; the
 caller falls back to the shadow-copy path with one warning.
@@ -16,10 +31,14 @@ import fcntl
 import hashlib
 import logging
 import os
+import shlex
+import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import tensorflow as tf
 
@@ -28,6 +47,8 @@ _log = logging.getLogger(__name__)
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "session_rewrite.cc")
 PROTOCOL_VERSION = 1
 _BUILD_TIMEOUT_SECONDS = 600
+_PARTIAL_PREFIX = ".tf_mpt-build-"
+_CHECKSUM_SUFFIX = ".sha256"
 
 SINK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
 REWRITER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
@@ -48,25 +69,34 @@ def default_cache_dir():
 
 
 def _compiler():
-    return os.environ.get("CXX") or "g++"
+    """The compiler command as a list: $CXX split like a shell would (default g++)."""
+    text = os.environ.get("CXX") or "g++"
+    try:
+        command = shlex.split(text)
+    except ValueError as error:
+        raise NativeUnavailable(f"CXX={text!r} cannot be parsed ({error}); set CXX to a C++17 "
+                                "compiler and its flags, e.g. CXX='g++ -std=c++17'") from error
+    if not command:
+        raise NativeUnavailable(f"CXX={text!r} names no compiler; set CXX to a C++17 compiler")
+    return command
 
 
 def _compiler_version(compiler):
     try:
-        done = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+        done = subprocess.run(compiler + ["--version"], capture_output=True, text=True,
                               timeout=60, check=False)
     except (OSError, subprocess.SubprocessError) as error:
         raise NativeUnavailable(
-            f"no C++ compiler: running {compiler!r} failed ({error}). Install g++ (or set CXX "
-            "to a C++17 compiler)") from error
+            f"no C++ compiler: running {' '.join(compiler)!r} failed ({error}). Install g++ "
+            "(or set CXX to a C++17 compiler)") from error
     if done.returncode != 0:
-        raise NativeUnavailable(f"{compiler} --version exited with {done.returncode}")
+        raise NativeUnavailable(f"{' '.join(compiler)} --version exited with {done.returncode}")
     return (done.stdout.splitlines() or [""])[0]
 
 
 def _build_command(compiler, output):
     library_dir = os.path.dirname(tf.__file__)
-    return ([compiler, "-shared", "-fPIC", "-O2", "-w"] + tf.sysconfig.get_compile_flags()
+    return (compiler + ["-shared", "-fPIC", "-O2", "-w"] + tf.sysconfig.get_compile_flags()
             + [SOURCE, "-o", output] + tf.sysconfig.get_link_flags()
             + [f"-Wl,-rpath,{library_dir}"])
 
@@ -82,37 +112,212 @@ def library_path(cache_dir=None):
                         f"session_rewrite-{tf.__version__}-{key.hexdigest()[:16]}.so")
 
 
-def _build(path):
-    directory = os.path.dirname(path)
+# --- trust: what may be loaded ----------------------------------------------------------------
+
+def _unsafe_because(status, what):
+    """Why a file or directory with this os.stat_result is not safe to load from, or None."""
+    if status.st_uid != os.geteuid():
+        return f"{what} is owned by uid {status.st_uid}, not this user (uid {os.geteuid()})"
+    if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{what} is writable by others (mode {stat.filemode(status.st_mode)})"
+    return None
+
+
+def _directory_unsafe_because(directory):
+    """Creates `directory` (mode 0700) if missing; why it is unsafe to cache in, or None."""
     try:
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        status = os.stat(directory)
     except OSError as error:
+        return f"cannot be created or read ({error})"
+    if not stat.S_ISDIR(status.st_mode):
+        return "is not a directory"
+    return _unsafe_because(status, "it")
+
+
+def _file_digest(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _valid(path):
+    """(True, None) if `path` is a library this user built, intact; else (False, why)."""
+    try:
+        status = os.lstat(path)
+    except FileNotFoundError:
+        return False, "not built yet"
+    if not stat.S_ISREG(status.st_mode):
+        return False, "not a regular file"
+    why = _unsafe_because(status, "the cached library")
+    if why is not None:
+        return False, why
+    try:
+        checksum_status = os.lstat(path + _CHECKSUM_SUFFIX)
+        if not stat.S_ISREG(checksum_status.st_mode) or _unsafe_because(checksum_status, "x"):
+            return False, "its checksum file is not this user's"
+        with open(path + _CHECKSUM_SUFFIX, encoding="ascii") as handle:
+            expected = handle.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return False, "no checksum beside it"
+    if _file_digest(path) != expected:
+        return False, (f"its contents ({status.st_size} bytes) do not match the checksum "
+                       "written when it was built (truncated or half-written)")
+    return True, None
+
+
+# --- building -----------------------------------------------------------------------------------
+
+def _fsync_directory(directory):
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path, data):
+    """Writes `data` to `path` through a temporary file, fsync and rename."""
+    directory = os.path.dirname(path)
+    handle, partial = tempfile.mkstemp(prefix=_PARTIAL_PREFIX, dir=directory)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+
+
+def _remove_stale_partials(directory):
+    """Temporary files of builds that were killed (older than a build may take)."""
+    cutoff = time.time() - 2 * _BUILD_TIMEOUT_SECONDS
+    for name in os.listdir(directory):
+        if not name.startswith(_PARTIAL_PREFIX):
+            continue
+        full = os.path.join(directory, name)
+        try:
+            status = os.lstat(full)
+            if status.st_uid == os.geteuid() and status.st_mtime < cutoff:
+                os.remove(full)
+        except OSError:
+            continue
+
+
+def _run_compiler(command):
+    """Runs the compiler in its own process group; kills the group if this is interrupted
+    (KeyboardInterrupt, SystemExit) or the build times out."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    try:
+        _, stderr = process.communicate(timeout=_BUILD_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired as error:
+        _kill_group(process)
         raise NativeUnavailable(
-            f"cannot create the cache directory {directory} ({error}); set TF_MPT_CACHE_DIR "
-            "to a writable directory") from error
-    with open(path + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it right now
-        if os.path.exists(path):
+            f"compiling {SOURCE} took over {_BUILD_TIMEOUT_SECONDS} s") from error
+    except BaseException:
+        _kill_group(process)
+        raise
+    return process.returncode, stderr
+
+
+def _kill_group(process):
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    process.wait()
+
+
+def _open_lock(path):
+    """The lock file beside `path`, opened without following a symlink or truncating."""
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path + ".lock", flags, 0o600)
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid():
+        os.close(fd)
+        raise NativeUnavailable(f"{path}.lock is not a regular file of this user")
+    return fd
+
+
+def _build(path):
+    """Makes `path` a valid library (built, or rebuilt if the cached one is not valid)."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd = _open_lock(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another process may be building it right now
+        valid, why = _valid(path)
+        if valid:
             return
-        handle, partial = tempfile.mkstemp(suffix=".so", dir=directory)
+        if why != "not built yet":
+            _log.warning("rebuilding tf_mpt's Grappler optimizer %s: %s", path, why)
+            for stale in (path, path + _CHECKSUM_SUFFIX):
+                if os.path.lexists(stale):
+                    os.remove(stale)
+        _remove_stale_partials(directory)
+        handle, partial = tempfile.mkstemp(prefix=_PARTIAL_PREFIX, suffix=".so", dir=directory)
         os.close(handle)
         command = _build_command(_compiler(), partial)
         _log.info("building tf_mpt's Grappler optimizer (once per TensorFlow version): %s",
                   " ".join(command))
         try:
-            done = subprocess.run(command, capture_output=True, text=True,
-                                  timeout=_BUILD_TIMEOUT_SECONDS, check=False)
-            if done.returncode != 0:
+            returncode, stderr = _run_compiler(command)
+            if returncode != 0:
                 raise NativeUnavailable(
-                    f"compiling {SOURCE} failed (exit {done.returncode}): "
-                    f"{done.stderr.strip()[-800:]}")
+                    f"compiling {SOURCE} failed (exit {returncode}): {stderr.strip()[-800:]}")
+            os.chmod(partial, 0o755)
+            with open(partial, "rb+") as built:
+                os.fsync(built.fileno())
+            digest = _file_digest(partial)
             os.replace(partial, path)
-        except subprocess.TimeoutExpired as error:
-            raise NativeUnavailable(
-                f"compiling {SOURCE} took over {_BUILD_TIMEOUT_SECONDS} s") from error
+            _write_durably(path + _CHECKSUM_SUFFIX, digest.encode("ascii"))
+            _fsync_directory(directory)
         finally:
             if os.path.exists(partial):
                 os.remove(partial)
+    finally:
+        os.close(fd)
+
+
+def _built_library(cache_dir):
+    """The path of a valid library: in the cache when it is safe, else in a private
+    temporary directory of this process (one WARNING saying why)."""
+    path = library_path(cache_dir)
+    directory = os.path.dirname(path)
+    why = _directory_unsafe_because(directory)
+    if why is None:
+        try:
+            _build(path)
+            return path
+        except OSError as error:
+            why = f"cannot be used ({type(error).__name__}: {error})"
+    private = tempfile.mkdtemp(prefix="tf_mpt-native-")
+    _log.warning("tf_mpt's cache directory %s %s; its Grappler optimizer is built in a private "
+                 "temporary directory for this process instead (set TF_MPT_CACHE_DIR to a "
+                 "directory of your own, not writable by others, to build it once).",
+                 directory, why)
+    private_path = os.path.join(private, os.path.basename(path))
+    _build(private_path)
+    return private_path
+
+
+def _open(path):
+    try:
+        library = ctypes.CDLL(path)
+    except OSError as error:
+        raise NativeUnavailable(f"loading {path} failed: {error}") from error
+    library.tf_mpt_protocol_version.restype = ctypes.c_int
+    if library.tf_mpt_protocol_version() != PROTOCOL_VERSION:
+        raise NativeUnavailable(f"{path} speaks protocol {library.tf_mpt_protocol_version()}, "
+                                f"expected {PROTOCOL_VERSION}")
+    library.tf_mpt_set_rewriter.argtypes = [REWRITER]
+    library.tf_mpt_set_rewriter.restype = None
+    return library
 
 
 def load(cache_dir=None):
@@ -124,23 +329,17 @@ def load(cache_dir=None):
         if _failure is not None:
             raise _failure
         try:
-            path = library_path(cache_dir)
-            if not os.path.exists(path):
-                _build(path)
-            try:
-                library = ctypes.CDLL(path)
-            except OSError as error:
-                raise NativeUnavailable(f"loading {path} failed: {error}") from error
-            library.tf_mpt_protocol_version.restype = ctypes.c_int
-            if library.tf_mpt_protocol_version() != PROTOCOL_VERSION:
-                raise NativeUnavailable(f"{path} speaks protocol "
-                                        f"{library.tf_mpt_protocol_version()}, expected "
-                                        f"{PROTOCOL_VERSION}")
-            library.tf_mpt_set_rewriter.argtypes = [REWRITER]
-            library.tf_mpt_set_rewriter.restype = None
+            library = _open(_built_library(cache_dir))
         except NativeUnavailable as error:
             _failure = error
             raise
+        except OSError as error:
+            _failure = NativeUnavailable(f"building it failed ({type(error).__name__}: {error})")
+            raise _failure from error
         _library = library
         return library
 
+
+def loaded():
+    """The loaded library, or None if none is loaded in this process."""
+    return _library

@@ -76,9 +76,9 @@ def uninstall():
     with _lock:
         _settings = None
         _warned.clear()  # a later enable() warns afresh
-    if _native._library is not None:  # pylint: disable=protected-access
-        _native._library.tf_mpt_set_rewriter(  # pylint: disable=protected-access
-            _native.REWRITER())
+    library = _native.loaded()
+    if library is not None:
+        library.tf_mpt_set_rewriter(_native.REWRITER())
 
 
 def _warn_once(key, message, *args):
