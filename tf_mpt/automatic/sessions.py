@@ -27,28 +27,42 @@ _shadows = weakref.WeakKeyDictionary()  # user Session -> _Shadow
 BASE_SESSION = tf.compat.v1.Session.__mro__[1]
 
 
-def patch_sessions(config, dtype):
-    """Routes TF1 Sessions through tf_mpt's rewrite; returns 'grappler' or 'copy' (the way
-    taken: TF_MPT_SESSION_REWRITE, or copy when the native optimizer is unavailable)."""
-    if config.session_rewrite == "grappler":
-        try:
-            _session_rewrite.install(dtype, config)
-        except Exception as error:  # pylint: disable=broad-except
-            # NativeUnavailable says why; any other failure (a bug of ours) falls back too
-            reason = (str(error) if isinstance(error, _native.NativeUnavailable)
-                      else f"{type(error).__name__}: {error}")
-            _log.warning("tf_mpt's Grappler optimizer is unavailable (%s); TF1 Sessions run a "
-                         "rewritten copy of their graph instead (TF_MPT_SESSION_REWRITE=copy).",
-                         reason)
-        else:
-            _state.patch(BASE_SESSION, "__init__", _session_init)
-            return "grappler"
-    _state.patch(BASE_SESSION, "run", _session_run)
-    _state.patch(BASE_SESSION, "make_callable", _session_make_callable)
-    _state.patch(BASE_SESSION, "partial_run_setup", _session_partial_run_setup)
-    _state.patch(BASE_SESSION, "partial_run", _session_partial_run)
-    _state.patch(BASE_SESSION, "close", _session_close)
-    return "copy"
+def patch_sessions(config, dtype, rewrite, loss_scaling):
+    """Patches TF1 Sessions for the automatic path; returns the way graphs are rewritten:
+    'grappler' (in the Session's own graph optimisation), 'copy' (TF_MPT_SESSION_REWRITE=copy,
+    or the native optimizer is unavailable), or None (no rewrite).
+
+    Session.run, make_callable and partial_run(_setup) are patched once each, for every
+    concern: the copy path's shadow, the loss-scaling report, and the signals a rewrite
+    deferred (tf_mpt.automatic.native.rewriter)."""
+    path = _rewrite_path(config, dtype) if rewrite else None
+    if path == "grappler":
+        _state.patch(BASE_SESSION, "__init__", _session_init)
+    if path == "copy":
+        _state.patch(BASE_SESSION, "close", _session_close)
+    if path is not None or loss_scaling:
+        _state.patch(BASE_SESSION, "run", _session_run)
+        _state.patch(BASE_SESSION, "make_callable", _session_make_callable)
+        _state.patch(BASE_SESSION, "partial_run_setup", _session_partial_run_setup)
+        _state.patch(BASE_SESSION, "partial_run", _session_partial_run)
+    return path
+
+
+def _rewrite_path(config, dtype):
+    """'grappler' once the native optimizer is installed, else 'copy' (one warning why)."""
+    if config.session_rewrite != "grappler":
+        return "copy"
+    try:
+        _session_rewrite.install(dtype, config)
+    except Exception as error:  # pylint: disable=broad-except
+        # NativeUnavailable says why; any other failure (a bug of ours) falls back too
+        reason = (str(error) if isinstance(error, _native.NativeUnavailable)
+                  else f"{type(error).__name__}: {error}")
+        _log.warning("tf_mpt's Grappler optimizer is unavailable (%s); TF1 Sessions run a "
+                     "rewritten copy of their graph instead (TF_MPT_SESSION_REWRITE=copy).",
+                     reason)
+        return "copy"
+    return "grappler"
 
 
 def _session_init(original, session, target="", graph=None, config=None):
@@ -214,42 +228,81 @@ def _shadow_or_none(session):
         return None
 
 
+def _copying():
+    settings = _state.enabled
+    return settings is not None and settings.session_rewrite == "copy"
+
+
+def _report_unclaimed(session):
+    settings = _state.enabled
+    if settings is not None and settings.loss_scaling and not _state.bypassing():
+        _records.report_unclaimed(session.graph)
+
+
 def _session_run(original, session, fetches, feed_dict=None, options=None, run_metadata=None):
-    shadow = _shadow_or_none(session)
-    if shadow is None:
-        return original(session, fetches, feed_dict, options, run_metadata)
-    mapped_fetches = _map_fetches(shadow, fetches)
-    mapped_feeds = _map_feeds(shadow, feed_dict) if feed_dict else None
-    with _state.bypass():
-        return original(shadow.session, mapped_fetches, mapped_feeds, options, run_metadata)
+    """Session.run: one WARNING per gradient computation of its graph that reached no
+    optimizer; the shadow's run on the copy path; then the handlers of signals a rewrite
+    deferred."""
+    try:
+        _report_unclaimed(session)
+        shadow = _shadow_or_none(session) if _copying() else None
+        if shadow is None:
+            return original(session, fetches, feed_dict, options, run_metadata)
+        mapped_fetches = _map_fetches(shadow, fetches)
+        mapped_feeds = _map_feeds(shadow, feed_dict) if feed_dict else None
+        with _state.bypass():
+            return original(shadow.session, mapped_fetches, mapped_feeds, options,
+                            run_metadata)
+    finally:
+        _session_rewrite.run_deferred_signals()
 
 
 def _session_make_callable(original, session, fetches, feed_list=None, accept_options=False):
-    shadow = _shadow_or_none(session)
+    shadow = _shadow_or_none(session) if _copying() else None
     if shadow is None:
-        return original(session, fetches, feed_list, accept_options)
+        return _then_deferred_signals(original(session, fetches, feed_list, accept_options))
     mapped_feeds = [shadow.tensor(key) for key in feed_list] if feed_list else feed_list
     with _state.bypass():
-        return original(shadow.session, _map_fetches(shadow, fetches), mapped_feeds,
-                        accept_options)
+        return _then_deferred_signals(original(shadow.session, _map_fetches(shadow, fetches),
+                                               mapped_feeds, accept_options))
+
+
+def _then_deferred_signals(callable_):
+    """A Session callable that runs the handlers of signals a rewrite deferred after each
+    call."""
+
+    def run(*args, **kwargs):
+        try:
+            return callable_(*args, **kwargs)
+        finally:
+            _session_rewrite.run_deferred_signals()
+
+    return run
 
 
 def _session_partial_run_setup(original, session, fetches, feeds=None):
-    shadow = _shadow_or_none(session)
-    if shadow is None:
-        return original(session, fetches, feeds)
-    mapped_feeds = [shadow.tensor(key) for key in feeds] if feeds else feeds
-    with _state.bypass():
-        return original(shadow.session, _map_fetches(shadow, fetches), mapped_feeds)
+    try:
+        shadow = _shadow_or_none(session) if _copying() else None
+        if shadow is None:
+            return original(session, fetches, feeds)
+        mapped_feeds = [shadow.tensor(key) for key in feeds] if feeds else feeds
+        with _state.bypass():
+            return original(shadow.session, _map_fetches(shadow, fetches), mapped_feeds)
+    finally:
+        _session_rewrite.run_deferred_signals()
 
 
 def _session_partial_run(original, session, handle, fetches, feed_dict=None):
-    shadow = _shadows.get(session)  # the handle belongs to the Session that set it up
-    if _state.bypassing() or shadow is None:
-        return original(session, handle, fetches, feed_dict)
-    mapped_feeds = _map_feeds(shadow, feed_dict) if feed_dict else None
-    with _state.bypass():
-        return original(shadow.session, handle, _map_fetches(shadow, fetches), mapped_feeds)
+    try:
+        shadow = _shadows.get(session)  # the handle belongs to the Session that set it up
+        if _state.bypassing() or shadow is None:
+            return original(session, handle, fetches, feed_dict)
+        mapped_feeds = _map_feeds(shadow, feed_dict) if feed_dict else None
+        with _state.bypass():
+            return original(shadow.session, handle, _map_fetches(shadow, fetches),
+                            mapped_feeds)
+    finally:
+        _session_rewrite.run_deferred_signals()
 
 
 def _session_close(original, session):
@@ -265,11 +318,4 @@ def close_shadows():
     for shadow in list(_shadows.values()):
         shadow.close()
     _shadows.clear()
-
-
-def session_run_reporting(original, session, *args, **kwargs):
-    """Session.run, after one WARNING per gradient computation of its graph that reached no
-    optimizer (tf_mpt.training.gradient_records)."""
-    _records.report_unclaimed(session.graph)
-    return original(session, *args, **kwargs)
 

@@ -58,8 +58,9 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
     settings = _state.Settings(config=config, dtype=dtype, rewrite=config.graph_rewrite,
                         loss_scaling=config.loss_scaling_for(dtype),
                         loss_scale=config.loss_scale)
+    settings = dataclasses.replace(settings, session_rewrite=_sessions.patch_sessions(
+        config, dtype, settings.rewrite, settings.loss_scaling))
     if settings.rewrite:
-        settings = dataclasses.replace(settings, session_rewrite=_sessions.patch_sessions(config, dtype))
         _keras.patch_tf_function(dtype)
         _keras.set_keras_policy(dtype)
     if settings.loss_scaling:
@@ -95,6 +96,5 @@ def _patch_gradients(loss_scale, allreduce_dtype):
         if hasattr(module, "gradients") and not _patches.is_applied(module, "gradients"):
             _state.patch_function(module, "gradients", _gradients.tf_gradients)
     _state.patch(tf.GradientTape, "gradient", _gradients.tape_gradient)
-    _state.patch(_sessions.BASE_SESSION, "run", _sessions.session_run_reporting)
     _optimizers.patch_keras_optimizers()
 

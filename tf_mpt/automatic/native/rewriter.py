@@ -29,6 +29,8 @@ import ctypes
 import dataclasses
 import itertools
 import logging
+import signal
+import sys
 import threading
 import weakref
 
@@ -168,8 +170,15 @@ def _parse_request(text):
 
 
 def _rewrite(graph_data, graph_size, request_data, request_size, sink, context):
-    """The callback TfMpt calls (with the GIL): 0 after writing the rewritten GraphDef to
-    `sink`, non-zero to leave the graph unchanged."""
+    """The callback TfMpt calls (with the GIL, inside the Session's C++): 0 after writing the
+    rewritten GraphDef to `sink`, non-zero to leave the graph unchanged. Signals that arrive
+    meanwhile are deferred until control is back in the script (`run_deferred_signals`)."""
+    with _signals_deferred():
+        return _rewrite_or_leave(graph_data, graph_size, request_data, request_size, sink,
+                                 context)
+
+
+def _rewrite_or_leave(graph_data, graph_size, request_data, request_size, sink, context):
     key = None
     try:
         settings = _settings
@@ -194,6 +203,57 @@ def _rewrite(graph_data, graph_size, request_data, request_size, sink, context):
         return 0
     except BaseException as error:  # pylint: disable=broad-except
         # Never let an exception cross into TensorFlow's C++: the graph runs as it was.
+        # (KeyboardInterrupt and a handler's SystemExit cannot arise here: signals wait.)
         _warn_once(("rewrite", key), "could not rewrite a graph of this Session (%s: %s); "
                    "that graph runs in float32.", type(error).__name__, error)
         return _UNCHANGED
+
+
+# --- signals: deferred while a rewrite runs inside the Session -------------------------------
+#
+# The callback runs Python inside Session.run's C++. A Python signal handler that ran there
+# would run inside the Session's graph optimisation: a SIGTERM handler that saves a checkpoint
+# re-enters the Session and deadlocks, and Ctrl-C's KeyboardInterrupt would be swallowed by
+# the callback (no exception may cross into C++). Without tf_mpt those handlers run when
+# Session.run returns to Python; so while the callback runs (main thread: the only one
+# Python runs handlers in) every Python-level handler is replaced by one that records the
+# signal, and tf_mpt's Session.run / make_callable / partial_run wrappers run the recorded
+# handlers when the call returns.
+
+_deferred = []  # signal numbers recorded while a rewrite ran, in order of arrival
+
+
+class _signals_deferred:  # pylint: disable=invalid-name
+    """While active (on the main thread), Python signal handlers only record the signal."""
+
+    def __enter__(self):
+        self.swapped = {}
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for signum in signal.valid_signals():
+            try:
+                handler = signal.getsignal(signum)
+                if callable(handler):
+                    signal.signal(signum, _record_signal)
+                    self.swapped[signum] = handler
+            except (ValueError, OSError, RuntimeError):
+                continue
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self.swapped.items():
+            signal.signal(signum, handler)
+
+
+def _record_signal(signum, frame):  # pylint: disable=unused-argument
+    _deferred.append(signum)
+
+
+def run_deferred_signals():
+    """Runs the Python handlers of signals that arrived during a rewrite, as Python would
+    have run them when the Session call returned (a handler's exception propagates)."""
+    while _deferred:
+        signum = _deferred.pop(0)
+        handler = signal.getsignal(signum)
+        if callable(handler):
+            handler(signum, sys._getframe(1))  # pylint: disable=protected-access

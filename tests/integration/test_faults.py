@@ -1,0 +1,96 @@
+"""Faults around the automatic path: a script under TF_MPT_ENABLE=1 behaves as without tf_mpt.
+
+Signals that arrive while tf_mpt rewrites a graph inside Session.run (the Grappler callback)
+run their Python handlers when Session.run returns, as they would without tf_mpt: a SIGTERM
+handler that saves a checkpoint does not deadlock, Ctrl-C raises KeyboardInterrupt in the
+script, a handler's sys.exit exits. Each script sends the signal from inside the rewrite.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TIMEOUT_S = 180
+
+# A TF1 training graph; the signal is sent from inside tf_mpt's rewrite of the training step.
+_PRELUDE = textwrap.dedent("""
+    import os, signal, sys
+    import numpy as np
+    import tensorflow as tf
+    import tf_mpt.rewrite as rewrite
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    SIGNAL = getattr(signal, sys.argv[1])
+    original = rewrite.rewrite_with_library
+    def rewrite_and_signal(*args, **kwargs):
+        rewrite.rewrite_with_library = original  # once
+        os.kill(os.getpid(), SIGNAL)
+        return original(*args, **kwargs)
+    x = tf1.placeholder(tf.float32, [None, 8], name="x")
+    w = tf1.get_variable("w", [8, 8], initializer=tf1.ones_initializer())
+    y = tf.matmul(x, w, name="y")
+    loss = tf.reduce_mean(tf.square(y))
+    train = tf1.train.GradientDescentOptimizer(0.01).minimize(loss)
+    saver = tf1.train.Saver()
+    sess = tf1.Session()
+    sess.run(tf1.global_variables_initializer())
+    feed = {x: np.ones((4, 8), np.float32)}
+    rewrite.rewrite_with_library = rewrite_and_signal  # the next rewrite: the training step's
+""")
+
+
+def _run(body, signal_name, dtype="bfloat16", **env):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    full_env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_ENABLE="1",
+                    TF_MPT_DTYPE=dtype, **env)
+    try:
+        return subprocess.run([sys.executable, "-c", _PRELUDE + textwrap.dedent(body),
+                               signal_name], env=full_env, capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"the script hung (over {TIMEOUT_S} s): {error.stderr!r}"[-3000:])
+
+
+def test_a_sigterm_handler_that_saves_a_checkpoint_runs_after_the_step(tmp_path):
+    done = _run(f"""
+        def save_and_note(signum, frame):
+            print("saved", saver.save(sess, {str(tmp_path / 'model.ckpt')!r}), flush=True)
+        signal.signal(signal.SIGTERM, save_and_note)
+        print("loss", sess.run([train, loss], feed)[1], flush=True)
+        print("after")
+    """, "SIGTERM")
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    # the handler ran when Session.run returned, before the script's next line
+    assert [line.split()[0] for line in lines] == ["saved", "loss", "after"]
+    assert os.path.exists(str(tmp_path / "model.ckpt.index"))
+    assert "could not rewrite" not in done.stderr
+
+
+def test_ctrl_c_during_the_rewrite_reaches_the_script_as_keyboard_interrupt():
+    done = _run("""
+        try:
+            sess.run([train, loss], feed)
+            print("not interrupted")
+        except KeyboardInterrupt:
+            print("interrupted")
+        print("w", sess.run(w)[0, 0])  # the step ran before the handler, as without tf_mpt
+    """, "SIGINT")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["interrupted", "w 0.98"]  # 1 - 0.01 * 2: one step
+    assert "could not rewrite" not in done.stderr
+
+
+def test_sys_exit_in_a_handler_during_the_rewrite_exits_with_its_status():
+    done = _run("""
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(7))
+        sess.run([train, loss], feed)
+        print("still running")
+    """, "SIGTERM")
+    assert done.returncode == 7, done.stderr[-3000:]
+    assert "still running" not in done.stdout
+    assert "could not rewrite" not in done.stderr
