@@ -153,3 +153,45 @@ def test_the_native_optimizer_is_built_once_and_cached(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == paths[0]
     assert "do not match the checksum" in proc.stderr and os.path.getsize(paths[0]) > 4096
+
+
+_EVALUATION_AFTER_TRAINING = """
+import numpy as np, tensorflow as tf
+v1 = tf.compat.v1
+v1.disable_v2_behavior()
+np.random.seed(0); v1.set_random_seed(0)
+X = v1.placeholder(tf.float32, [None, 7, 5]); Y = v1.placeholder(tf.float32, [None, 1])
+cell = v1.nn.rnn_cell.BasicLSTMCell(num_units=10, state_is_tuple=True, activation=tf.tanh)
+outputs, _ = v1.nn.dynamic_rnn(cell, X, dtype=tf.float32)
+pred = v1.layers.dense(outputs[:, -1], 1, activation=None)
+loss = tf.reduce_sum(tf.square(pred - Y))
+train = v1.train.AdamOptimizer(0.01).minimize(loss)
+x = np.random.rand(16, 7, 5).astype(np.float32); y = np.random.rand(16, 1).astype(np.float32)
+with v1.Session() as s:
+    s.run(v1.global_variables_initializer())
+    for _ in range(2): s.run([train, loss], {X: x, Y: y})
+    print("PRED", float(s.run(pred, {X: x[:5]})[0, 0]))
+    s.run([train, loss], {X: x, Y: y})  # and training again after the evaluation
+"""
+
+
+def _evaluation_after_training(env_extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    env.update(env_extra, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1")
+    proc = subprocess.run([sys.executable, "-c", _EVALUATION_AFTER_TRAINING], env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return float(proc.stdout.split("PRED")[1].split()[0])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_fetch_sets_rewritten_differently_do_not_share_stateful_kernels(dtype):
+    # The training run keeps the RNN's input TensorArray float32, the evaluation run stores
+    # it in half: a Session caches stateful kernels by node name across its executors.
+    pytest.importorskip("tf_keras", reason="tf.compat.v1.layers need tf_keras")
+    # without loss scaling: its first float16 steps overflow and are skipped by design, which
+    # would make the two runs train for different numbers of steps
+    mixed = _evaluation_after_training(_mixed_env(dtype, TF_MPT_LOSS_SCALING="0"))
+    reference = _evaluation_after_training({})
+    rtol, atol = LOSS_TOLERANCE[dtype]
+    assert abs(mixed - reference) <= rtol * abs(reference) + atol, (mixed, reference)

@@ -23,10 +23,20 @@ default, are optimised too (min_graph_nodes -1), as the rewrite would otherwise 
 A Session whose ConfigProto rules this out runs in float32 with one warning naming the
 setting: Grappler switched off (disable_meta_optimizer) or Grappler's own AMP switched on.
 An internal error in a rewrite leaves that graph float32 with one warning per graph.
+
+Stateful nodes whose attrs the rewrite changes are renamed. A Session builds one executor per
+set of feeds and fetches, but caches the kernels of stateful ops (TensorArrays, Stacks, random
+ops, ...) by node name across all of them (DirectSession's OpSegment): the first executor's
+kernel serves every later graph with a node of that name. Two runs over one graph can be
+rewritten differently (a training run keeps a TensorArray float32, an evaluation run stores it
+in half), so a changed stateful node gets a name made from its new attrs, and keeps its
+original name only with its original attrs. Where its state is found by name (an empty
+shared_name), that name stays the original one.
 """
 
 import ctypes
 import dataclasses
+import hashlib
 import itertools
 import logging
 import signal
@@ -169,6 +179,55 @@ def _parse_request(text):
     return params, preserved
 
 
+def _rename_changed_stateful_nodes(before, after, preserved):
+    """`after` with every stateful node whose op or attrs differ from `before` renamed
+    '<name>-TfMpt-<hash of op and attrs>' (inputs and colocation attrs follow): the Session's
+    kernel cache, keyed by node name, then never hands one graph's kernel to another."""
+    from tensorflow.python.framework import op_def_registry  # pylint: disable=g-import-not-at-top
+    from tf_mpt.rewrite import graph_view  # pylint: disable=g-import-not-at-top
+    original = {node.name: node for node in before.node}
+    keep = {graph_view.parse_input(name)[0] for name in preserved}
+    functions = {function.signature.name for function in after.library.function}
+    renames = {}
+    for node in after.node:
+        old = original.get(node.name)
+        op_def = op_def_registry.get(node.op)
+        if (old is None or node.name in keep or op_def is None or not op_def.is_stateful
+                or node.op in functions or node.op.endswith("PartitionedCall")):
+            continue  # the OpSegment does not cache function calls
+        attrs = {k: v for k, v in node.attr.items() if not k.startswith("_")}
+        if node.op == old.op and attrs == {k: v for k, v in old.attr.items()
+                                           if not k.startswith("_")}:
+            continue
+        digest = hashlib.sha1(node.op.encode())
+        for key in sorted(attrs):
+            digest.update(key.encode() + attrs[key].SerializeToString(deterministic=True))
+        renames[node.name] = f"{node.name}-TfMpt-{digest.hexdigest()[:8]}"
+    if not renames:
+        return after
+    result = type(after)()
+    result.CopyFrom(after)
+    for node in result.node:
+        if node.name in renames:
+            if "shared_name" in node.attr and not node.attr["shared_name"].s:
+                node.attr["shared_name"].s = node.name.encode()  # same state, found by name
+            node.name = renames[node.name]
+        for position, name in enumerate(node.input):
+            producer, port = graph_view.parse_input(name)
+            if producer in renames:
+                new = renames[producer]
+                node.input[position] = ("^" + new if port < 0
+                                        else new if port == 0 and ":" not in name
+                                        else f"{new}:{port}")
+        if "_class" in node.attr:
+            groups = node.attr["_class"].list.s
+            for position, group in enumerate(groups):
+                target = group.decode()[len("loc:@"):]
+                if group.startswith(b"loc:@") and target in renames:
+                    groups[position] = b"loc:@" + renames[target].encode()
+    return result
+
+
 def _rewrite(graph_data, graph_size, request_data, request_size, sink, context):
     """The callback TfMpt calls (with the GIL, inside the Session's C++): 0 after writing the
     rewritten GraphDef to `sink`, non-zero to leave the graph unchanged. Signals that arrive
@@ -198,7 +257,8 @@ def _rewrite_or_leave(graph_data, graph_size, request_data, request_size, sink, 
             lists=None, strict=True, shapes=shapes, config=settings.config)
         if not result.modified:
             return _UNCHANGED
-        data = result.graph_def.SerializeToString()
+        new_graph_def = _rename_changed_stateful_nodes(graph_def, result.graph_def, preserved)
+        data = new_graph_def.SerializeToString()
         sink(context, data, len(data))
         return 0
     except BaseException as error:  # pylint: disable=broad-except
