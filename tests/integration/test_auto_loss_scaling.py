@@ -272,6 +272,34 @@ def test_tf2_bare_optimizer_apply_is_scaled_and_skips_a_nan_step(float16_scaled,
 
 
 @pytest.mark.parametrize("compiled", COMPILED)
+def test_tf2_none_gradients_are_skipped_as_keras_does(float16_scaled, compiled, caplog):
+    """A variable the loss does not touch (a frozen head, a GAN's other network) gets a None
+    gradient: the optimizer is built on every variable, as Keras builds it, and applies the
+    rest (before: 'Unknown variable' at the first apply)."""
+    x, y = _data()
+    model = _model()
+    unused = keras.Variable(np.ones((3,), np.float32), name="unused")
+    optimizer = keras.optimizers.SGD(0.01)
+    variables = model.trainable_variables + [unused]
+
+    def train_step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        grads = tape.gradient(loss, variables)
+        optimizer.apply_gradients(zip(grads, variables))
+        return loss, grads[-1] is None
+
+    if compiled:
+        train_step = tf.function(train_step)
+    losses = [train_step() for _ in range(3)]
+    assert all(bool(none) for _, none in losses)
+    assert float(losses[-1][0]) < float(losses[0][0])
+    np.testing.assert_array_equal(unused.numpy(), np.ones((3,), np.float32))
+    assert int(optimizer.iterations.numpy()) == 3
+    assert isinstance(tf_mpt.loss_scale_of(optimizer), tf_mpt.DynamicLossScale)
+
+
+@pytest.mark.parametrize("compiled", COMPILED)
 def test_tf2_custom_loop_does_not_train_in_float16_without_scaling(
         float16_unscaled, tf2_float32, compiled):
     losses, _, _, optimizer = _tf2_loop(compiled)

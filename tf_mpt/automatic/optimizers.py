@@ -147,7 +147,7 @@ def _keras_apply(optimizer, grads, variables, apply):
         with _records.Passthrough():
             return apply(grads, variables)
 
-    return True, _scaling.apply_if_finite(optimizer, pairs, scale, run)
+    return True, _scaling.apply_if_finite(optimizer, pairs, scale, run, variables)
 
 
 def _distributed_keras_apply(optimizer, grads, variables, scale, apply):

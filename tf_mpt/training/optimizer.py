@@ -275,4 +275,4 @@ def apply_scaled_gradients(optimizer, scaled_grads, variables, loss_scale):
         with _records.passthrough():
             return optimizer.apply_gradients(pairs)
 
-    return apply_if_finite(optimizer, pairs, loss_scale, apply)
+    return apply_if_finite(optimizer, pairs, loss_scale, apply, variables)

@@ -33,15 +33,16 @@ def scale_loss_value(loss, scale):
     return loss * tf.cast(scale, loss.dtype)
 
 
-def apply_if_finite(optimizer, pairs, loss_scale, apply):
+def apply_if_finite(optimizer, pairs, loss_scale, apply, variables=None):
     """Runs `apply()` (a Keras optimizer's update of `pairs`, returning what runs it in a
     TF1 graph) only if every gradient is finite, for a dynamic `loss_scale`, whose state is
     updated either way; a static scale always applies. The optimizer's slots are built
-    first, outside the conditional.
+    first, outside the conditional, for `variables` (default: those of `pairs`; pass every
+    variable the script applies, None gradients included, as Keras builds on all of them).
 
     Returns a scalar bool tensor: whether the gradients were applied.
     """
-    create_slots(optimizer, [v for _, v in pairs])
+    create_slots(optimizer, variables if variables is not None else [v for _, v in pairs])
     if not loss_scale.is_dynamic:
         return _true_after(apply())
     update_scale, should_apply = loss_scale.update([g for g, _ in pairs])
