@@ -300,6 +300,33 @@ def test_tf2_none_gradients_are_skipped_as_keras_does(float16_scaled, compiled, 
 
 
 @pytest.mark.parametrize("compiled", COMPILED)
+def test_a_float16_loss_is_seeded_below_inf_when_the_scale_grows_past_float16(
+        float16_scaled, compiled):
+    """A Keras model under the mixed policy returns a float16 loss; cast(2**16, float16) is
+    inf, so with the scale grown to 2**16 the seed stays 2**15 and no step is skipped."""
+    x, y = _data()
+    model = _model()
+    optimizer = keras.optimizers.SGD(0.01)
+
+    def train_step():
+        with tf.GradientTape() as tape:
+            loss = tf.cast(tf.reduce_mean(tf.square(model(x) - y)), tf.float16)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    if compiled:
+        train_step = tf.function(train_step)
+    losses = [float(train_step())]
+    scale = tf_mpt.loss_scale_of(optimizer)
+    scale.current_loss_scale.assign(2.0 ** 16)
+    losses += [float(train_step()) for _ in range(4)]
+    assert int(scale.skipped_steps.numpy()) == 0 and int(scale.good_steps.numpy()) == 5
+    assert float(scale.scale()) == 2.0 ** 16
+    assert int(optimizer.iterations.numpy()) == 5 and losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("compiled", COMPILED)
 def test_tf2_custom_loop_does_not_train_in_float16_without_scaling(
         float16_unscaled, tf2_float32, compiled):
     losses, _, _, optimizer = _tf2_loop(compiled)

@@ -88,10 +88,19 @@ def _pending_scale():
         return tf.identity(tf.constant(1.0, tf.float32, name="unclaimed"), name="pending")
 
 
+# A float16 loss's seed is the scale cast to float16: at 2**16 it is inf and every step would
+# be skipped, so the seed stops at the largest power of two float16 holds (the scale itself
+# may grow further for float32 losses of the same optimizer).
+_FLOAT16_SEED_CAP = 2.0 ** 15
+
+
 def _scaled(differentiate, targets, scale_tensor, record, graph):
-    """differentiate(seeds) with seeds = S (per target, in its dtype); the gradients it
-    returns (a structure, None allowed), each divided by S in float32."""
+    """differentiate(seeds) with seeds = S (per target, in its dtype; S capped at 2**15 when a
+    target is float16); the gradients it returns (a structure, None allowed), each divided
+    by the same S in float32."""
     with keep_fp32("tf_mpt_scale"):
+        if any(t.dtype == tf.float16 for t in targets):
+            scale_tensor = tf.minimum(scale_tensor, _FLOAT16_SEED_CAP)
         seeds = [tf.fill(tf.shape(t), tf.cast(scale_tensor, t.dtype)) for t in targets]
     grads = differentiate(seeds)
     with keep_fp32("tf_mpt_unscale"):
