@@ -41,7 +41,7 @@ _EXPORTS = {
     "float32_storage_getter": ("tf_mpt.training.storage", "float32_storage_getter"),
     "function": ("tf_mpt.rewrite.tf_functions", "function"),
     "is_enabled": ("tf_mpt.automatic.state", "is_enabled"),
-    "keep_fp32": ("tf_mpt.rewrite", "keep_fp32"),
+    "keep_fp32": ("tf_mpt._opt_out", "keep_fp32"),
     "loss_scale": ("tf_mpt.loss_scale", None),
     "loss_scale_of": ("tf_mpt.automatic.optimizers", "loss_scale_of"),
     "mixed_precision_scope": ("tf_mpt.training.storage", "mixed_precision_scope"),

@@ -13,11 +13,13 @@ __all__ = ["AfterImport"]
 
 
 class AfterImport(importlib.abc.MetaPathFinder):
-    """A sys.meta_path finder: `callback(name)` runs right after each of `names` finishes its
-    first import; the finder steps aside once all of them are imported."""
+    """A sys.meta_path finder: `callback(name)` runs right after each of `names` (and, with
+    `prefix`, each module whose name starts with it) finishes its first import; the finder
+    steps aside once all of `names` are imported (never, with a prefix: remove() it)."""
 
-    def __init__(self, names, callback):
+    def __init__(self, names, callback, prefix=None):
         self.names = tuple(names)
+        self._prefix = prefix
         self._callback = callback
         self._searching = False
 
@@ -30,7 +32,9 @@ class AfterImport(importlib.abc.MetaPathFinder):
             sys.meta_path.remove(self)
 
     def find_spec(self, name, path=None, target=None):
-        if name not in self.names or self._searching:
+        watched = name in self.names or (self._prefix is not None
+                                         and name.startswith(self._prefix))
+        if not watched or self._searching:
             return None
         self._searching = True
         try:
@@ -47,7 +51,7 @@ class AfterImport(importlib.abc.MetaPathFinder):
         try:
             self._callback(name)
         finally:
-            if all(m in sys.modules for m in self.names):
+            if self._prefix is None and all(m in sys.modules for m in self.names):
                 self.remove()
 
 

@@ -19,7 +19,19 @@ def install_from_env(environ=None, at_startup=True):
 
     A bad value ends the process with status 2 after the message (at start-up, from the .pth
     line, a SystemExit would become a fatal "Failed to import the site module" error).
+    The .pth line can run twice in one start-up (a virtual environment's site-packages is
+    processed by site.venv() and again by site.main()): the second call does nothing.
     """
+    if at_startup and _started:
+        return _started[0]
+    _started.append(_install_from_env(environ, at_startup))
+    return _started[0]
+
+
+_started = []  # the result of the start-up call, once it has run
+
+
+def _install_from_env(environ, at_startup):
     environ = os.environ if environ is None else environ
     from tf_mpt import config as _config  # no TensorFlow import
     try:
@@ -40,7 +52,8 @@ def install_from_env(environ=None, at_startup=True):
     if "tensorflow" in sys.modules:
         _enable(config)
     else:
-        finder = _import_hooks.AfterImport(_WATCHED, _after_import(config)).install()
+        finder = _import_hooks.AfterImport(_WATCHED, _after_import(config),
+                                           prefix="tf_mpt.").install()
         _patches.record("<start-up import hook>", finder.remove)
     return True
 
@@ -67,8 +80,14 @@ def _show_log_lines():
     logger.propagate = False
 
 
-def _enable(config):
-    """Enables the automatic path; any failure leaves the script in float32 with a warning."""
+def _enable(config, finished=None):
+    """Enables the automatic path; any failure leaves the script in float32 with a warning.
+
+    When a tf_mpt module imported tensorflow (the script imported tf_mpt first), that module
+    is still half-imported: enabling waits until its import has finished (`_after_import`)."""
+    if _initializing_tf_mpt_modules(finished):
+        _deferred.append(config)
+        return
     try:
         from tf_mpt.automatic import switch as _autoenable  # pylint: disable=g-import-not-at-top
         _autoenable.enable(config)
@@ -78,17 +97,33 @@ def _enable(config):
             type(error).__name__, error)
 
 
+_deferred = []  # the Config whose enabling waits for a tf_mpt import to finish
+
+
+def _initializing_tf_mpt_modules(finished=None):
+    """tf_mpt modules whose import is under way (their code has not finished running), but
+    `finished` (a module whose code has just run: importlib marks it a moment later)."""
+    return [name for name, module in list(sys.modules.items())
+            if (name == "tf_mpt" or name.startswith("tf_mpt.")) and name != finished
+            and getattr(getattr(module, "__spec__", None), "_initializing", False)]
+
+
 _WATCHED = ("tensorflow", "keras", "tf_keras")
 
 
 def _after_import(config):
-    """What runs right after `name` finishes importing: enable after tensorflow; Keras's
+    """What runs right after `name` finishes importing: enable after tensorflow (or after the
+    tf_mpt module that imported tensorflow, once no tf_mpt module is half-imported); Keras's
     policy after keras or tf_keras (a script that imports keras first imports tensorflow
     from inside keras's import)."""
 
     def done(name):
         if name == "tensorflow":
             _enable(config)
+            return
+        if name.startswith("tf_mpt."):
+            if _deferred and not _initializing_tf_mpt_modules(finished=name):
+                _enable(_deferred.pop(), finished=name)
             return
         # loaded by _enable; absent if tensorflow is not imported yet or enabling failed
         keras = sys.modules.get("tf_mpt.automatic.keras")

@@ -94,3 +94,40 @@ def test_sys_exit_in_a_handler_during_the_rewrite_exits_with_its_status():
     assert done.returncode == 7, done.stderr[-3000:]
     assert "still running" not in done.stdout
     assert "could not rewrite" not in done.stderr
+
+
+# --- imports: tf_mpt imported before tensorflow -------------------------------------------------
+
+_IMPORTS_FIRST = textwrap.dedent("""
+    {first}
+    import numpy as np
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    x = tf1.placeholder(tf.float32, [None, 256])
+    w = tf1.get_variable("w", [256, 256])
+    y = tf.reduce_sum(tf.matmul(x, w), axis=1)
+    with tf1.Session() as sess:
+        sess.run(tf1.global_variables_initializer())
+        meta = tf1.RunMetadata()
+        sess.run(y, {{x: np.ones((64, 256))}},
+                 options=tf1.RunOptions(output_partition_graphs=True), run_metadata=meta)
+    print("half", sum(node.attr["T"].type == tf.bfloat16.as_datatype_enum
+                      for graph in meta.partition_graphs for node in graph.node))
+""")
+
+
+@pytest.mark.parametrize("first", [
+    "from tf_mpt import keep_fp32", "import tf_mpt.rewrite",
+    "from tf_mpt.training import optimizer", "import tf_mpt.automatic.switch",
+    "import tf_mpt.models.convert"])
+def test_tf_mpt_imported_before_tensorflow_enables_once_and_fully(first):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    full_env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_ENABLE="1",
+                    TF_MPT_DTYPE="bfloat16")
+    done = subprocess.run([sys.executable, "-c", _IMPORTS_FIRST.format(first=first)],
+                          env=full_env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("tf_mpt: enabled: dtype=bfloat16") == 1, done.stderr[-3000:]
+    assert "could not enable" not in done.stderr
+    assert int(done.stdout.split("half")[1]) > 0  # the MatMul ran in bfloat16

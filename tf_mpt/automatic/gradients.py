@@ -8,7 +8,7 @@ import sys
 
 import tensorflow as tf
 
-from tf_mpt.rewrite import keep_fp32
+from tf_mpt._opt_out import keep_fp32
 from tf_mpt.training import gradient_records as _records
 from tf_mpt.training import scaling as _scaling
 

@@ -38,7 +38,6 @@ Example:
     'Converted 18/40 nodes to bfloat16 using 6 cast(s)'
 """
 
-import contextlib
 import dataclasses
 import functools
 import gc
@@ -46,7 +45,6 @@ import itertools
 import logging
 import os
 
-from tensorflow.core.framework import attr_value_pb2
 from tensorflow.core.framework import graph_pb2
 
 from tf_mpt.rewrite.paint import tensor_arrays as _arrays
@@ -60,6 +58,7 @@ from tf_mpt.rewrite.paint import tensor_lists as _list_paint
 from tf_mpt.rewrite.paint import rules as _paint
 from tf_mpt.rewrite import type_attrs as ta
 from tf_mpt import _dtypes
+from tf_mpt import _opt_out
 from tf_mpt import config as _config
 from tf_mpt import lists as _lists
 from tf_mpt import report as _report
@@ -439,23 +438,4 @@ def rewrite_graph(graph, *, dtype="float16", fetches=None, config=None):
     return new_graph
 
 
-@contextlib.contextmanager
-def keep_fp32(name=None):
-    """Context manager: ops created inside keep float32 (attr `_tf_mpt_keep_fp32`).
-
-    Works while building a graph (TF1 graph mode or a tf.function being traced); opens
-    `tf.name_scope(name)` too when a name is given.
-
-    Example:
-        >>> with tf_mpt.keep_fp32("loss"):
-        ...     loss = tf.reduce_mean(tf.square(y - y_hat))
-    """
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    graph = tf.compat.v1.get_default_graph()
-    attr = {ta.KEEP_FP32_ATTR: attr_value_pb2.AttrValue(b=True)}
-    with contextlib.ExitStack() as stack:
-        if name is not None:
-            stack.enter_context(tf.name_scope(name))
-        if not tf.executing_eagerly():
-            stack.enter_context(graph._attr_scope(attr))  # pylint: disable=protected-access
-        yield
+keep_fp32 = _opt_out.keep_fp32  # tf_mpt.rewrite.keep_fp32, as before it moved

@@ -16,13 +16,14 @@ from tensorflow.core.framework import types_pb2
 from tensorflow.python.framework import kernels
 from tensorflow.python.framework import op_def_registry
 
+from tf_mpt import _opt_out
 from tf_mpt.rewrite.graph_view import GraphDefError
 
 DT_FLOAT = types_pb2.DT_FLOAT
 DT_HALF = types_pb2.DT_HALF
 DT_BFLOAT16 = types_pb2.DT_BFLOAT16
 
-KEEP_FP32_ATTR = "_tf_mpt_keep_fp32"
+KEEP_FP32_ATTR = _opt_out.KEEP_FP32_ATTR  # the attr keep_fp32 sets
 
 
 class NodeTypes:

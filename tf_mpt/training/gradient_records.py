@@ -43,7 +43,7 @@ import weakref
 
 import tensorflow as tf
 
-from tf_mpt.rewrite import keep_fp32
+from tf_mpt._opt_out import keep_fp32
 
 _log = logging.getLogger("tf_mpt")
 

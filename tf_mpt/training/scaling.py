@@ -7,7 +7,7 @@ import os
 import tensorflow as tf
 
 from tf_mpt import config as _config
-from tf_mpt.rewrite import keep_fp32
+from tf_mpt._opt_out import keep_fp32
 
 __all__ = ["unscale", "scale_loss_value", "apply_if_finite", "create_slots",
            "resolve_allreduce_dtype", "all_reduce_in"]
