@@ -66,8 +66,8 @@ def rewrite_function(concrete_function, *, dtype="float16", config=None):
         return cf
     graph_def = _rename_library(result.graph_def, f"_tf_mpt_{dtype_name}")
     try:
-        _register_library(graph_def)
-        return _function_from_graph_def(cf, graph_def)
+        library = _register_library(graph_def)
+        return _function_from_graph_def(cf, graph_def, library)
     except Exception as error:  # pylint: disable=broad-except
         _log.warning("tf_mpt could not rebuild function %s from its rewritten graph (%s: %s); "
                      "it is left unchanged in float32.", _text(cf.name), type(error).__name__, error)
@@ -109,17 +109,38 @@ def _rename_library(graph_def, suffix):
 def _register_library(graph_def):
     """Registers the (renamed) library functions with the eager context and drops them from
     `graph_def`: importing them inside a tf.function instead crashed TF 2.21 at run time
-    (a segmentation fault calling a While whose body was imported that way)."""
+    (a segmentation fault calling a While whose body was imported that way).
+
+    Returns the dropped library: the rebuilt function's graph must still list its functions
+    (see `_add_library`), or a TF1 graph calling it gets the call without the callees.
+    """
     from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
     ctx = context.context()
     for fdef in graph_def.library.function:
         if not ctx.has_function(fdef.signature.name):
             ctx.add_function_def(fdef)
+    library = type(graph_def.library)()
+    library.CopyFrom(graph_def.library)
     del graph_def.library.function[:]
     del graph_def.library.gradient[:]
+    return library
 
 
-def _function_from_graph_def(cf, graph_def):
+def _add_library(graph, library):
+    """Adds `library`'s functions to the FuncGraph being traced, as import_graph_def does.
+
+    The eager context has them already, which is all an eager call needs; but a graph that
+    calls the traced function (a TF1 graph run by a Session, or an enclosing tf.function's
+    graph) copies only the functions its FuncGraph lists, so without them the Session reports
+    "Function <name>_tf_mpt_<dtype> is not defined".
+    """
+    from tensorflow.python.framework import function as defun  # pylint: disable=g-import-not-at-top
+    for func in defun.from_library(library):
+        if not graph._is_function(func.name):  # pylint: disable=protected-access
+            func.add_to_graph(graph)
+
+
+def _function_from_graph_def(cf, graph_def, library=None):
     captured = list(cf.captured_inputs)
     n_args = len(cf.inputs) - len(captured)
     arg_names = [t.name for t in cf.inputs[:n_args]]
@@ -141,6 +162,8 @@ def _function_from_graph_def(cf, graph_def):
             raise ValueError(f"expected {len(arg_names)} tensor arguments, got {len(leaves)}")
         input_map = dict(zip(arg_names, leaves))
         graph = tf.compat.v1.get_default_graph()
+        if library is not None:
+            _add_library(graph, library)
         input_map.update((name, graph.capture(t)) for name, t in zip(capture_names, captured))
         returned = tf.graph_util.import_graph_def(
             graph_def, input_map=input_map, return_elements=output_names + control_names,
