@@ -131,3 +131,43 @@ def test_tf_mpt_imported_before_tensorflow_enables_once_and_fully(first):
     assert done.stderr.count("tf_mpt: enabled: dtype=bfloat16") == 1, done.stderr[-3000:]
     assert "could not enable" not in done.stderr
     assert int(done.stdout.split("half")[1]) > 0  # the MatMul ran in bfloat16
+
+
+# --- a Session on another master ----------------------------------------------------------------
+
+_REMOTE = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    server = tf1.train.Server.create_local_server()
+    x = tf1.placeholder(tf.float32, [None, 64])
+    w = tf1.get_variable("w", [64, 64], initializer=tf1.glorot_uniform_initializer(seed=1))
+    y = tf.reduce_sum(tf.matmul(x, w), axis=1)
+    for _ in range(2):
+        with tf1.Session(server.target) as sess:
+            sess.run(tf1.global_variables_initializer())
+            meta = tf1.RunMetadata()
+            out = sess.run(y, {x: np.ones((4, 64))},
+                           options=tf1.RunOptions(output_partition_graphs=True),
+                           run_metadata=meta)
+    print("half", sum(node.attr["T"].type == tf.bfloat16.as_datatype_enum
+                      for graph in meta.partition_graphs for node in graph.node))
+    print("out", repr(out.tolist()))
+""")
+
+
+@pytest.mark.parametrize("session_rewrite", ["grappler", "copy"])
+def test_a_session_on_a_remote_master_says_once_that_it_runs_float32(session_rewrite):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    full_env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    runs = {}
+    for label, extra in (("float32", {}), ("mixed", dict(
+            TF_MPT_ENABLE="1", TF_MPT_DTYPE="bfloat16", TF_MPT_SESSION_REWRITE=session_rewrite))):
+        runs[label] = subprocess.run([sys.executable, "-c", _REMOTE], env={**full_env, **extra},
+                                     capture_output=True, text=True, timeout=TIMEOUT_S)
+        assert runs[label].returncode == 0, runs[label].stderr[-3000:]
+    mixed = runs["mixed"]
+    assert mixed.stderr.count("runs in float32: its graph runs on that master") == 1
+    assert "half 0" in mixed.stdout
+    assert mixed.stdout == runs["float32"].stdout  # exactly float32's results

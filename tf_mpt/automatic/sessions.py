@@ -65,8 +65,18 @@ def _rewrite_path(config, dtype):
     return "grappler"
 
 
+def _warn_remote(target):
+    if isinstance(target, bytes):
+        target = target.decode("utf-8", "replace")
+    _state.warn_once(("remote", target), "a Session on %r runs in float32: its graph runs on "
+                     "that master, where tf_mpt's optimizer is not loaded (tf_mpt rewrites "
+                     "graphs run by this process only).", target)
+
+
 def _session_init(original, session, target="", graph=None, config=None):
-    if not _state.bypassing():
+    if target and not _state.bypassing():
+        _warn_remote(target)
+    elif not _state.bypassing():
         owner = graph if graph is not None else tf.compat.v1.get_default_graph()
         config = _session_rewrite.session_config(config, owner)
     return original(session, target, graph, config)
@@ -205,6 +215,10 @@ def _shadow_or_none(session):
     if _state.bypassing() or getattr(session, "_tf_mpt_unshadowed", False):
         return None
     had_shadow = session in _shadows
+    if not had_shadow and session.sess_str:  # a copy would duplicate the master's variables
+        _warn_remote(session.sess_str)
+        session._tf_mpt_unshadowed = True  # pylint: disable=protected-access
+        return None
     if not had_shadow:
         state = _state_a_copy_would_duplicate(session.graph)
         if state is not None:

@@ -7,6 +7,7 @@ tf_mpt._patches, undone by disable()).
 import contextlib
 import dataclasses
 import functools
+import logging
 import threading
 
 from tf_mpt import _patches
@@ -14,6 +15,8 @@ from tf_mpt import _patches
 stays_float32 = False  # 'auto' found no fast half type (warned once)
 enabled = None  # None, or the Settings in force
 _local = threading.local()
+_warned = set()  # keys of the warnings given once (forgotten by forget_warnings())
+_log = logging.getLogger("tf_mpt")
 
 
 def is_enabled():
@@ -72,3 +75,14 @@ def bypass():
 def bypassing():
     return getattr(_local, "bypass", False)
 
+
+def warn_once(key, message, *args):
+    """Logs WARNING `message % args` the first time `key` is seen (until disable())."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    _log.warning(message, *args)
+
+
+def forget_warnings():
+    _warned.clear()

@@ -83,6 +83,7 @@ def disable():
     _patches.undo_all()
     _session_rewrite.uninstall()
     _sessions.close_shadows()
+    _state.forget_warnings()
     _state.enabled = None
     _state.stays_float32 = False
 
