@@ -29,7 +29,8 @@ def transposed_attr(op_type):
 
 
 def flops_from_shapes(op_type, transposed, input_dims, output_dims):
-    """FLOPs of one counted op, or None if a shape is unknown.
+    """FLOPs of one op of COUNTED_OPS; None if a shape is unknown or the op is not one of
+    COUNTED_OPS (its cost is unknown here, never guessed).
 
     input_dims(port) / output_dims(port): the static shape as a list of ints, or None.
     transposed: the product reads its first input transposed (matrix products only).
@@ -43,8 +44,10 @@ def flops_from_shapes(op_type, transposed, input_dims, output_dims):
         out, kernel = output_dims(0), input_dims(1)
     elif op_type == "Conv2DBackpropInput":
         out, kernel = input_dims(2), input_dims(1)
-    else:  # Conv2DBackpropFilter: the forward output (gradient) is its third input
+    elif op_type == "Conv2DBackpropFilter":  # the forward output (gradient): third input
         out, kernel = input_dims(2), output_dims(0)
+    else:
+        return None
     if out is None or kernel is None or len(kernel) != 4:
         return None
     return 2 * math.prod(out) * math.prod(kernel[:3])

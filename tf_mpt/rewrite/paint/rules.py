@@ -1,7 +1,7 @@
 """Painting passes: decide which (node, type-attr) vertices become half precision.
 
 Pure analysis: every pass reads the graph index and writes only the paint arrays of a
-`Paint`. `casts.py` turns the paint into GraphDef edits.
+`Paint`. `rewrite/apply.py` turns the paint into GraphDef edits (through the editor).
 
 Vocabulary: a *vertex* is a (node, type-attr) pair; *allow* paint means "runs in half",
 *deny* paint means "must stay float32"; a vertex already of the half dtype counts as allow.
