@@ -12,6 +12,7 @@ import os
 import sys
 
 from tf_mpt import _import_hooks, _patches  # no TensorFlow import
+from tf_mpt._state import STATE
 
 
 def install_from_env(environ=None, at_startup=True):
@@ -22,13 +23,11 @@ def install_from_env(environ=None, at_startup=True):
     The .pth line can run twice in one start-up (a virtual environment's site-packages is
     processed by site.venv() and again by site.main()): the second call does nothing.
     """
-    if at_startup and _started:
-        return _started[0]
-    _started.append(_install_from_env(environ, at_startup))
-    return _started[0]
+    if at_startup and STATE.started:
+        return STATE.started[0]
+    STATE.started.append(_install_from_env(environ, at_startup))
+    return STATE.started[0]
 
-
-_started = []  # the result of the start-up call, once it has run
 
 
 def _install_from_env(environ, at_startup):
@@ -86,7 +85,7 @@ def _enable(config, finished=None):
     When a tf_mpt module imported tensorflow (the script imported tf_mpt first), that module
     is still half-imported: enabling waits until its import has finished (`_after_import`)."""
     if _initializing_tf_mpt_modules(finished):
-        _deferred.append(config)
+        STATE.deferred_enable.append(config)
         return
     try:
         from tf_mpt.automatic import switch as _autoenable  # pylint: disable=g-import-not-at-top
@@ -96,8 +95,6 @@ def _enable(config, finished=None):
             "tf_mpt could not enable mixed precision (%s: %s); the script runs in float32.",
             type(error).__name__, error)
 
-
-_deferred = []  # the Config whose enabling waits for a tf_mpt import to finish
 
 
 def _initializing_tf_mpt_modules(finished=None):
@@ -122,8 +119,8 @@ def _after_import(config):
             _enable(config)
             return
         if name.startswith("tf_mpt."):
-            if _deferred and not _initializing_tf_mpt_modules(finished=name):
-                _enable(_deferred.pop(), finished=name)
+            if STATE.deferred_enable and not _initializing_tf_mpt_modules(finished=name):
+                _enable(STATE.deferred_enable.pop(), finished=name)
             return
         # loaded by _enable; absent if tensorflow is not imported yet or enabling failed
         keras = sys.modules.get("tf_mpt.automatic.keras")

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import tf_mpt
 from tf_mpt import _patches
-from tf_mpt.automatic import sessions as _sessions
+from tf_mpt._state import STATE
 from tf_mpt.automatic import switch as _autoenable
 from tf_mpt.automatic.native import rewriter as _session_rewrite
 from helpers import tf1
@@ -141,7 +141,7 @@ def test_disable_removes_every_patch(enabled):
     graph, t = _graph()
     with tf1.Session(graph=graph) as sess:
         sess.run(t["init"])
-        assert sess not in _sessions._shadows
+        assert sess not in STATE.shadows
         assert not sess._config.graph_options.rewrite_options.custom_optimizers
         _, ran = _ran_dtypes(sess, t["loss"], {t["x"]: FEED_X})
     assert ran["y"] == tf.float32

@@ -9,6 +9,7 @@ import sys
 import tensorflow as tf
 
 from tf_mpt._opt_out import keep_fp32
+from tf_mpt._state import STATE, bypassing, warn_once
 from tf_mpt.training import gradient_records as _records
 from tf_mpt.training import scaling as _scaling
 
@@ -32,16 +33,15 @@ def _caller():
 
 
 _AUTOGRAPH_FILE = "__autograph_generated_file"
-_source_maps = {}  # generated file -> {line: 'file:line' of the script}
 
 
 def _script_line(code, line):
     filename = code.co_filename
     if _AUTOGRAPH_FILE not in filename:
         return f"{filename}:{line}"
-    lines = _source_maps.get(filename)
+    lines = STATE.source_maps.get(filename)
     if lines is None:
-        lines = _source_maps[filename] = _autograph_lines(code)
+        lines = STATE.source_maps[filename] = _autograph_lines(code)
     return lines.get(line, f"{filename}:{line}")
 
 
@@ -122,7 +122,7 @@ def _scaled(differentiate, targets, scale_tensor, record, graph):
 def tf_gradients(original, ys, xs, grad_ys=None, *args, **kwargs):
     """`original(ys, xs, ...)`, from the scaled loss when the call is the script's, of float
     ys with respect to variables, in a graph."""
-    if not _records.installed() or _records.passing_through() or grad_ys is not None or tf.executing_eagerly():
+    if not _records.installed() or bypassing() or grad_ys is not None or tf.executing_eagerly():
         return original(ys, xs, grad_ys, *args, **kwargs)
     module, site = _caller()
     targets, sources = tf.nest.flatten(ys), tf.nest.flatten(xs)
@@ -132,11 +132,11 @@ def tf_gradients(original, ys, xs, grad_ys=None, *args, **kwargs):
     what = f"tf.gradients at {site}"
     graph = targets[0].graph
     if _records.ancestor_records(targets, graph):
-        _records.warn_once(("second order", site), "%s differentiates gradients tf_mpt scaled "
+        warn_once(("second order", site), "%s differentiates gradients tf_mpt scaled "
                    "(a gradient of a gradient); it runs without loss scaling.", what)
         return original(ys, xs, grad_ys, *args, **kwargs)
     if graph._get_control_flow_context() is not None:  # pylint: disable=protected-access
-        _records.warn_once(("control flow", site), "%s is inside a tf.compat.v1 while_loop or cond; "
+        warn_once(("control flow", site), "%s is inside a tf.compat.v1 while_loop or cond; "
                    "its gradients run without loss scaling.", what)
         return original(ys, xs, grad_ys, *args, **kwargs)
     return _scaled_gradients(
@@ -150,7 +150,7 @@ def _scaled_gradients(what, sources, targets, graph, differentiate):
     if scale is _records.OPTED_OUT:
         return differentiate(None)
     if isinstance(scale, tuple):
-        _records.warn_once(("two optimizers", what), "%s takes the gradient of one loss with respect "
+        warn_once(("two optimizers", what), "%s takes the gradient of one loss with respect "
                    "to variables of different optimizers; it runs without loss scaling "
                    "(take one gradient per optimizer).", what)
         return differentiate(None)
@@ -180,7 +180,7 @@ def _check_previous_eager(sources, what):
         previous = getattr(v, _records.AWAITING, None)
         if previous is not None and not previous.claimed and not previous.reported:
             previous.reported = True
-            _records.warn_once(("no optimizer", previous.site), "the gradients taken by %s reached no "
+            warn_once(("no optimizer", previous.site), "the gradients taken by %s reached no "
                        "optimizer's apply_gradients; they run without loss scaling until an "
                        "optimizer applies gradients of these variables.", previous.site)
             return
@@ -191,7 +191,7 @@ def _check_previous_eager(sources, what):
 def tape_gradient(original, tape, target, sources, output_gradients=None, *args, **kwargs):
     """GradientTape.gradient, from the scaled loss when the call is the script's, of float
     targets with respect to variables."""
-    if not _records.installed() or _records.passing_through() or output_gradients is not None:
+    if not _records.installed() or bypassing() or output_gradients is not None:
         return original(tape, target, sources, output_gradients, *args, **kwargs)
     module, site = _caller()
     targets, flat_sources = tf.nest.flatten(target), tf.nest.flatten(sources)
@@ -207,7 +207,7 @@ def tape_gradient(original, tape, target, sources, output_gradients=None, *args,
         taken = getattr(tape, "_tf_mpt_losses", 0)
         tape._tf_mpt_losses = taken + 1  # pylint: disable=protected-access
         if taken:
-            _records.warn_once(("persistent", site), "%s takes a second gradient from a persistent "
+            warn_once(("persistent", site), "%s takes a second gradient from a persistent "
                        "GradientTape; gradients after the tape's first run without loss "
                        "scaling (use one tape per loss to scale each).", what)
             return unscaled()
@@ -215,7 +215,7 @@ def tape_gradient(original, tape, target, sources, output_gradients=None, *args,
         tape._pop_tape()  # pylint: disable=protected-access  (what gradient() does first)
     from tensorflow.python.eager import record as _record  # pylint: disable=g-import-not-at-top
     if _record.could_possibly_record():
-        _records.warn_once(("second order", site), "%s is taken while another GradientTape records "
+        warn_once(("second order", site), "%s is taken while another GradientTape records "
                    "(second-order gradients); it runs without loss scaling.", what)
         return unscaled()
     graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()

@@ -48,7 +48,7 @@ def patch_tf_function(dtype):
 
 def _report_unclaimed(graph):
     """A traced tf.function: one WARNING per gradient computation that reached no optimizer."""
-    if _state.enabled is not None and _state.enabled.loss_scaling:
+    if _state.STATE.settings is not None and _state.STATE.settings.loss_scaling:
         _records.report_unclaimed(graph)
 
 
@@ -100,9 +100,9 @@ def keras_imported(name="keras"):
     """Called when `import keras` (or `import tf_keras`) finishes under the automatic path;
     a failure is a warning, never an error in the script's import."""
     try:
-        if _state.enabled is not None and _state.enabled.rewrite:
-            set_keras_policy(_state.enabled.dtype)
-        if _state.enabled is not None and _state.enabled.loss_scaling:
+        if _state.STATE.settings is not None and _state.STATE.settings.rewrite:
+            set_keras_policy(_state.STATE.settings.dtype)
+        if _state.STATE.settings is not None and _state.STATE.settings.loss_scaling:
             _optimizers.patch_keras_optimizers()
     except Exception as error:  # pylint: disable=broad-except
         _log.warning("tf_mpt could not set %s's mixed precision policy (%s)", name, error)

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tf_mpt import _patches
 from tf_mpt.automatic import state as _state
+from tf_mpt._state import STATE, bypass, bypassing, warn_once
 from tf_mpt.training import gradient_records as _records
 from tf_mpt.training import loss_scale as _loss_scale
 from tf_mpt.training import scaling as _scaling
@@ -23,8 +24,8 @@ def _scaling_optimizer(optimizer):
     from tf_mpt.training import optimizer as _optimizer  # pylint: disable=g-import-not-at-top
     wrapper = getattr(optimizer, "_tf_mpt_loss_scale_optimizer", None)
     if wrapper is None:
-        wrapper = _optimizer.LossScaleOptimizer(optimizer, _state.enabled.loss_scale,
-                                                allreduce_dtype=_state.enabled.config.allreduce_dtype)
+        wrapper = _optimizer.LossScaleOptimizer(optimizer, _state.STATE.settings.loss_scale,
+                                                allreduce_dtype=_state.STATE.settings.config.allreduce_dtype)
         optimizer._tf_mpt_loss_scale_optimizer = wrapper  # pylint: disable=protected-access
     return wrapper
 
@@ -35,16 +36,16 @@ def _is_wrapper(optimizer):
 
 
 def compute_gradients(original, optimizer, loss, *args, **kwargs):
-    if _state.bypassing() or _is_wrapper(optimizer):
+    if bypassing() or _is_wrapper(optimizer):
         return original(optimizer, loss, *args, **kwargs)
-    with _state.bypass():
+    with bypass():
         return _scaling_optimizer(optimizer).compute_gradients(loss, *args, **kwargs)
 
 
 def apply_gradients(original, optimizer, grads_and_vars, *args, **kwargs):
-    if _state.bypassing() or _is_wrapper(optimizer):
+    if bypassing() or _is_wrapper(optimizer):
         return original(optimizer, grads_and_vars, *args, **kwargs)
-    with _state.bypass():  # the wrapper claims gradients tf.gradients scaled (gradient_records)
+    with bypass():  # the wrapper claims gradients tf.gradients scaled (gradient_records)
         return _scaling_optimizer(optimizer).apply_gradients(grads_and_vars, *args, **kwargs)
 
 
@@ -99,7 +100,7 @@ def _optimizer_scale(optimizer):
     scale = optimizer.__dict__.get("_tf_mpt_scale")
     if scale is None:
         with tf.init_scope():
-            scale = _loss_scale.get(_records.state["loss_scale"])
+            scale = _loss_scale.get(STATE.default_loss_scale)
         optimizer.__dict__["_tf_mpt_scale"] = scale
         track = getattr(optimizer, "_track_trackable", None)
         if track is not None:
@@ -115,26 +116,26 @@ def _keras_apply(optimizer, grads, variables, apply):
     (when it did not) or the step's bool "applied" tensor (when it did; None in a
     tf.distribute replica context)."""
     grads, variables = list(grads), list(variables)
-    if not _records.installed() or _records.passing_through():
+    if not _records.installed() or bypassing():
         return False, apply(grads, variables)
     if (_keras_loss_scale_optimizer(optimizer)
             or getattr(optimizer, "loss_scale_factor", None) is not None):
         _records.opt_out(grads, variables)  # the script scales its loss itself
-        with _records.Passthrough():
+        with bypass():
             return False, apply(grads, variables)
     records = _records.records_for(grads, variables)
     if not records:
-        with _records.Passthrough():
+        with bypass():
             return False, apply(grads, variables)
     if _records.in_distribution() and (tf.distribute.in_cross_replica_context()
                                or not _can_skip_keras_reduce(optimizer)):
         # no safe step to decide: these variables' gradients run unscaled from now on
-        _records.warn_once(("distribution", type(optimizer).__name__), "%s applies gradients under a "
+        warn_once(("distribution", type(optimizer).__name__), "%s applies gradients under a "
                    "tf.distribute strategy outside a replica context, or without the "
                    "all-reduce hook tf_mpt needs (a Keras 3 optimizer in strategy.run has "
                    "it); its gradients run without loss scaling.", type(optimizer).__name__)
         _records.opt_out(grads, variables)
-        with _records.Passthrough():
+        with bypass():
             return False, apply(grads, variables)
     scale = _optimizer_scale(optimizer)
     _records.claim(records, scale, variables, type(optimizer).__name__)
@@ -144,7 +145,7 @@ def _keras_apply(optimizer, grads, variables, apply):
     pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
 
     def run():
-        with _records.Passthrough():
+        with bypass():
             return apply(grads, variables)
 
     return True, _scaling.apply_if_finite(optimizer, pairs, scale, run, variables)
@@ -156,13 +157,13 @@ def _distributed_keras_apply(optimizer, grads, variables, scale, apply):
     every replica), update the scale, and maybe apply them on every replica with the Keras
     optimizer, whose own all-reduce is skipped for that call (they are reduced already)."""
     replica = tf.distribute.get_replica_context()
-    dtype = _scaling.resolve_allreduce_dtype(_records.state["allreduce_dtype"], scale)
-    with _records.Passthrough():
+    dtype = _scaling.resolve_allreduce_dtype(STATE.allreduce_dtype, scale)
+    with bypass():
         reduced = _scaling.all_reduce_in(dtype, replica, list(zip(grads, variables)), scale)
     reduced_grads = [g for g, _ in reduced]
 
     def apply_reduced(*local_grads):
-        with _records.Passthrough():
+        with bypass():
             apply(list(local_grads), variables)
 
     def cross_replica(distribution, *reduced_grads):

@@ -8,7 +8,6 @@ float32).
 
 import collections.abc
 import logging
-import weakref
 
 import tensorflow as tf
 
@@ -19,7 +18,6 @@ from tf_mpt.training import gradient_records as _records
 
 _log = logging.getLogger(__name__)
 
-_shadows = weakref.WeakKeyDictionary()  # user Session -> _Shadow
 
 
 # --- TF1 Sessions: the rewrite inside the Session's graph optimisation ----------------------
@@ -92,7 +90,7 @@ class _Shadow:
         graph = session.graph
         self.user_graph = graph
         self.version = graph.version
-        self.graph = _rewrite.rewrite_graph(graph, dtype=_state.enabled.dtype)
+        self.graph = _rewrite.rewrite_graph(graph, dtype=_state.STATE.settings.dtype)
         self.session = tf.compat.v1.Session(target=session.sess_str, graph=self.graph,
                                             config=getattr(session, "_config", None))
         self.session._tf_mpt_unshadowed = True  # pylint: disable=protected-access
@@ -152,10 +150,10 @@ class _Shadow:
 
 
 def _shadow_for(session):
-    shadow = _shadows.get(session)
+    shadow = _state.STATE.shadows.get(session)
     if shadow is None or shadow.version != session.graph.version:
         shadow = _Shadow(session, previous=shadow)
-        _shadows[session] = shadow
+        _state.STATE.shadows[session] = shadow
     return shadow
 
 
@@ -214,7 +212,7 @@ def _shadow_or_none(session):
     """The session's shadow, or None when the session runs its own graph in float32."""
     if _state.bypassing() or getattr(session, "_tf_mpt_unshadowed", False):
         return None
-    had_shadow = session in _shadows
+    had_shadow = session in _state.STATE.shadows
     if not had_shadow and session.sess_str:  # a copy would duplicate the master's variables
         _warn_remote(session.sess_str)
         session._tf_mpt_unshadowed = True  # pylint: disable=protected-access
@@ -243,12 +241,12 @@ def _shadow_or_none(session):
 
 
 def _copying():
-    settings = _state.enabled
+    settings = _state.STATE.settings
     return settings is not None and settings.session_rewrite == "copy"
 
 
 def _report_unclaimed(session):
-    settings = _state.enabled
+    settings = _state.STATE.settings
     if settings is not None and settings.loss_scaling and not _state.bypassing():
         _records.report_unclaimed(session.graph)
 
@@ -308,7 +306,7 @@ def _session_partial_run_setup(original, session, fetches, feeds=None):
 
 def _session_partial_run(original, session, handle, fetches, feed_dict=None):
     try:
-        shadow = _shadows.get(session)  # the handle belongs to the Session that set it up
+        shadow = _state.STATE.shadows.get(session)  # the handle belongs to the Session that set it up
         if _state.bypassing() or shadow is None:
             return original(session, handle, fetches, feed_dict)
         mapped_feeds = _map_feeds(shadow, feed_dict) if feed_dict else None
@@ -320,7 +318,7 @@ def _session_partial_run(original, session, handle, fetches, feed_dict=None):
 
 
 def _session_close(original, session):
-    shadow = _shadows.pop(session, None)
+    shadow = _state.STATE.shadows.pop(session, None)
     if shadow is not None:
         shadow.close()
     return original(session)
@@ -329,7 +327,7 @@ def _session_close(original, session):
 
 def close_shadows():
     """Closes every shadow Session (disable())."""
-    for shadow in list(_shadows.values()):
+    for shadow in list(_state.STATE.shadows.values()):
         shadow.close()
-    _shadows.clear()
+    _state.STATE.shadows.clear()
 

@@ -1,27 +1,21 @@
-"""The automatic path's process-wide state: the Settings in force (None while off), whether
-'auto' left the process in float32, the thread-local bypass the patched methods honour while
-tf_mpt itself calls TensorFlow, and the helpers that patch a method or function (recorded in
-tf_mpt._patches, undone by disable()).
+"""The automatic path's Settings, its view of the one process-wide state (tf_mpt._state:
+the Settings in force, the bypass, warn_once), and the helpers that patch a method or function
+(recorded in tf_mpt._patches, undone by disable()).
 """
 
-import contextlib
 import dataclasses
 import functools
-import logging
-import threading
 
 from tf_mpt import _patches
+from tf_mpt._state import STATE, bypass, bypassing, warn_once  # noqa: F401  (the one of each)
 
-stays_float32 = False  # 'auto' found no fast half type (warned once)
-enabled = None  # None, or the Settings in force
-_local = threading.local()
-_warned = set()  # keys of the warnings given once (forgotten by forget_warnings())
-_log = logging.getLogger("tf_mpt")
+__all__ = ["Settings", "STATE", "is_enabled", "enabled_settings", "patch", "patch_function",
+           "bypass", "bypassing", "warn_once"]
 
 
 def is_enabled():
     """True while the automatic path is on in this process."""
-    return enabled is not None
+    return STATE.settings is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +31,7 @@ class Settings:
 
 def enabled_settings():
     """The Settings of the automatic path, or None when it is off."""
-    return enabled
+    return STATE.settings
 
 
 def patch_function(module, name, replacement):
@@ -60,29 +54,3 @@ def patch(owner, name, replacement):
 
     functools.update_wrapper(method, original)
     _patches.replace(owner, name, method)
-
-
-@contextlib.contextmanager
-def bypass():
-    previous = getattr(_local, "bypass", False)
-    _local.bypass = True
-    try:
-        yield
-    finally:
-        _local.bypass = previous
-
-
-def bypassing():
-    return getattr(_local, "bypass", False)
-
-
-def warn_once(key, message, *args):
-    """Logs WARNING `message % args` the first time `key` is seen (until disable())."""
-    if key in _warned:
-        return
-    _warned.add(key)
-    _log.warning(message, *args)
-
-
-def forget_warnings():
-    _warned.clear()

@@ -38,8 +38,8 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
     'auto' found no fast half type (the script stays float32; one warning per process says
     why).
     """
-    if _state.enabled is not None:
-        return _state.enabled
+    if _state.STATE.settings is not None:
+        return _state.STATE.settings
     from tf_mpt import config as _config  # pylint: disable=g-import-not-at-top
     config = config if config is not None else _config.Config.from_env(os.environ)
     if gpu_visible is None:
@@ -48,8 +48,8 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
         native_bfloat16 = _cpu.has_native_bfloat16(_cpu.cpu_flags(config))
     dtype = config.resolve_dtype(gpu_visible, native_bfloat16)
     if dtype is None:
-        if not _state.stays_float32:
-            _state.stays_float32 = True
+        if not _state.STATE.stays_float32:
+            _state.STATE.stays_float32 = True
             _log.warning("TF_MPT_DTYPE=auto found no GPU and no native bfloat16 on this CPU "
                          "(needs %s); the script runs in float32. Set TF_MPT_DTYPE=bfloat16 "
                          "or float16 to force a half type.",
@@ -68,7 +68,7 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
         _state.patch(optimizer_class, "compute_gradients", _optimizers.compute_gradients)
         _state.patch(optimizer_class, "apply_gradients", _optimizers.apply_gradients)
         _patch_gradients(settings.loss_scale, config.allreduce_dtype)
-    _state.enabled = settings
+    _state.STATE.settings = settings
     _keras.watch_keras_imports()
     _log.info("enabled: dtype=%s graph_rewrite=%s (TF1 Sessions: %s) loss_scaling=%s "
               "loss_scale=%s", dtype, settings.rewrite, settings.session_rewrite,
@@ -83,9 +83,9 @@ def disable():
     _patches.undo_all()
     _session_rewrite.uninstall()
     _sessions.close_shadows()
-    _state.forget_warnings()
-    _state.enabled = None
-    _state.stays_float32 = False
+    _state.STATE.warned.clear()
+    _state.STATE.settings = None
+    _state.STATE.stays_float32 = False
 
 
 def _patch_gradients(loss_scale, allreduce_dtype):

@@ -37,43 +37,33 @@ them with its Saver, and a Keras optimizer tracks its scale as `tf_mpt_loss_scal
 float32 run, restores too).
 """
 
-import logging
-import threading
-import weakref
 
 import tensorflow as tf
 
 from tf_mpt._opt_out import keep_fp32
-
-_log = logging.getLogger("tf_mpt")
+from tf_mpt._state import STATE, warn_once
 
 OPTED_OUT = "opted out"  # a variable whose gradients are scaled by someone else
 _VARIABLE_SCALE = "_tf_mpt_loss_scale"  # attribute on a variable: its optimizer's scale
 AWAITING = "_tf_mpt_awaiting"  # attribute on a variable: its last eager Record
 
-# while installed: the loss scale identifier ('dynamic' or a number) for optimizers that have
-# none yet, and the all-reduce dtype choice (TF_MPT_ALLREDUCE_DTYPE)
-state = {"loss_scale": None, "allreduce_dtype": "float32"}
-_records = weakref.WeakKeyDictionary()  # graph -> {name of an unscaling op: Record}
-_warned = set()
-_local = threading.local()
 
 
 def install(loss_scale, allreduce_dtype="float32"):
     """Turns automatic scaling on with `loss_scale` ('dynamic' or a number) for optimizers
     that have none yet and gradients all-reduced in `allreduce_dtype` under tf.distribute
     (the patches themselves are made by tf_mpt.automatic)."""
-    state["loss_scale"] = loss_scale
-    state["allreduce_dtype"] = allreduce_dtype
+    STATE.default_loss_scale = loss_scale
+    STATE.allreduce_dtype = allreduce_dtype
 
 
 def uninstall():
-    state["loss_scale"] = None
-    _warned.clear()
+    STATE.default_loss_scale = None
+    STATE.warned.clear()
 
 
 def installed():
-    return state["loss_scale"] is not None
+    return STATE.default_loss_scale is not None
 
 
 class Record:
@@ -96,37 +86,15 @@ class Record:
 
 
 
-def warn_once(key, message, *args):
-    if key in _warned:
-        return
-    _warned.add(key)
-    _log.warning(message, *args)
-
-
-class Passthrough:
-    """While active (this thread), the patched methods do what TensorFlow/Keras would."""
-
-    def __enter__(self):
-        self.previous = getattr(_local, "passthrough", False)
-        _local.passthrough = True
-
-    def __exit__(self, *exc):
-        _local.passthrough = self.previous
-
-
-def passing_through():
-    return getattr(_local, "passthrough", False)
-
-
 def in_distribution():
     """True inside a non-default tf.distribute strategy's scope."""
     return tf.distribute.has_strategy()
 
 
 def graph_records(graph):
-    records = _records.get(graph)
+    records = STATE.gradient_records.get(graph)
     if records is None:
-        records = _records[graph] = {}
+        records = STATE.gradient_records[graph] = {}
     return records
 
 
@@ -147,7 +115,7 @@ def scale_of(variables):
 def ancestor_records(tensors, graph):
     """The Records whose unscaled gradients `tensors` are computed from (data edges only;
     the walk stops at each unscaling op)."""
-    names = _records.get(graph)
+    names = STATE.gradient_records.get(graph)
     if not names:
         return []
     found, seen = [], set()
@@ -241,7 +209,7 @@ def opt_out(grads, variables):
 
 def report_unclaimed(graph):
     """One WARNING per gradient computation in `graph` that no optimizer applied."""
-    names = _records.get(graph)
+    names = STATE.gradient_records.get(graph)
     if not names:
         return
     for record in list(names.values()):
@@ -250,9 +218,3 @@ def report_unclaimed(graph):
             warn_once(("no optimizer", record.site), "the gradients taken by %s reached no "
                        "optimizer's apply_gradients; they run without loss scaling.",
                        record.site)
-
-
-
-def passthrough():
-    """Context manager: gradients and applies inside are not scaled automatically."""
-    return Passthrough()

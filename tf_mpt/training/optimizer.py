@@ -14,6 +14,7 @@ Example:
 import tensorflow as tf
 
 from tf_mpt._opt_out import keep_fp32
+from tf_mpt._state import bypass
 from tf_mpt.training import gradient_records as _records
 from tf_mpt.training import loss_scale as _loss_scale
 from tf_mpt.training.scaling import (all_reduce_in, apply_if_finite, resolve_allreduce_dtype,
@@ -272,7 +273,7 @@ def apply_scaled_gradients(optimizer, scaled_grads, variables, loss_scale):
     _records.opt_out(scaled_grads, variables)  # the script scales: no automatic scaling
 
     def apply():
-        with _records.passthrough():
+        with bypass():
             return optimizer.apply_gradients(pairs)
 
     return apply_if_finite(optimizer, pairs, loss_scale, apply, variables)

@@ -37,10 +37,11 @@ import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import tensorflow as tf
+
+from tf_mpt._state import STATE
 
 _log = logging.getLogger(__name__)
 
@@ -54,9 +55,6 @@ SINK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
 REWRITER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                             ctypes.c_size_t, SINK, ctypes.c_void_p)
 
-_lock = threading.Lock()
-_library = None  # the loaded ctypes.CDLL
-_failure = None  # NativeUnavailable of the first failed attempt (not retried)
 
 
 class NativeUnavailable(RuntimeError):
@@ -322,24 +320,24 @@ def _open(path):
 
 def load(cache_dir=None):
     """The loaded library (built first if needed); raises NativeUnavailable saying why."""
-    global _library, _failure
-    with _lock:
-        if _library is not None:
-            return _library
-        if _failure is not None:
-            raise _failure
+    with STATE.native_lock:
+        if STATE.native_library is not None:
+            return STATE.native_library
+        if STATE.native_failure is not None:
+            raise STATE.native_failure
         try:
             library = _open(_built_library(cache_dir))
         except NativeUnavailable as error:
-            _failure = error
+            STATE.native_failure = error
             raise
         except OSError as error:
-            _failure = NativeUnavailable(f"building it failed ({type(error).__name__}: {error})")
-            raise _failure from error
-        _library = library
+            STATE.native_failure = NativeUnavailable(
+                f"building it failed ({type(error).__name__}: {error})")
+            raise STATE.native_failure from error
+        STATE.native_library = library
         return library
 
 
 def loaded():
     """The loaded library, or None if none is loaded in this process."""
-    return _library
+    return STATE.native_library

@@ -37,13 +37,12 @@ shared_name), that name stays the original one.
 import ctypes
 import dataclasses
 import hashlib
-import itertools
 import logging
 import signal
 import sys
 import threading
-import weakref
 
+from tf_mpt._state import STATE, warn_once
 from tf_mpt.automatic.native import library as _native
 
 _log = logging.getLogger(__name__)
@@ -59,45 +58,27 @@ class _Installed:
     config: object  # the tf_mpt.Config the automatic path was enabled with
 
 
-_lock = threading.Lock()
-_settings = None  # _Installed while installed
-_callback = None  # the ctypes callback object (kept alive for the process once made)
-_graphs = weakref.WeakValueDictionary()  # key -> the user's tf.Graph (for static shapes)
-_graph_keys = weakref.WeakKeyDictionary()  # tf.Graph -> key
-_next_key = itertools.count(1)
-_warned = set()
 
 
 def install(dtype, config):
     """Loads (building if needed) the native optimizer and routes it to tf_mpt's rewrite.
 
     Raises _native.NativeUnavailable saying why it cannot."""
-    global _settings, _callback
     library = _native.load(config.cache_dir)
-    with _lock:
-        if _callback is None:
-            _callback = _native.REWRITER(_rewrite)
-        _settings = _Installed(dtype, config)
-    library.tf_mpt_set_rewriter(_callback)
+    with STATE.rewriter_lock:
+        if STATE.rewriter_callback is None:
+            STATE.rewriter_callback = _native.REWRITER(_rewrite)
+        STATE.rewriter = _Installed(dtype, config)
+    library.tf_mpt_set_rewriter(STATE.rewriter_callback)
 
 
 def uninstall():
-    """Graphs optimised from now on are left alone (Sessions keep what they built); the
-    warnings given so far are forgotten."""
-    global _settings
-    with _lock:
-        _settings = None
-        _warned.clear()  # a later enable() warns afresh
+    """Graphs optimised from now on are left alone (Sessions keep what they built)."""
+    with STATE.rewriter_lock:
+        STATE.rewriter = None
     library = _native.loaded()
     if library is not None:
         library.tf_mpt_set_rewriter(_native.REWRITER())
-
-
-def _warn_once(key, message, *args):
-    if key in _warned:
-        return
-    _warned.add(key)
-    _log.warning(message, *args)
 
 
 _AMP_TOGGLES = ("auto_mixed_precision", "auto_mixed_precision_mkl",
@@ -119,12 +100,12 @@ def _why_not(rewrite_options):
 
 
 def _key_for(graph):
-    with _lock:
-        key = _graph_keys.get(graph)
+    with STATE.rewriter_lock:
+        key = STATE.graph_keys.get(graph)
         if key is None:
-            key = str(next(_next_key))
-            _graph_keys[graph] = key
-            _graphs[key] = graph
+            key = str(next(STATE.next_graph_key))
+            STATE.graph_keys[graph] = key
+            STATE.graphs[key] = graph
         return key
 
 
@@ -134,7 +115,7 @@ def session_config(config, graph):
     from tensorflow.core.protobuf import config_pb2  # pylint: disable=g-import-not-at-top
     from tensorflow.core.protobuf import rewriter_config_pb2  # pylint: disable=g-import-not-at-top
     from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
-    settings = _settings
+    settings = STATE.rewriter
     if settings is None or (config is not None
                             and not isinstance(config, config_pb2.ConfigProto)):
         return config  # off, or a bad argument Session itself reports
@@ -144,7 +125,7 @@ def session_config(config, graph):
         return config
     reason = _why_not(options)
     if reason is not None:
-        _warn_once(("config", reason), "a Session stays float32: %s.", reason)
+        warn_once(("config", reason), "a Session stays float32: %s.", reason)
         return config
     new = config_pb2.ConfigProto()
     new.CopyFrom(base)
@@ -240,7 +221,7 @@ def _rewrite(graph_data, graph_size, request_data, request_size, sink, context):
 def _rewrite_or_leave(graph_data, graph_size, request_data, request_size, sink, context):
     key = None
     try:
-        settings = _settings
+        settings = STATE.rewriter
         if settings is None:
             return _UNCHANGED
         from tensorflow.core.framework import graph_pb2  # pylint: disable=g-import-not-at-top
@@ -249,7 +230,7 @@ def _rewrite_or_leave(graph_data, graph_size, request_data, request_size, sink, 
         params, preserved = _parse_request(
             ctypes.string_at(request_data, request_size).decode())
         key = params.get("graph")
-        graph = _graphs.get(key)
+        graph = STATE.graphs.get(key)
         graph_def = graph_pb2.GraphDef.FromString(ctypes.string_at(graph_data, graph_size))
         shapes = (lambda: _cost.shapes_of_graph(graph)) if graph is not None else None
         result = _rewrite_module.rewrite_with_library(
@@ -264,7 +245,7 @@ def _rewrite_or_leave(graph_data, graph_size, request_data, request_size, sink, 
     except BaseException as error:  # pylint: disable=broad-except
         # Never let an exception cross into TensorFlow's C++: the graph runs as it was.
         # (KeyboardInterrupt and a handler's SystemExit cannot arise here: signals wait.)
-        _warn_once(("rewrite", key), "could not rewrite a graph of this Session (%s: %s); "
+        warn_once(("rewrite", key), "could not rewrite a graph of this Session (%s: %s); "
                    "that graph runs in float32.", type(error).__name__, error)
         return _UNCHANGED
 
@@ -279,9 +260,6 @@ def _rewrite_or_leave(graph_data, graph_size, request_data, request_size, sink, 
 # Python runs handlers in) every Python-level handler is replaced by one that records the
 # signal, and tf_mpt's Session.run / make_callable / partial_run wrappers run the recorded
 # handlers when the call returns.
-
-_deferred = []  # signal numbers recorded while a rewrite ran, in order of arrival
-
 
 class _signals_deferred:  # pylint: disable=invalid-name
     """While active (on the main thread), Python signal handlers only record the signal."""
@@ -306,14 +284,14 @@ class _signals_deferred:  # pylint: disable=invalid-name
 
 
 def _record_signal(signum, frame):  # pylint: disable=unused-argument
-    _deferred.append(signum)
+    STATE.deferred_signals.append(signum)
 
 
 def run_deferred_signals():
     """Runs the Python handlers of signals that arrived during a rewrite, as Python would
     have run them when the Session call returned (a handler's exception propagates)."""
-    while _deferred:
-        signum = _deferred.pop(0)
+    while STATE.deferred_signals:
+        signum = STATE.deferred_signals.pop(0)
         handler = signal.getsignal(signum)
         if callable(handler):
             handler(signum, sys._getframe(1))  # pylint: disable=protected-access

@@ -1,0 +1,88 @@
+"""tf_mpt's process-wide state, all of it, in one object (no TensorFlow import).
+
+Why global: what tf_mpt hooks into is process-wide. Sessions, `tf.gradients`, GradientTape and
+the Keras optimizers are patched on their classes, Grappler's registry holds one "TfMpt"
+optimizer per process, and Python runs signal handlers and import hooks for the whole
+interpreter. So the automatic path's settings, the patches that undo it, the native
+optimizer and its graphs, the registry of scaled gradients and the warnings already given
+live here, each field saying who writes it; `tf_mpt.disable()` resets what a later
+`enable()` must find fresh.
+"""
+
+import contextlib
+import itertools
+import logging
+import threading
+import weakref
+
+_log = logging.getLogger("tf_mpt")
+
+
+class State:
+    """The fields, grouped by the module that writes them."""
+
+    def __init__(self):
+        # tf_mpt._patches: (owner, attribute, original); owner None: a label and its restore
+        self.patches = []
+        # tf_mpt._startup: the start-up call's result; a Config waiting for a tf_mpt import
+        self.started = []
+        self.deferred_enable = []
+        # tf_mpt.automatic.switch: the Settings in force (None while off); 'auto' found no
+        # fast half type (warned once)
+        self.settings = None
+        self.stays_float32 = False
+        # tf_mpt.automatic.sessions: user Session -> its rewritten shadow (copy path)
+        self.shadows = weakref.WeakKeyDictionary()
+        # tf_mpt.automatic.native.library: the loaded library, or the first failure
+        self.native_lock = threading.Lock()
+        self.native_library = None
+        self.native_failure = None
+        # tf_mpt.automatic.native.rewriter: what the callback rewrites to, the callback
+        # (alive for the process once made), the user graphs by key (for static shapes), and
+        # the signals that arrived during a rewrite
+        self.rewriter_lock = threading.Lock()
+        self.rewriter = None
+        self.rewriter_callback = None
+        self.graphs = weakref.WeakValueDictionary()
+        self.graph_keys = weakref.WeakKeyDictionary()
+        self.next_graph_key = itertools.count(1)
+        self.deferred_signals = []
+        # tf_mpt.training.gradient_records: the loss scale for optimizers that have none yet
+        # ('dynamic' or a number; None: automatic scaling off), the all-reduce dtype choice,
+        # graph -> {name of an unscaling op: Record}
+        self.default_loss_scale = None
+        self.allreduce_dtype = "float32"
+        self.gradient_records = weakref.WeakKeyDictionary()
+        # tf_mpt.automatic.gradients: autograph's generated file -> {line: the script's line}
+        self.source_maps = {}
+        # warn_once: the keys of the warnings given (forgotten by disable())
+        self.warned = set()
+        self.local = threading.local()  # per thread: .bypass
+
+
+STATE = State()
+
+
+def warn_once(key, message, *args):
+    """Logs WARNING `message % args` the first time `key` is seen (until disable())."""
+    if key in STATE.warned:
+        return
+    STATE.warned.add(key)
+    _log.warning(message, *args)
+
+
+@contextlib.contextmanager
+def bypass():
+    """While active (this thread), tf_mpt's patched methods do what TensorFlow/Keras would:
+    tf_mpt calling TensorFlow itself (a shadow Session, a wrapped optimizer, Keras applying
+    gradients tf_mpt already scaled)."""
+    previous = getattr(STATE.local, "bypass", False)
+    STATE.local.bypass = True
+    try:
+        yield
+    finally:
+        STATE.local.bypass = previous
+
+
+def bypassing():
+    return getattr(STATE.local, "bypass", False)
