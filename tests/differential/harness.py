@@ -64,6 +64,7 @@ TOLERANCES = {"bfloat16": BFLOAT16_TOLERANCE, "float16": FLOAT16_TOLERANCE}
 FLOAT16_NUMERIC_LOSS_SCALE = "1024"
 DEFAULT_TIMEOUT_S = 120
 STDERR_TAIL = 3000
+ENABLED_LINE = "tf_mpt: enabled:"  # what the automatic path logs at start
 
 OK, TIMEOUT, ERROR, NONFINITE, MISMATCH, INVALID = (
     "ok", "timeout", "error", "nonfinite", "mismatch", "invalid")
@@ -118,6 +119,12 @@ class Verdict:
     @property
     def worse(self):
         return self.kind in WORSE_KINDS
+
+    @property
+    def mixed_enabled(self):
+        """Whether the mixed run logged that tf_mpt's automatic path was on (if it was not,
+        the pair compared float32 with float32 and proves nothing)."""
+        return ENABLED_LINE in self.mixed.stderr
 
     def report(self):
         """Everything needed to reproduce and judge a differing run."""
@@ -373,10 +380,12 @@ def main(argv=None):
         if not v.ok and (not v.known or args.show_known):
             print("\n" + v.report())
     warned = sum(1 for v in verdicts if v.warnings)
+    not_enabled = sum(1 for v in verdicts if not v.mixed_enabled)
     summary = counts(verdicts)
     print(f"\nprofile {args.profile}: {len(specs)} programs, {summary.pop('pairs')} pairs "
           f"in {elapsed:.0f} s; " + ", ".join(f"{k}={n}" for k, n in summary.items())
-          + f"; mixed runs with tf_mpt warnings: {warned}")
+          + f"; mixed runs with tf_mpt warnings: {warned}, without tf_mpt enabled: "
+          f"{not_enabled}")
     return 1 if unexpected(verdicts) else 0
 
 

@@ -16,7 +16,8 @@ TF1 programs (kind "tf1"), one graph and one Session:
                a tf.function), "captured_function" (a tf.function reading a variable it closes
                over instead of taking it as an argument)
     optimizer  "sgd" / "momentum" / "adam" (tf.compat.v1.train)
-    apply      "minimize", "gradients" (tf.gradients + apply_gradients), "compute_gradients"
+    apply      "minimize", "gradients" (tf.gradients + apply_gradients, the updates after
+               every gradient: see _tf1_source), "compute_gradients"
     session    a subset of "callable" (train through sess.make_callable), "growth" (a new
                op, with a MatMul, built after the first run and then fetched),
                "interleaved_eval" (an eval fetch set between train steps); every program
@@ -66,17 +67,40 @@ MAX_STEPS = 5
 # spec.tags() and the dtype is in its `dtypes`. Keep the reason precise: it is the bug report.
 KNOWN_DIFFERENCES = [
     dict(
+        tags=("kind:tf1", "v1:True", "block:function"),
+        dtypes=("float16", "bfloat16"),
+        reason=(
+            "TF1 graph under tf.compat.v1.disable_v2_behavior(): calling a tf.function with a "
+            "ref variable (tf.compat.v1.get_variable) as an argument, `h = block(h, w)`, "
+            "raises under TF_MPT_ENABLE=1 while float32 runs: tf_mpt/rewrite/tf_functions.py:"
+            "256 __call__ -> self.get_concrete_function(*args, **kwargs)(*args, **kwargs) -> "
+            "TypeError: Binding inputs to tf.function failed due to `Can not cast "
+            "<tf.Variable 'w1:0' shape=(8, 8) dtype=float32_ref> to Weakref[<weakref ...; to "
+            "'UnknownArgument' ...>]` ... Fallback to flat signature also failed due to: "
+            "tf_mpt___inference_block0_N(h) takes 1 positional arguments, got 2. (The "
+            "rewritten ConcreteFunction's signature dropped the variable argument.) Resource "
+            "variables (v1:False) and a tf.function that captures the variable work."),
+    ),
+    dict(
         tags=("kind:tf1", "v1:True", "block:nested_function"),
         dtypes=("float16", "bfloat16"),
         reason=(
-            "TF1 graph under disable_v2_behavior: a tf.function that calls another tf.function "
-            "and passes it a ref variable (tf.compat.v1.get_variable) as an argument fails "
-            "while tracing under TF_MPT_ENABLE=1: tf_mpt/rewrite/tf_functions.py:256 "
-            "__call__ -> self.get_concrete_function(*args)(*args) raises TypeError 'Binding "
-            "inputs to tf.function failed due to `Can not cast <tf.Variable 'w:0' ... "
-            "dtype=float32_ref> to Weakref[...UnknownArgument...]` ... Fallback to flat "
-            "signature also failed due to: tf_mpt___inference_inner_N(h) takes 1 positional "
-            "arguments, got 2'. float32 runs the same program."),
+            "The same bug one level down: an outer tf.function passing the ref variable it "
+            "received on to an inner tf.function raises the same TypeError (inside the outer "
+            "function's trace, at tf_functions.py:256) under TF_MPT_ENABLE=1."),
+    ),
+    dict(
+        tags=("kind:tf2", "tf2:loop", "model:keras", "mode:function", "loss:mse"),
+        dtypes=("float16", "bfloat16"),
+        reason=(
+            "TF2 custom loop in a tf.function over a Keras model, loss written with plain ops: "
+            "`tf.reduce_mean(tf.square(model(x) - y))` with y a float32 tensor raises under "
+            "TF_MPT_ENABLE=1: TypeError: Input 'y' of 'Sub' Op has type float32 that does not "
+            "match type float16 (bfloat16) of argument 'x'. tf_mpt sets the global Keras "
+            "policy mixed_float16/mixed_bfloat16, so the model's output is half while the "
+            "script's labels are float32. Eager passes only because y is a NumPy array there "
+            "(converted to the tensor's dtype); a float32 tensor fails the same way. Keras "
+            "losses (model.fit, keras.losses.*) cast and are not affected."),
     ),
 ]
 
@@ -185,7 +209,6 @@ def all_specs():
 
 _PRELUDE = '''\
 import json
-import os
 
 import numpy as np
 import tensorflow as tf
@@ -326,7 +349,11 @@ def _tf1_source(spec):
     elif spec.apply == "gradients":
         body += ["params = tf1.trainable_variables()",
                  "grads = tf.gradients(loss, params)",
-                 "train = opt.apply_gradients(list(zip(grads, params)))"]
+                 "# every gradient before any update: with ref variables (v1) an update may",
+                 "# otherwise run before a backward MatMul reads the variable, and the float32",
+                 "# run itself is racy (mixed runs read a Cast snapshot: they differ from it)",
+                 "with tf.control_dependencies(grads):",
+                 "    train = opt.apply_gradients(list(zip(grads, params)))"]
     else:
         body += ["train = opt.apply_gradients(opt.compute_gradients(loss))"]
     body.append("init = tf1.global_variables_initializer()")

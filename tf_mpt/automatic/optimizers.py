@@ -148,7 +148,9 @@ def _keras_apply(optimizer, grads, variables, apply):
         with bypass():
             return apply(grads, variables)
 
-    return True, _scaling.apply_if_finite(optimizer, pairs, scale, run, variables)
+    return True, _scaling.apply_if_finite(
+        scale, [g for g, _ in pairs], run,
+        make_slots=lambda: _scaling.create_slots(optimizer, variables))
 
 
 def _distributed_keras_apply(optimizer, grads, variables, scale, apply):
@@ -169,17 +171,13 @@ def _distributed_keras_apply(optimizer, grads, variables, scale, apply):
     def cross_replica(distribution, *reduced_grads):
         firsts = [None if g is None else distribution.experimental_local_results(g)[0]
                   for g in reduced_grads]
-        _scaling.create_slots(optimizer, variables)  # outside the conditional
-        update_scale, should_apply = scale.update_from_finite(
-            _loss_scale.all_finite(firsts))
 
         def run():
             with _reduced_already(optimizer):
                 distribution.extended.call_for_each_replica(apply_reduced, args=reduced_grads)
-            return tf.constant(True)
 
-        with tf.control_dependencies([update_scale]):
-            return tf.cond(should_apply, run, lambda: tf.constant(False))
+        return _scaling.apply_if_finite(
+            scale, firsts, run, make_slots=lambda: _scaling.create_slots(optimizer, variables))
 
     replica.merge_call(cross_replica, args=tuple(reduced_grads))
 

@@ -17,7 +17,8 @@ from tf_mpt._opt_out import keep_fp32
 from tf_mpt._state import bypass
 from tf_mpt.training import gradient_records as _records
 from tf_mpt.training import loss_scale as _loss_scale
-from tf_mpt.training.scaling import (all_reduce_in, apply_if_finite, resolve_allreduce_dtype,
+from tf_mpt.training.scaling import (all_reduce_in, apply_if_finite, create_slots,
+                                     resolve_allreduce_dtype,
                                      scale_loss_value, unscale)
 
 tf1 = tf.compat.v1
@@ -118,17 +119,17 @@ class LossScaleOptimizer(tf1.train.Optimizer):
                                                self._loss_scale)
             return replica.merge_call(self._distributed_apply,
                                       args=(grads_and_vars, global_step, name, half_reduce))
-        is_finite = _loss_scale.all_finite([g for g, _ in grads_and_vars])
         return self._apply_if_finite(
-            is_finite, grads_and_vars, name,
-            lambda: tf.group(self._optimizer.apply_gradients(grads_and_vars, global_step, name)))
+            [g for g, _ in grads_and_vars], grads_and_vars, name,
+            lambda: self._optimizer.apply_gradients(grads_and_vars, global_step, name))
 
-    def _apply_if_finite(self, is_finite, grads_and_vars, name, apply):
-        """Updates the scale from `is_finite`; runs `apply` (slots made first) only if true."""
-        update_scale, should_apply = self._loss_scale.update_from_finite(is_finite)
-        self._create_inner_slots(grads_and_vars)
-        maybe_apply = _cond_v1(should_apply, apply, tf.no_op)
-        return tf.group(maybe_apply, update_scale, name=name or self.get_name())
+    def _apply_if_finite(self, decide_from, grads_and_vars, name, apply):
+        """The one loss-scaled step (scaling.apply_if_finite) as an op: slots first, the
+        scale updated from `decide_from`, `apply` only if they are finite."""
+        applied = apply_if_finite(self._loss_scale, decide_from, apply,
+                                  make_slots=lambda: self._create_inner_slots(grads_and_vars),
+                                  cond=_cond_v1)
+        return tf.group(applied, name=name or self.get_name())
 
     def _distributed_apply(self, distribution, grads_and_vars, global_step, name,
                            reduced=False):
@@ -149,9 +150,8 @@ class LossScaleOptimizer(tf1.train.Optimizer):
                 tf.distribute.ReduceOp.SUM, grads_and_vars)
         first_copies = [None if g is None else distribution.experimental_local_results(g)[0]
                         for g in reduced]
-        is_finite = _loss_scale.all_finite(first_copies)
         return self._apply_if_finite(
-            is_finite, grads_and_vars, name,
+            first_copies, grads_and_vars, name,
             lambda: self._apply_reduced(distribution, list(zip(reduced, variables)),
                                         global_step, name))
 
@@ -276,4 +276,5 @@ def apply_scaled_gradients(optimizer, scaled_grads, variables, loss_scale):
         with bypass():
             return optimizer.apply_gradients(pairs)
 
-    return apply_if_finite(optimizer, pairs, loss_scale, apply, variables)
+    return apply_if_finite(loss_scale, grads, apply,
+                           make_slots=lambda: create_slots(optimizer, variables))

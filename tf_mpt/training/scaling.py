@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from tf_mpt import config as _config
 from tf_mpt._opt_out import keep_fp32
+from tf_mpt.training.loss_scale import all_finite as _all_finite
 
 __all__ = ["unscale", "scale_loss_value", "apply_if_finite", "create_slots",
            "resolve_allreduce_dtype", "all_reduce_in"]
@@ -33,22 +34,35 @@ def scale_loss_value(loss, scale):
     return loss * tf.cast(scale, loss.dtype)
 
 
-def apply_if_finite(optimizer, pairs, loss_scale, apply, variables=None):
-    """Runs `apply()` (a Keras optimizer's update of `pairs`, returning what runs it in a
-    TF1 graph) only if every gradient is finite, for a dynamic `loss_scale`, whose state is
-    updated either way; a static scale always applies. The optimizer's slots are built
-    first, outside the conditional, for `variables` (default: those of `pairs`; pass every
-    variable the script applies, None gradients included, as Keras builds on all of them).
+def apply_if_finite(loss_scale, grads, apply, make_slots=None, cond=None):
+    """The one loss-scaled step, used by every optimizer path (tf_mpt.LossScaleOptimizer,
+    apply_scaled_gradients, the automatic path's Keras / tf_keras / distributed applies):
 
-    Returns a scalar bool tensor: whether the gradients were applied.
+        make_slots()                      # outside the conditional: built once
+        if the scale is static:           return True after apply()
+        finite = all gradients finite     # under a strategy: the all-reduced gradients,
+                                          # the same on every replica, so all agree
+        update the scale from finite      # grow after a run of good steps, halve otherwise
+        if finite: apply()                # else nothing changes
+        return finite (a scalar bool tensor; it runs the update and the apply)
+
+    Args:
+        loss_scale: the LossScale that scaled the gradients.
+        grads: the gradients the decision is made from (None entries ignored).
+        apply: makes the update (a Keras optimizer's apply, the TF1 inner optimizer's
+            apply_gradients); returns what runs it in a TF1 graph.
+        make_slots: makes the optimizer's slots and counters, or None.
+        cond: the conditional to build (default tf.cond; the TF1 optimizer passes a v1 cond,
+            which reference variables need).
     """
-    create_slots(optimizer, variables if variables is not None else [v for _, v in pairs])
+    if make_slots is not None:
+        make_slots()
     if not loss_scale.is_dynamic:
         return _true_after(apply())
-    update_scale, should_apply = loss_scale.update([g for g, _ in pairs])
+    update_scale, should_apply = loss_scale.update_from_finite(_all_finite(grads))
     with tf.control_dependencies([update_scale]):
-        return tf.cond(should_apply, lambda: _true_after(apply()),
-                       lambda: tf.constant(False))
+        return (cond or tf.cond)(should_apply, lambda: _true_after(apply()),
+                                 lambda: tf.constant(False))
 
 
 def _true_after(result):
