@@ -59,17 +59,18 @@ def _lists(options):
 
 
 def _tolerance(options):
-    from tf_mpt.models import convert as _convert  # pylint: disable=g-import-not-at-top
-    return _convert.Tolerance.for_dtype(options.dtype, options.rtol, options.atol)
+    from tf_mpt.models import validation as _validation  # pylint: disable=g-import-not-at-top
+    return _validation.Tolerance.for_dtype(options.dtype, options.rtol, options.atol)
 
 
 def _convert_command(options):
-    from tf_mpt.models import convert as _convert  # pylint: disable=g-import-not-at-top
+    from tf_mpt.models import sources as _sources  # pylint: disable=g-import-not-at-top
+    from tf_mpt.models import validation as _validation  # pylint: disable=g-import-not-at-top
     from tf_mpt.models import model_io as _model_io  # pylint: disable=g-import-not-at-top
     if options.auto_deny and not (options.validate or options.inputs):
         raise _model_io.ModelError("--auto-deny needs sample inputs to validate with: pass "
                                    "--validate N (random inputs) or --inputs file.npz.")
-    model = _convert.open_model(options.src)
+    model = _sources.open_model(options.src)
     _model_io.check_destination(options.dst)
     if model.is_converted() and not options.force:
         raise _model_io.ModelError(
@@ -79,7 +80,7 @@ def _convert_command(options):
     keep = _split(options.keep_fp32)
     if options.keep_io_types:
         conversion = model.convert(options.dtype, lists, keep)
-    elif isinstance(model, _convert.FrozenGraph):
+    elif isinstance(model, _sources.FrozenGraph):
         conversion = model.convert(options.dtype, lists, keep, keep_io_types=False)
     else:
         raise _model_io.ModelError(
@@ -89,7 +90,7 @@ def _convert_command(options):
         print(f"{label}: {report.summary()}")
     feeds = None  # sample inputs, drawn once for every validation below
     if options.validate or options.inputs:
-        feeds = _convert.sample_feeds(model.input_specs(), options.validate or 1,
+        feeds = _validation.sample_feeds(model.input_specs(), options.validate or 1,
                                       seed=options.seed, inputs_file=options.inputs)
         conversion = _validate_and_fix(model, conversion, lists, keep, feeds, options)
     if options.variables == "half":
@@ -100,18 +101,18 @@ def _convert_command(options):
 
 def _validation_errors(model, conversion, feeds, options):
     """[OutputError] of the conversion on `feeds`, printed as a table."""
-    from tf_mpt.models import convert as _convert  # pylint: disable=g-import-not-at-top
+    from tf_mpt.models import validation as _validation  # pylint: disable=g-import-not-at-top
     tolerance = _tolerance(options)
-    errors = _convert.validate(model, conversion, feeds, tolerance)
-    print(_convert.error_table(errors, tolerance))
+    errors = _validation.validate(model, conversion, feeds, tolerance)
+    print(_validation.error_table(errors, tolerance))
     return errors
 
 
 def _store_variables_in_half(model, conversion, feeds, options):
     """Variables only half ops read stored in half; validated again on `feeds` when given (the
     numbers are the same: each read cast the same float32 value to half before)."""
-    from tf_mpt.models import convert as _convert  # pylint: disable=g-import-not-at-top
-    if isinstance(model, _convert.FrozenGraph):
+    from tf_mpt.models import sources as _sources  # pylint: disable=g-import-not-at-top
+    if isinstance(model, _sources.FrozenGraph):
         print("--variables half: a frozen graph has no variables; its float32 constants that "
               "only half ops read are already stored in half.")
         return conversion
@@ -129,7 +130,7 @@ def _store_variables_in_half(model, conversion, feeds, options):
 
 
 def _validate_and_fix(model, conversion, lists, keep, feeds, options):
-    from tf_mpt.models import convert as _convert  # pylint: disable=g-import-not-at-top
+    from tf_mpt.models import auto_deny as _auto_deny  # pylint: disable=g-import-not-at-top
     from tf_mpt.models import model_io as _model_io  # pylint: disable=g-import-not-at-top
     tolerance = _tolerance(options)
     errors = _validation_errors(model, conversion, feeds, options)
@@ -147,7 +148,7 @@ def _validate_and_fix(model, conversion, lists, keep, feeds, options):
     if not options.keep_io_types:
         raise _model_io.ModelError("--auto-deny works with --keep-io-types (the default).")
     print(f"validation failed ({failing}); searching for the nodes to keep in float32 ...")
-    conversion, kept = _convert.auto_deny(model, options.dtype, lists, keep, feeds, tolerance)
+    conversion, kept = _auto_deny.auto_deny(model, options.dtype, lists, keep, feeds, tolerance)
     ops = {(d.function, d.name): d.op for report in conversion.reports.values()
            for d in report.decisions.values()}
     print(f"--auto-deny kept {len(kept)} node(s) in float32:")
@@ -162,16 +163,17 @@ def _validate_and_fix(model, conversion, lists, keep, feeds, options):
 
 def _inspect_command(options):
     import json  # pylint: disable=g-import-not-at-top
-    from tf_mpt.models import convert as _convert  # pylint: disable=g-import-not-at-top
+    from tf_mpt.models import sources as _sources  # pylint: disable=g-import-not-at-top
+    from tf_mpt.models import validation as _validation  # pylint: disable=g-import-not-at-top
     from tf_mpt.models import inspection as _inspect  # pylint: disable=g-import-not-at-top
-    model = _convert.open_model(options.src)
+    model = _sources.open_model(options.src)
     lists = _lists(options)
     conversion = model.convert(options.dtype, lists)
     frozen = model.frozen()
     shares = {label: _inspect.flop_share(graph_def, options.dtype, lists)
               for label, (graph_def, _) in frozen.items()}
     variables = None  # what `convert --variables half` would store in half
-    if isinstance(model, _convert.SavedModelDir) and len(model.proto.meta_graphs) == 1:
+    if isinstance(model, _sources.SavedModelDir) and len(model.proto.meta_graphs) == 1:
         variables = model.store_variables_in_half(conversion, options.dtype).variables
     if options.json:
         data = {label: report.to_dict() for label, report in conversion.reports.items()}
@@ -200,7 +202,7 @@ def _inspect_command(options):
               f"{_inspect.REASON_ATTR})")
     if options.numerics:
         specs = model.input_specs()
-        feeds = _convert.sample_feeds(specs, options.samples, seed=options.seed,
+        feeds = _validation.sample_feeds(specs, options.samples, seed=options.seed,
                                       inputs_file=options.inputs)
         for label, (graph_def, placeholders) in frozen.items():
             converted = _inspect.half_node_names(graph_def, options.dtype, lists)

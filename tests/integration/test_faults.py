@@ -120,7 +120,7 @@ _IMPORTS_FIRST = textwrap.dedent("""
 @pytest.mark.parametrize("first", [
     "from tf_mpt import keep_fp32", "import tf_mpt.rewrite",
     "from tf_mpt.training import optimizer", "import tf_mpt.automatic.switch",
-    "import tf_mpt.models.convert"])
+    "import tf_mpt.models.sources"])
 def test_tf_mpt_imported_before_tensorflow_enables_once_and_fully(first):
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
     full_env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_ENABLE="1",

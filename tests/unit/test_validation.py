@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tf_mpt.models import convert as _convert
+from tf_mpt.models import validation as _convert
 
 REL_ERROR_MOBILENET_FLOAT16 = 5.5e-3  # what a Keras MobileNetV2 converted to float16 gives
 
