@@ -3,7 +3,7 @@ nodes, and float32 walls at call and loop boundaries.
 
 The graphs are those of tests/integration/test_grappler_compare.py (v1 and v2 while loop +
 cond, the v1 LSTM over a TensorArray with its gradients, a tf.function with a call and a cond).
-Grappler's pass runs alone in a subprocess (tests/grappler_oracle.py); for bfloat16 it is
+Grappler's pass runs alone in a subprocess (tests/support/grappler_oracle.py); for bfloat16 it is
 skipped with the reason where TensorFlow runs it as a no-op (no AVX512F).
 
 A float32 wall is a value that is half on both sides of a While / call / If boundary but
@@ -22,6 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(_REPO, "tests"))
 sys.path.insert(0, os.path.join(_REPO, "tests", "integration"))
+sys.path.insert(0, os.path.join(_REPO, "tests", "support"))
 
 import grappler_oracle  # noqa: E402
 import test_grappler_compare as cases  # noqa: E402

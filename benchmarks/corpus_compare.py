@@ -1,9 +1,9 @@
-"""tf_mpt against Grappler's AMP pass on the model corpus (tests/integration/model_corpus.py):
+"""tf_mpt against Grappler's AMP pass on the model corpus (tests/support/model_corpus.py):
 Casts added, nodes converted, MatMul/convolutions converted, output error, rewrite time.
 
     python benchmarks/corpus_compare.py [--models mobilenet_v2 resnet50 ...] [--dtype float16]
 
-Grappler runs alone in a subprocess (tests/grappler_oracle.py): float16 in its CPU mode with
+Grappler runs alone in a subprocess (tests/support/grappler_oracle.py): float16 in its CPU mode with
 real float16 (the CUDA lists), bfloat16 in its oneDNN mode, which is a no-op on CPUs without
 AVX512F (the row says so). Errors are relative L2 against float32 on the model's sample batch;
 'input only' is the error of rounding just the input to the half type, the model's own
@@ -18,6 +18,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, ".."), os.path.join(HERE, "..", "tests"),
+                os.path.join(HERE, "..", "tests", "support"),
                 os.path.join(HERE, "..", "tests", "integration")]
 import grappler_oracle  # noqa: E402
 import model_corpus  # noqa: E402

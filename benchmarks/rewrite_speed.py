@@ -12,7 +12,7 @@ body, and its time must grow linearly with the number of calls.
 
 Timing: tf_mpt is `tf_mpt.rewrite_graph_def` in this process; Grappler is one
 `tf_optimizer.OptimizeGraph` call with only the AMP optimizer, in a subprocess (see
-tests/grappler_oracle.py), after a warm-up on a tiny graph, with a pre-built cluster. Both are
+tests/support/grappler_oracle.py), after a warm-up on a tiny graph, with a pre-built cluster. Both are
 wall times from time.perf_counter, median of --repeats runs, and both include the protobuf
 copy / (de)serialisation their API needs. A second table splits the times: OptimizeGraph with
 a no-op optimizer (Grappler's MetaGraphDef import and proto conversion, paid by any pass) and
@@ -41,6 +41,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(_REPO, "tests"))
+sys.path.insert(0, os.path.join(_REPO, "tests", "support"))
 sys.path.insert(0, os.path.join(_REPO, "examples"))
 
 import tensorflow as tf  # noqa: E402

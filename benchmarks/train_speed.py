@@ -34,7 +34,7 @@ partition graphs.
 Half FLOPs: MatMul / BatchMatMul / Conv2D (and their gradients) FLOPs from static shapes in
 the tf_mpt graph, counted as half when the op's T is the half type; ops inside the LSTM's
 while loops are weighted by the trip count. Grappler's: its AMP pass alone on the float32
-graph in a child process (tests/grappler_oracle.py), the ops it converts counted on the
+graph in a child process (tests/support/grappler_oracle.py), the ops it converts counted on the
 float32 graph's shapes (n/a when the pass does not run on this CPU).
 
 Peak memory (section 'memory'): every measurement of a (model, variant) runs in a child process
@@ -56,7 +56,7 @@ MEMORY_STEPS training steps. Two numbers per variant:
   gradients. Shown as n/a when the allocator keeps no statistics (reset_memory_stats raises
   ValueError, as with TF_ENABLE_ONEDNN_OPTS=0).
 
-Accuracy (section 'accuracy'): the training-parity tasks of tests/integration/digits.py (an MLP
+Accuracy (section 'accuracy'): the training-parity tasks of tests/support/digits.py (an MLP
 and a conv net on scikit-learn's digits, which must be installed), trained with the same seed
 and minibatches for the same number of epochs by each variant: fp32 is the float32 graph;
 tf_mpt its rewrite (with tf_mpt.LossScaleOptimizer when the dtype is float16); Grappler the
@@ -84,6 +84,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(_REPO, "tests"))
 sys.path.insert(0, os.path.join(_REPO, "tests", "integration"))
+sys.path.insert(0, os.path.join(_REPO, "tests", "support"))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

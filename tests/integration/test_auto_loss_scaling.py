@@ -16,7 +16,7 @@ import tf_mpt
 from tf_mpt.automatic import switch as _autoenable
 from tf_mpt.automatic import optimizers as auto_scaling
 from tf_mpt import _state as tf_mpt_state
-from helpers import tf1
+from support.helpers import tf1
 
 keras = pytest.importorskip("keras")
 

@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
-from conftest import TOLERANCES
-from helpers import half_tag
+from support.tolerances import TOLERANCES
+from support.helpers import half_tag
 
 _CALLS = ("PartitionedCall", "StatefulPartitionedCall", "If", "StatelessIf")
 

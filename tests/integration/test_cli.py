@@ -1,5 +1,5 @@
-"""`tf-mpt convert` and `tf-mpt inspect` through the console entry point, in subprocesses:
-frozen graphs, bad inputs, and inspect on both kinds (SavedModel conversion, validation and
+"""`tf-mpt convert` and `tf-mpt inspect`: frozen graphs through the console entry point in
+subprocesses, bad inputs through cli.main in this process, and inspect on both kinds (SavedModel conversion, validation and
 the inspect options: test_cli_saved_model.py)."""
 
 import json
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import TOLERANCES
+from support.tolerances import TOLERANCES
+from support.helpers import cli_main, run
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -55,12 +56,8 @@ def models(tmp_path_factory):
 
 
 def _run_graph_def(graph_def, x):
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.graph_util.import_graph_def(graph_def, name="")
     out = [n.name for n in graph_def.node if n.op == "Identity"][-1]
-    with tf.compat.v1.Session(graph=graph) as sess:
-        return sess.run(f"{out}:0", {"x:0": x})
+    return run(graph_def, f"{out}:0", {"x:0": x})
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -108,23 +105,23 @@ def test_convert_options_deny_keep_fp32_and_force(models, tmp_path):
     ("not_a_model", "is a directory without saved_model.pb"),
     ("broken_sm", "is not a SavedModel protocol buffer"),
 ])
-def test_bad_sources_get_a_clear_error_and_nothing_is_written(models, tmp_path, source,
+def test_bad_sources_get_a_clear_error_and_nothing_is_written(models, tmp_path, capsys, source,
                                                               message):
     import re
     root, _ = models
     dst = tmp_path / "out.pb"
-    proc = _cli("convert", str(root / source), str(dst))
-    assert proc.returncode == 2
-    assert re.search(message, proc.stderr), proc.stderr[-2000:]
+    code, _, err = cli_main(capsys, "convert", root / source, dst)  # in-process: no start-up
+    assert code == 2
+    assert re.search(message, err), err[-2000:]
     assert not dst.exists() and os.listdir(tmp_path) == []
 
 
-def test_existing_destination_is_never_overwritten(models, tmp_path):
+def test_existing_destination_is_never_overwritten(models, tmp_path, capsys):
     root, _ = models
     dst = tmp_path / "exists.pb"
     dst.write_bytes(b"keep me")
-    proc = _cli("convert", str(root / "frozen.pb"), str(dst))
-    assert proc.returncode == 2 and "already exists" in proc.stderr
+    code, _, err = cli_main(capsys, "convert", root / "frozen.pb", dst)
+    assert code == 2 and "already exists" in err
     assert dst.read_bytes() == b"keep me"
 
 

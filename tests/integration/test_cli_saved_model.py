@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import TOLERANCES
-from helpers import cli_main
+from support.tolerances import TOLERANCES
+from support.helpers import cli_main
 
 
 class _Dense(tf.Module):

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+SUPPORT = os.path.join(HERE, "..", "support")
 TIMEOUT_S = 240
 NAN_STEP = 1
 # 2 replicas: x = ones * (replica + 1), loss = sum(x @ w): summed gradient 2 + 4 = 6 per weight.
@@ -70,7 +71,7 @@ ALLREDUCE_DTYPES = ["float32", "float16", "bfloat16"]
 def test_mirrored_strategy_replicas_skip_together(mode, allreduce):
     """Also with the gradients all-reduced in a half type (the expected weights are exact
     in float16 and bfloat16 too: small integers times the scale)."""
-    proc = _run([os.path.join(HERE, "mirrored_worker.py"), mode, str(NAN_STEP), allreduce])
+    proc = _run([os.path.join(SUPPORT, "mirrored_worker.py"), mode, str(NAN_STEP), allreduce])
     _check(_records(proc, reduce_dtype=allreduce), copies=2)
 
 
@@ -86,7 +87,7 @@ def test_multi_worker_mirrored_strategy_workers_skip_together(allreduce):
     procs = []
     for index in range(2):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        procs.append(_run([os.path.join(HERE, "mwms_worker.py"), str(NAN_STEP), allreduce],
+        procs.append(_run([os.path.join(SUPPORT, "mwms_worker.py"), str(NAN_STEP), allreduce],
                           env={"TF_CONFIG": json.dumps(tf_config)}))
     results = [_records(p, reduce_dtype=allreduce) for p in procs]
     for records in results:
@@ -117,7 +118,7 @@ def _check_tf2(records):
 @pytest.mark.parametrize("allreduce", ALLREDUCE_DTYPES)
 @pytest.mark.parametrize("mode", ["function", "eager"])
 def test_tf2_custom_loop_replicas_skip_together_with_automatic_scaling(mode, allreduce):
-    proc = _run([os.path.join(HERE, "tf2_mirrored_worker.py"), mode, str(NAN_STEP), allreduce])
+    proc = _run([os.path.join(SUPPORT, "tf2_mirrored_worker.py"), mode, str(NAN_STEP), allreduce])
     records = _records(proc, reduce_dtype=allreduce if mode == "function" else None)
     _check_tf2(records)
     assert all(len(r["w"]) == 2 for r in records)
@@ -129,7 +130,7 @@ def test_tf2_custom_loop_workers_skip_together_with_automatic_scaling(allreduce)
     procs = []
     for index in range(2):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        procs.append(_run([os.path.join(HERE, "tf2_mirrored_worker.py"), "mwms", str(NAN_STEP),
+        procs.append(_run([os.path.join(SUPPORT, "tf2_mirrored_worker.py"), "mwms", str(NAN_STEP),
                            allreduce], env={"TF_CONFIG": json.dumps(tf_config)}))
     results = [_records(p, reduce_dtype=allreduce) for p in procs]
     for records in results:
@@ -145,7 +146,7 @@ DIGITS_ACCURACY_TOL = 0.015
 
 
 def test_digits_with_half_all_reduce_reaches_float32_accuracy():
-    proc = _run([os.path.join(HERE, "digits_mirrored_worker.py"), *ALLREDUCE_DTYPES])
+    proc = _run([os.path.join(SUPPORT, "digits_mirrored_worker.py"), *ALLREDUCE_DTYPES])
     runs = {r["run"]: r for r in _json_lines(proc)}
     baseline = runs.pop("off")  # float32, tf_mpt off
     assert baseline["accuracy"] > 0.9

@@ -7,9 +7,9 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
-from conftest import TOLERANCES
-import digits
-from helpers import half_tag, run
+from support.tolerances import TOLERANCES
+from support import digits
+from support.helpers import half_tag, run
 
 ACCURACY_POINTS = 0.01
 
@@ -114,7 +114,7 @@ def test_keras_training_step_rewritten_trains_to_float32_accuracy(half_dtype):
 
 
 def test_lstm_while_loop_in_tf_function_forward_and_gradients(half_dtype):
-    import lstm
+    from support import lstm
     cf, _ = lstm.tf2_loss_and_grads()
     result = tf_mpt.rewrite_graph_def(cf.graph.as_graph_def(), dtype=half_dtype,
                                       fetches=[t.op.name for t in cf.outputs])
@@ -133,7 +133,7 @@ def test_lstm_while_loop_in_tf_function_forward_and_gradients(half_dtype):
 
 
 def test_lstm_tensor_array_v1_loop_forward_and_gradients(half_dtype):
-    import lstm
+    from support import lstm
     graph = lstm.build_v1_graph()
     fetches = ["loss", "grad0", "grad1", "grad2", "init"]
     result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype=half_dtype, fetches=fetches)

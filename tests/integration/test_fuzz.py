@@ -59,7 +59,7 @@ from tensorflow.core.framework import op_def_pb2
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 import tf_mpt
-from conftest import HALF_DTYPES, TOLERANCES
+from support.tolerances import HALF_DTYPES, TOLERANCES
 
 tf1 = tf.compat.v1
 

@@ -22,7 +22,7 @@ import functools
 import pytest
 import tensorflow as tf
 
-import grappler_oracle
+from support import grappler_oracle
 import tf_mpt
 
 BATCH = 8
@@ -136,7 +136,7 @@ def _loop_and_cond(control_flow_v2):
 
 def _lstm_tensor_array():
     """The v1 LSTM over a TensorArray (tests/integration/lstm.py) with its gradients."""
-    import lstm  # pylint: disable=g-import-not-at-top
+    from support import lstm  # pylint: disable=g-import-not-at-top
     return lstm.build_v1_graph().as_graph_def(), ("loss", "grad0", "grad1", "grad2")
 
 

@@ -27,10 +27,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import grappler_oracle
-import model_corpus
+from support import grappler_oracle
+from support import model_corpus
 import tf_mpt
-from helpers import added_casts, run
+from support.helpers import added_casts, run
 
 REL_L2 = {"float16": 1e-2, "bfloat16": 8e-2}
 SENSITIVITY_FACTOR = 20.0

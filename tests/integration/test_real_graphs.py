@@ -5,9 +5,9 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
-from conftest import LOSS_RTOL, TOLERANCES, assert_close_to_scale
-from helpers import added_casts, node_map, tf1
-import conv_net
+from support.tolerances import LOSS_RTOL, TOLERANCES, assert_close_to_scale
+from support.helpers import added_casts, node_map, tf1
+from support import conv_net
 
 STEPS = 4
 FETCHES = ["loss", "logits", "accuracy", "train", "init"]

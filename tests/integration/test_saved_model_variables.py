@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import cli_main
+from support.helpers import cli_main
 
 DTYPES = ["float16", "bfloat16"]
 

@@ -17,7 +17,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-SCRIPT = os.path.join(HERE, "tf1_patterns.py")
+SCRIPT = os.path.join(HERE, "..", "support", "tf1_patterns.py")
 TIMEOUT_S = 240
 # per-step loss of the mixed run vs the float32 run: |mixed - fp32| <= RTOL * |fp32| + ATOL
 LOSS_TOLERANCE = {"bfloat16": (0.06, 0.03), "float16": (0.01, 0.005)}

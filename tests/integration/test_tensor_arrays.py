@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
-from conftest import TOLERANCES
-from helpers import run
+from support.tolerances import TOLERANCES
+from support.helpers import run
 
 tf1 = tf.compat.v1
 _ARRAY_ATTRS = {"TensorArrayV3": "dtype", "TensorArrayWriteV3": "T", "TensorArrayScatterV3": "T",
@@ -20,7 +20,7 @@ def _array_dtypes(graph_def):
 
 
 def test_lstm_output_array_is_stored_in_half_with_its_gradient(half_dtype):
-    import lstm
+    from support import lstm
     graph = lstm.build_v1_graph()
     fetches = ["loss", "grad0", "grad1", "grad2", "init"]
     result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype=half_dtype, fetches=fetches)
@@ -109,7 +109,7 @@ def test_array_written_in_half_and_read_by_a_half_op_is_half(half_dtype):
 def test_lstm_gradient_stacks_hold_half_values_without_casts_per_step(half_dtype):
     """The v1 gradient keeps forward values in Stacks (pushed in the forward loop, popped in the
     gradient loop): half values go in and come out as they are."""
-    import lstm
+    from support import lstm
     graph = lstm.build_v1_graph()
     gd = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype=half_dtype,
                                   fetches=["loss", "grad0", "grad1", "grad2", "init"]).graph_def
@@ -134,7 +134,7 @@ def test_tf2_lstm_gradient_accumulators_are_half_tensor_lists(half_dtype, nested
     forward body, popped in the gradient body, made in the graph that runs the loops, here the
     main graph or a function it calls): lists of half values are switched to half as a whole,
     so no value is cast to float32 before its push."""
-    import lstm
+    from support import lstm
     cf, _ = lstm.tf2_loss_and_grads(nested=nested)
     result = tf_mpt.rewrite_graph_def(cf.graph.as_graph_def(), dtype=half_dtype,
                                       fetches=[t.op.name for t in cf.outputs])

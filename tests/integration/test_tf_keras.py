@@ -19,7 +19,7 @@ import tensorflow as tf
 import tf_mpt
 from tf_mpt.automatic import switch as _autoenable
 from tf_mpt.automatic import optimizers as auto_scaling
-from helpers import tf1
+from support.helpers import tf1
 
 tf_keras = pytest.importorskip(
     "tf_keras", reason='needs tf_keras: python -m pip install --no-deps "tf_keras==2.21.*"')

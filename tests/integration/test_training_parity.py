@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
-import digits
+from support import digits
 
 EPOCHS = 10
 AVERAGE_LAST = 4  # test accuracy: the mean after each of the last 4 epochs (see digits.py)

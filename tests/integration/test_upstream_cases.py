@@ -17,10 +17,10 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.ops import gen_list_ops
 
-import grappler_oracle
+from support import grappler_oracle
 import tf_mpt
-from conftest import assert_close
-from helpers import added_casts, half_tag, node_map, run
+from support.tolerances import assert_close
+from support.helpers import added_casts, half_tag, node_map, run
 
 tf1 = tf.compat.v1
 SIZE = 32

@@ -14,7 +14,7 @@ from tf_mpt import _patches
 from tf_mpt._state import STATE
 from tf_mpt.automatic import switch as _autoenable
 from tf_mpt.automatic.native import rewriter as _session_rewrite
-from helpers import tf1
+from support.helpers import tf1
 
 
 PATHS = ["grappler", "copy"]

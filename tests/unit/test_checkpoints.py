@@ -5,7 +5,7 @@ import tensorflow as tf
 
 import tf_mpt
 from tf_mpt import _patches
-from helpers import tf1
+from support.helpers import tf1
 
 
 def _model(mixed, use_resource=False):

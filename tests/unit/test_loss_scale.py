@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
-from helpers import tf1
+from support.helpers import tf1
 
 
 def _trajectory(loss_scale, finite_pattern):

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
-from helpers import tf1
+from support.helpers import tf1
 
 OPTIMIZERS = {
     "GradientDescent": lambda: tf1.train.GradientDescentOptimizer(0.1),

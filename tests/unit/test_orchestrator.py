@@ -17,7 +17,7 @@ def test_the_docstring_lists_the_passes_of_PASSES_in_their_order():
     names = [name for name, _ in rewrite_module._PASSES]
     assert [name for name, _ in _doc_passes()] == names
     assert all(run.__name__ == name for name, run in rewrite_module._PASSES)
-    assert len(names) == 16
+    assert names and len(set(names)) == len(names)  # every pass listed once
 
 
 def test_every_pass_says_its_kind_and_what_it_needs():

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import tf_mpt
 from tf_mpt import rewrite as rewrite_module
-from helpers import added_casts, rewrite, tf1, type_attr
+from support.helpers import added_casts, rewrite, tf1, type_attr
 
 
 def _mlp_graph():

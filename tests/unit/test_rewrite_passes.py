@@ -7,8 +7,8 @@ import numpy as np
 import tensorflow as tf
 
 import tf_mpt
-from conftest import TOLERANCES
-from helpers import added_casts, half_tag, inputs_of, random_feed, rewrite, run, tf1, type_attr
+from support.tolerances import TOLERANCES
+from support.helpers import added_casts, half_tag, inputs_of, random_feed, rewrite, run, tf1, type_attr
 
 SHAPE = [8, 8]
 

@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
-from helpers import tf1
+from support.helpers import tf1
 
 
 @pytest.mark.parametrize("use_resource", [False, True], ids=["ref", "resource"])
