@@ -72,8 +72,10 @@ ENV_VARS = (
      "graph holding queues, iterators, tables or readers then runs float32 with a warning). "
      "grappler falls back to copy with a warning when it cannot be built or loaded."),
     (TF_MPT_CACHE_DIR, "(~/.cache/tf_mpt)", "Directory for the compiled Grappler optimizer "
-     "(one file per TensorFlow version and compiler; $XDG_CACHE_HOME/tf_mpt when that is "
-     "set)."),
+     "(one file per TensorFlow version and compiler, with its SHA-256 beside it; "
+     "$XDG_CACHE_HOME/tf_mpt when that is set). Used only if it is yours and not writable by "
+     "others; otherwise, or if it cannot be written, the optimizer is built in a private "
+     "temporary directory for the process, with one warning."),
     (TF_MPT_DUMP_DIR, "", "Directory; every rewrite writes the graph before and after "
      "(.pb and .pbtxt), the effective op lists and the report (JSON) there."),
 )
