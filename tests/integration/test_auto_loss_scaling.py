@@ -326,6 +326,20 @@ def test_a_float16_loss_is_seeded_below_inf_when_the_scale_grows_past_float16(
     assert int(optimizer.iterations.numpy()) == 5 and losses[-1] < losses[0]
 
 
+def test_a_static_scale_from_the_environment_is_usable_through_loss_scale_of(tf2_float32):
+    """TF_MPT_LOSS_SCALE=32768: the optimizer's scale is a StaticLossScale with the same
+    interface as a dynamic one (its state is empty), and the loop trains like float32."""
+    _enable(TF_MPT_LOSS_SCALE="32768")
+    try:
+        losses, _, _, optimizer = _tf2_loop(compiled=True)
+        scale = tf_mpt.loss_scale_of(optimizer)
+        assert isinstance(scale, tf_mpt.StaticLossScale) and not scale.is_dynamic
+        assert float(scale.scale()) == 32768.0 and scale.variables_for_graph() == []
+        np.testing.assert_allclose(losses[-1], tf2_float32[0][-1], rtol=FINAL_LOSS_RTOL)
+    finally:
+        _autoenable.disable()
+
+
 @pytest.mark.parametrize("compiled", COMPILED)
 def test_tf2_custom_loop_does_not_train_in_float16_without_scaling(
         float16_unscaled, tf2_float32, compiled):

@@ -88,6 +88,10 @@ class LossScale(tf.Module):
         """Like update, from a precomputed scalar bool (e.g. agreed across replicas)."""
         raise NotImplementedError
 
+    def variables_for_graph(self):
+        """The state variables of the current graph (a static scale has none)."""
+        return []
+
 
 class StaticLossScale(LossScale):
     """A fixed loss scale. Non-finite gradients are applied as they are (no skipping).

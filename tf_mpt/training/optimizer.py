@@ -197,8 +197,7 @@ class LossScaleOptimizer(tf1.train.Optimizer):
         return self._optimizer.get_slot_names()
 
     def variables(self):
-        return self._optimizer.variables() + list(
-            getattr(self._loss_scale, "variables_for_graph", lambda: [])())
+        return self._optimizer.variables() + self._loss_scale.variables_for_graph()
 
     # The inner optimizer does the per-variable work; reaching these is a bug.
     def _apply_dense(self, grad, var):
