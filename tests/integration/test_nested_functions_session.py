@@ -53,3 +53,40 @@ def test_tf_function_calling_a_tf_function_runs_half_in_a_tf1_session(dtype, ses
     assert result["matmuls"] == [dtype, dtype]  # f's and g's
     tol = 0.01 if dtype == "float16" else 0.06
     np.testing.assert_allclose(result["out"], result["ref"], rtol=tol, atol=tol)
+
+
+REF_ARGUMENT = textwrap.dedent("""
+    import numpy as np, tensorflow as tf
+    v1 = tf.compat.v1; v1.disable_v2_behavior()
+    w = v1.get_variable("w", [8, 8], initializer=v1.glorot_uniform_initializer(seed=1))
+    @tf.function
+    def block(h, w): return tf.nn.relu(tf.matmul(h, w))
+    @tf.function
+    def outer(h, w): return block(h, w) + 1.0
+    x = v1.placeholder(tf.float32, [None, 8]); y = outer(block(x, w), w)
+    loss = tf.reduce_mean(y); train = v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    with v1.Session() as s:
+        s.run(v1.global_variables_initializer())
+        print("LOSSES", [float(s.run([train, loss], {x: np.ones((2, 8))})[1]) for _ in range(3)])
+""")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_ref_variable_passed_to_a_tf_function_runs_as_without_tf_mpt(dtype, tmp_path):
+    """A TF1 ref variable as a tf.function argument does not bind to the rebuilt
+    mixed-precision function: that call runs float32 with one warning (it raised before)."""
+    script = tmp_path / "ref_argument.py"
+    script.write_text(REF_ARGUMENT)
+    losses = {}
+    for label, extra in (("float32", {}), ("mixed", dict(TF_MPT_ENABLE="1", TF_MPT_DTYPE=dtype,
+                                                         TF_MPT_LOSS_SCALING="0"))):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+        env.update(extra, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                              text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        losses[label] = json.loads(proc.stdout.split("LOSSES")[1].strip().replace("'", '"'))
+        if label == "mixed":
+            assert "in float32 for these arguments" in proc.stderr
+    tol = 0.01 if dtype == "float16" else 0.06
+    np.testing.assert_allclose(losses["mixed"], losses["float32"], rtol=tol, atol=tol)

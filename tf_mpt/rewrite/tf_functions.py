@@ -216,6 +216,7 @@ class Function:
         self._rewritten = {}
         self._lock = threading.Lock()
         self._bound = weakref.WeakKeyDictionary()
+        self._warned = set()
         functools.update_wrapper(self, fn)
 
     def __get__(self, instance, owner):
@@ -253,12 +254,26 @@ class Function:
         return rewritten
 
     def __call__(self, *args, **kwargs):
-        return self.get_concrete_function(*args, **kwargs)(*args, **kwargs)
+        rewritten = self.get_concrete_function(*args, **kwargs)
+        try:
+            return rewritten(*args, **kwargs)
+        except TypeError as error:
+            # The arguments bind to the traced function but not to the one rebuilt from its
+            # rewritten graph (e.g. a TF1 ref variable passed as an argument): that call runs
+            # the function as TensorFlow traced it, in float32, rather than fail.
+            key = ("unbindable", _text(rewritten.name))
+            if key not in self._warned:
+                self._warned.add(key)
+                _log.warning("tf_mpt runs tf.function %s in float32 for these arguments: they "
+                             "do not bind to its mixed-precision version (%s: %s).",
+                             getattr(self, "__name__", rewritten.name), type(error).__name__,
+                             str(error).splitlines()[0][:300])
+            return self._tf_function(*args, **kwargs)
 
     def __getattr__(self, name):
         # Anything else a tf.function offers (input_signature, experimental_* ...) is the
         # wrapped tf.function's.
-        if name.startswith("__") or name in ("_tf_function", "_bound", "_on_trace"):
+        if name.startswith("__") or name in ("_tf_function", "_bound", "_on_trace", "_warned"):
             raise AttributeError(name)
         return getattr(self._tf_function, name)
 
