@@ -14,9 +14,9 @@ The mixed run is *worse* (Verdict.kind) when, in this order of precedence:
     "mismatch"   the values differ in number, or one is beyond the dtype's tolerance:
                  |mixed - fp32| > rtol * |fp32| + atol with TOLERANCES[dtype].
 Otherwise "ok". When the reference itself fails the program is not valid ("invalid": a
-generator bug, not a tf_mpt one). Lines that tf_mpt logs as warnings in the mixed run are
-kept in Verdict.warnings (a rewrite that fell back to float32 is not "worse" by the
-definition above, but worth seeing).
+generator bug, not a tf_mpt one). tf_mpt's log lines in the mixed run other than the routine
+ones (ROUTINE_LOG) are kept in Verdict.warnings (a rewrite that fell back to float32 is not
+"worse" by the definition above, but worth seeing); the CLI counts them.
 
 float16 and loss scaling: by default the automatic path scales float16 losses dynamically,
 starting at 2**15, and skips a step whose gradients overflow (by design: the first steps of a
@@ -65,6 +65,10 @@ FLOAT16_NUMERIC_LOSS_SCALE = "1024"
 DEFAULT_TIMEOUT_S = 120
 STDERR_TAIL = 3000
 ENABLED_LINE = "tf_mpt: enabled:"  # what the automatic path logs at start
+# tf_mpt logs every line as "tf_mpt: <message>" whatever its level; these are the routine
+# ones, any other is kept as a warning (Verdict.warnings).
+ROUTINE_LOG = ("tf_mpt: enabled:", "tf_mpt: Converted ", "tf_mpt: Keras global dtype policy",
+               "tf_mpt: tf_keras global dtype policy")
 
 OK, TIMEOUT, ERROR, NONFINITE, MISMATCH, INVALID = (
     "ok", "timeout", "error", "nonfinite", "mismatch", "invalid")
@@ -136,6 +140,8 @@ class Verdict:
                  f"{self.reference.returncode}, {self.reference.seconds:.1f} s"]
         if self.known:
             lines.append(f"  known difference: {self.known['reason']}")
+        if self.warnings:
+            lines.append("  tf_mpt log (not routine):\n" + _indent("\n".join(self.warnings[:10])))
         failed = self.reference if self.kind == INVALID else self.mixed
         if self.kind != MISMATCH and self.kind != NONFINITE:
             lines.append("  stderr tail:\n" + _indent(failed.stderr_tail()))
@@ -200,7 +206,7 @@ def _finite(value):
 def judge(source, dtype, reference, mixed, compare_values=True, tolerance=None):
     """The Verdict of a float32 run and a mixed run of `source`."""
     warnings = [line for line in mixed.stderr.splitlines()
-                if "tf_mpt" in line and ("WARNING" in line or "warning" in line.lower())]
+                if line.startswith("tf_mpt: ") and not any(p in line for p in ROUTINE_LOG)]
 
     def verdict(kind, detail):
         return Verdict(kind, dtype, detail, source, reference, mixed, warnings)
@@ -270,13 +276,17 @@ VARIANTS = {
     "float16": ("float16", None, True),  # static FLOAT16_NUMERIC_LOSS_SCALE
     "float16-dynamic": ("float16", "dynamic", False),  # default scaling: crash/hang/NaN only
 }
-# tf1/tf2 program counts and variants. "fast": each program in one dtype, alternating
-# (test_differential.py's default run); "thorough": each program in every variant against one
-# float32 reference.
+# tf1/tf2 program counts and variants. From `candidates` derandomized hypothesis draws (per
+# kind), the tf1 + tf2 programs that cover the most pairs of components (select_covering;
+# hypothesis's first draws alone are mostly the simplest programs). "fast"
+# (test_differential.py's default run): no known difference, each program in one dtype,
+# alternating; "thorough": known differences included (they count as "known"), each program
+# in every variant against one float32 reference.
 PROFILES = {
-    "fast": dict(tf1=6, tf2=4, variants=("float16", "bfloat16"), alternate=True),
-    "thorough": dict(tf1=24, tf2=16, variants=("bfloat16", "float16", "float16-dynamic"),
-                     alternate=False),
+    "fast": dict(tf1=5, tf2=3, candidates=200, exclude_known=True,
+                 variants=("float16", "bfloat16"), alternate=True),
+    "thorough": dict(tf1=24, tf2=16, candidates=400, exclude_known=False,
+                     variants=("bfloat16", "float16", "float16-dynamic"), alternate=False),
 }
 
 
@@ -301,6 +311,27 @@ def draw_specs(strategy, count, settings_=None, seed=None):
         collect = hypothesis_seed(seed)(collect)
     collect()
     return drawn[:count]
+
+
+def select_covering(specs, count, exclude_known=True):
+    """`count` of `specs` chosen greedily to cover the most pairs of component tags (ties:
+    the earlier spec), so a handful of programs exercises most components and many of their
+    combinations. exclude_known leaves out specs that match a KNOWN_DIFFERENCES entry in
+    either dtype (test_differential.py runs one of each of those in its own test)."""
+    pool = [s for s in specs if not exclude_known or not any(
+        programs.known_difference(s, dtype) for dtype in TOLERANCES)]
+
+    def pairs(spec):
+        tags = sorted(spec.tags())
+        return {(a, b) for i, a in enumerate(tags) for b in tags[i:]}
+
+    chosen, covered = [], set()
+    while pool and len(chosen) < count:
+        best = max(pool, key=lambda s: len(pairs(s) - covered))  # max keeps the first tie
+        chosen.append(best)
+        covered |= pairs(best)
+        pool.remove(best)
+    return chosen
 
 
 def run_spec(spec, variants, timeout=DEFAULT_TIMEOUT_S):
@@ -352,12 +383,17 @@ def unexpected(verdicts):
     return [v for v in verdicts if not v.ok and not v.known]
 
 
-def profile_specs(profile, tf1=None, tf2=None, seed=None):
+def profile_specs(profile, tf1=None, tf2=None, seed=None, settings_=None):
+    """The programs of a profile: tf1 + tf2 specs (counts default to the profile's)."""
     config = PROFILES[profile]
-    n1 = config["tf1"] if tf1 is None else tf1
-    n2 = config["tf2"] if tf2 is None else tf2
-    return (draw_specs(programs.tf1_specs(), n1, seed=seed) if n1 else []) + \
-           (draw_specs(programs.tf2_specs(), n2, seed=seed) if n2 else [])
+    specs = []
+    for strategy, count in ((programs.tf1_specs(), config["tf1"] if tf1 is None else tf1),
+                            (programs.tf2_specs(), config["tf2"] if tf2 is None else tf2)):
+        if not count:
+            continue
+        drawn = draw_specs(strategy, config["candidates"], settings_, seed)
+        specs += select_covering(drawn, count, config["exclude_known"])
+    return specs
 
 
 def main(argv=None):
@@ -380,6 +416,9 @@ def main(argv=None):
         if not v.ok and (not v.known or args.show_known):
             print("\n" + v.report())
     warned = sum(1 for v in verdicts if v.warnings)
+    lines = sorted({line[:300] for v in verdicts for line in v.warnings})
+    if lines:
+        print("\ntf_mpt log lines (not routine) in mixed runs:\n" + _indent("\n".join(lines)))
     not_enabled = sum(1 for v in verdicts if not v.mixed_enabled)
     summary = counts(verdicts)
     print(f"\nprofile {args.profile}: {len(specs)} programs, {summary.pop('pairs')} pairs "

@@ -33,8 +33,11 @@ TF2 programs (kind "tf2"):
                out before apply_gradients, else the None is passed to the Keras optimizer,
                which skips it with a warning), "gather" (tf.gather of an embedding table:
                IndexedSlices gradients)
-    "gan"      generator and discriminator, two Keras optimizers, alternating tapes
-    "fit"      Keras 3 model.compile + model.fit for 2-3 epochs, then model.predict
+    "gan"      generator and discriminator (raw variables or Keras models), two Keras
+               optimizers, alternating tapes; "none_grad" adds a generator variable in no loss
+    "fit"      Keras 3 model.compile + model.fit for 2-3 epochs (steps > 3: 3), then
+               model.evaluate and model.predict; mode "eager" compiles with run_eagerly=True,
+               extra "gather" puts an Embedding first
 
 Sizes are tiny (batch 8-16, widths <= 8, <= 5 steps) so a program takes well under 5 s of
 TensorFlow time. Learning rates are small enough that float16/bfloat16 rounding stays within
@@ -66,29 +69,6 @@ MAX_STEPS = 5
 # differ because of a tf_mpt bug. An entry matches a spec when all its `tags` are in
 # spec.tags() and the dtype is in its `dtypes`. Keep the reason precise: it is the bug report.
 KNOWN_DIFFERENCES = [
-    dict(
-        tags=("kind:tf1", "v1:True", "block:function"),
-        dtypes=("float16", "bfloat16"),
-        reason=(
-            "TF1 graph under tf.compat.v1.disable_v2_behavior(): calling a tf.function with a "
-            "ref variable (tf.compat.v1.get_variable) as an argument, `h = block(h, w)`, "
-            "raises under TF_MPT_ENABLE=1 while float32 runs: tf_mpt/rewrite/tf_functions.py:"
-            "256 __call__ -> self.get_concrete_function(*args, **kwargs)(*args, **kwargs) -> "
-            "TypeError: Binding inputs to tf.function failed due to `Can not cast "
-            "<tf.Variable 'w1:0' shape=(8, 8) dtype=float32_ref> to Weakref[<weakref ...; to "
-            "'UnknownArgument' ...>]` ... Fallback to flat signature also failed due to: "
-            "tf_mpt___inference_block0_N(h) takes 1 positional arguments, got 2. (The "
-            "rewritten ConcreteFunction's signature dropped the variable argument.) Resource "
-            "variables (v1:False) and a tf.function that captures the variable work."),
-    ),
-    dict(
-        tags=("kind:tf1", "v1:True", "block:nested_function"),
-        dtypes=("float16", "bfloat16"),
-        reason=(
-            "The same bug one level down: an outer tf.function passing the ref variable it "
-            "received on to an inner tf.function raises the same TypeError (inside the outer "
-            "function's trace, at tf_functions.py:256) under TF_MPT_ENABLE=1."),
-    ),
     dict(
         tags=("kind:tf2", "tf2:loop", "model:keras", "mode:function", "loss:mse"),
         dtypes=("float16", "bfloat16"),
@@ -304,7 +284,7 @@ def _tf1_source(spec):
                      f"h = tf.tanh(tf.matmul(h, w{i + 1}) + b{i + 1})"]
         elif block == "while_loop":
             body += [f'w{i + 1} = tf1.get_variable("w{i + 1}", initializer=0.5 * glorot((H, H)))',
-                     f"_, h = tf1.while_loop(lambda k, h: k < 3,",
+                     "_, h = tf1.while_loop(lambda k, h: k < 3,",
                      f"                      lambda k, h: (k + 1, tf.tanh(tf.matmul(h, w{i + 1}) + h)),",
                      "                      [tf.constant(0), h])"]
         elif block == "function":
