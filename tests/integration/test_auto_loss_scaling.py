@@ -326,6 +326,35 @@ def test_a_float16_loss_is_seeded_below_inf_when_the_scale_grows_past_float16(
     assert int(optimizer.iterations.numpy()) == 5 and losses[-1] < losses[0]
 
 
+@pytest.mark.parametrize("compiled", COMPILED)
+def test_a_variable_whose_none_gradient_is_filtered_out_does_not_unscale_the_rest(
+        float16_scaled, compiled, caplog):
+    """The script drops None gradients before applying (a GAN generator with an unused
+    variable): the unused variable is never claimed, and the loss keeps its optimizer's
+    scale at every step (it was unscaled, 'variables of different optimizers')."""
+    x, y = _data()
+    model = _model()
+    unused = keras.Variable(np.ones((3,), np.float32), name="unused")
+    optimizer = keras.optimizers.SGD(0.01)
+    variables = model.trainable_variables + [unused]
+
+    def train_step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y)) * TINY
+        grads = tape.gradient(loss, variables)
+        optimizer.apply_gradients([(g / TINY, v) for g, v in zip(grads, variables)
+                                   if g is not None])
+        return loss / TINY
+
+    if compiled:
+        train_step = tf.function(train_step)
+    with caplog.at_level(logging.WARNING, logger="tf_mpt"):
+        losses = [float(train_step()) for _ in range(STEPS)]
+    assert "different optimizers" not in caplog.text
+    assert isinstance(tf_mpt.loss_scale_of(optimizer), tf_mpt.DynamicLossScale)
+    assert losses[-1] < UNTRAINED_FRACTION * losses[0]  # scaled: float16 gradients survive
+
+
 def test_a_static_scale_from_the_environment_is_usable_through_loss_scale_of(tf2_float32):
     """TF_MPT_LOSS_SCALE=32768: the optimizer's scale is a StaticLossScale with the same
     interface as a dynamic one (its state is empty), and the loop trains like float32."""

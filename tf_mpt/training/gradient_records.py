@@ -100,15 +100,20 @@ def graph_records(graph):
 
 def scale_of(variables):
     """The one LossScale the variables' optimizer owns, None if none has claimed them,
-    OPTED_OUT if any is scaled by someone else, or a tuple if they disagree."""
+    OPTED_OUT if any is scaled by someone else, or a tuple if two optimizers claimed them.
+
+    Variables no optimizer has claimed yet do not disagree with the others: a variable whose
+    gradient is None (unused by the loss, then filtered out by the script) never reaches an
+    optimizer, and the rest of the loss's variables keep their optimizer's scale."""
     found = {id(getattr(v, _VARIABLE_SCALE, None)): getattr(v, _VARIABLE_SCALE, None)
              for v in variables}
     values = list(found.values())
     if any(v is OPTED_OUT for v in values):
         return OPTED_OUT
-    if len(values) == 1:
-        return values[0]
-    return tuple(values)
+    claimed = [v for v in values if v is not None]
+    if len(claimed) <= 1:
+        return claimed[0] if claimed else None
+    return tuple(claimed)
 
 
 
