@@ -171,3 +171,41 @@ def test_a_session_on_a_remote_master_says_once_that_it_runs_float32(session_rew
     assert mixed.stderr.count("runs in float32: its graph runs on that master") == 1
     assert "half 0" in mixed.stdout
     assert mixed.stdout == runs["float32"].stdout  # exactly float32's results
+
+
+# --- the native optimizer is built at the first TF1 Session, not before --------------------------
+
+_EAGER_THEN_SESSION = textwrap.dedent("""
+    import sys
+    import tensorflow as tf
+    w = tf.Variable(tf.ones([4, 4]))
+    print("eager", float(tf.reduce_sum(tf.matmul(tf.ones([2, 4]), w))), flush=True)
+    print("EAGER DONE", file=sys.stderr, flush=True)
+    if sys.argv[1] == "session":
+        graph = tf.Graph()
+        with graph.as_default():
+            y = tf.reduce_sum(tf.matmul(tf.ones([2, 4]), tf.ones([4, 4])))
+        with tf.compat.v1.Session(graph=graph) as sess:
+            print("session", float(sess.run(y)))
+""")
+
+
+@pytest.mark.parametrize("with_session", [False, True])
+def test_the_native_optimizer_is_built_at_the_first_session_only(with_session, tmp_path):
+    """An eager TF2 script never compiles the TF1 Session optimizer; the first Session does
+    (here the compiler is missing: one warning then, at the Session, and the copy path)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    full_env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_ENABLE="1",
+                    TF_MPT_DTYPE="bfloat16", CXX=str(tmp_path / "no-such-compiler"),
+                    TF_MPT_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-c", _EAGER_THEN_SESSION,
+                           "session" if with_session else "eager"], env=full_env,
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    eager_part, _, session_part = done.stderr.partition("EAGER DONE")
+    assert "Grappler optimizer is unavailable" not in eager_part  # nothing compiled yet
+    assert "eager 32.0" in done.stdout
+    warnings = session_part.count("Grappler optimizer is unavailable (no C++ compiler")
+    assert warnings == (1 if with_session else 0), done.stderr[-3000:]
+    if with_session:
+        assert "session 32.0" in done.stdout

@@ -229,6 +229,7 @@ def _config_with(**rewrite_options):
 def test_session_config_adds_tf_mpt_and_moves_the_remapper_after_it(enabled):
     from tensorflow.core.protobuf import rewriter_config_pb2
     off = rewriter_config_pb2.RewriterConfig.OFF
+    tf1.Session(graph=tf.Graph()).close()  # the first Session installs the native optimizer
     user = _config_with()
     config = _session_rewrite.session_config(user, tf.Graph())
     options = config.graph_options.rewrite_options

@@ -7,6 +7,7 @@ float32).
 """
 
 import collections.abc
+import dataclasses
 import logging
 
 import tensorflow as tf
@@ -32,8 +33,12 @@ def patch_sessions(config, dtype, rewrite, loss_scaling):
 
     Session.run, make_callable and partial_run(_setup) are patched once each, for every
     concern: the copy path's shadow, the loss-scaling report, and the signals a rewrite
-    deferred (tf_mpt.automatic.native.rewriter)."""
-    path = _rewrite_path(config, dtype) if rewrite else None
+    deferred (tf_mpt.automatic.native.rewriter). The native optimizer is built (once per
+    TensorFlow version and compiler) when the first TF1 Session is created, not here: a TF2
+    script with no Session never compiles it."""
+    path = None
+    if rewrite:
+        path = "grappler" if config.session_rewrite == "grappler" else "copy"
     if path == "grappler":
         _state.patch(BASE_SESSION, "__init__", _session_init)
     if path == "copy":
@@ -46,10 +51,24 @@ def patch_sessions(config, dtype, rewrite, loss_scaling):
     return path
 
 
-def _rewrite_path(config, dtype):
-    """'grappler' once the native optimizer is installed, else 'copy' (one warning why)."""
-    if config.session_rewrite != "grappler":
-        return "copy"
+def _native_ready():
+    """True when Sessions rewrite in their Grappler pass: the native optimizer is installed,
+    at the first Session if not yet. Where it cannot be, this and every later Session take
+    the copy path (one warning why)."""
+    settings = _state.STATE.settings
+    if settings is None or settings.session_rewrite != "grappler":
+        return False
+    if _state.STATE.rewriter is not None:
+        return True
+    if _install_native(settings.config, settings.dtype):
+        return True
+    _state.STATE.settings = dataclasses.replace(settings, session_rewrite="copy")
+    _state.patch(BASE_SESSION, "close", _session_close)
+    return False
+
+
+def _install_native(config, dtype):
+    """Installs the native optimizer; False (one warning why) where it cannot be."""
     try:
         _session_rewrite.install(dtype, config)
     except Exception as error:  # pylint: disable=broad-except
@@ -59,8 +78,8 @@ def _rewrite_path(config, dtype):
         _log.warning("tf_mpt's Grappler optimizer is unavailable (%s); TF1 Sessions run a "
                      "rewritten copy of their graph instead (TF_MPT_SESSION_REWRITE=copy).",
                      reason)
-        return "copy"
-    return "grappler"
+        return False
+    return True
 
 
 def _warn_remote(target):
@@ -74,7 +93,7 @@ def _warn_remote(target):
 def _session_init(original, session, target="", graph=None, config=None):
     if target and not _state.bypassing():
         _warn_remote(target)
-    elif not _state.bypassing():
+    elif not _state.bypassing() and _native_ready():
         owner = graph if graph is not None else tf.compat.v1.get_default_graph()
         config = _session_rewrite.session_config(config, owner)
     return original(session, target, graph, config)
