@@ -5,6 +5,7 @@ import logging
 import os
 import re
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -268,3 +269,19 @@ def test_bad_config_is_a_type_error_naming_it():
                        r"config=\{'TF_MPT_DENYLIST_ADD': 'MatMul'\} \(of type dict\)"):
         tf_mpt.rewrite_graph_def(_mlp_graph().as_graph_def(),
                                  config={"TF_MPT_DENYLIST_ADD": "MatMul"})
+
+
+def test_the_summary_counts_what_already_computed_in_half():
+    """A graph that already computes in half (a Keras model under a mixed policy) is not
+    reported as 'nothing happened': the summary says how many nodes were half already."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 8], name="x")
+        w = tf.constant(np.ones((8, 8), np.float16), name="w")
+        allow1 = tf.matmul(tf.cast(x, tf.float16), w, name="allow1")  # already float16
+        tf.nn.relu(tf.cast(allow1, tf.float32), name="y")
+    report = rewrite(graph, "float16", fetches=["y"]).report
+    assert report.already_half_nodes >= 1
+    assert report.decisions["allow1"].colour == "allow" and not report.decisions["allow1"].converted
+    assert report.summary().endswith(f"; {report.already_half_nodes} more were float16 already")
+    assert report.to_dict()["already_half_nodes"] == report.already_half_nodes

@@ -16,7 +16,7 @@ def _attr_label(key):
 def build_report(paint, cast_names, explain):
     """Builds the report from a finished Paint (`explain(paint, v)` gives unpainted reasons)."""
     decisions = {}
-    converted_nodes = 0
+    converted_nodes = already_half = 0
     view = paint.view
     for i, node in enumerate(view.nodes):
         attrs = {}
@@ -40,17 +40,20 @@ def build_report(paint, cast_names, explain):
         if not paint.node_vertex[i] and paint.node_skip_reason[i] is not None:
             node_colour, node_reason = "fp32", paint.node_skip_reason[i]
         converted_nodes += converted
+        already_half += rank == 1  # allow, already half, nothing converted
         decisions[node.name] = _report.NodeDecision(node.name, node.op, node_colour, node_reason,
                                             attrs, converted)
     return _report.RewriteReport(dtype=paint.target_name, total_nodes=len(view.nodes),
                          converted_nodes=converted_nodes, casts_added=len(cast_names),
-                         cast_names=tuple(cast_names), decisions=decisions)
+                         cast_names=tuple(cast_names), decisions=decisions,
+                         already_half_nodes=already_half)
 
 
 def merge_function_reports(report, function_reports):
     """One report for a graph and the bodies of its library functions."""
     decisions = dict(report.decisions)
     total, converted, casts = report.total_nodes, report.converted_nodes, report.casts_added
+    already_half = report.already_half_nodes
     cast_names = list(report.cast_names)
     for function, sub in function_reports.items():
         for name, d in sub.decisions.items():
@@ -59,9 +62,11 @@ def merge_function_reports(report, function_reports):
             decisions[f"{function}/{name}"] = dataclasses.replace(d, function=function)
             total += 1
             converted += d.converted
+            already_half += d.colour == "allow" and not d.converted
         casts += sub.casts_added
         cast_names.extend(f"{function}/{c}" for c in sub.cast_names)
     return dataclasses.replace(report, total_nodes=total, converted_nodes=converted,
+                               already_half_nodes=already_half,
                                casts_added=casts, cast_names=tuple(cast_names),
                                decisions=decisions, functions=tuple(function_reports))
 
