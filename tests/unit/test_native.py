@@ -154,3 +154,24 @@ def test_a_build_that_times_out_is_killed_and_leaves_no_file(tmp_path, monkeypat
         _native._build(path)
     assert not os.path.exists(f"/proc/{pid_file.read_text().strip()}")  # no orphan compiler
     assert [n for n in os.listdir(cache) if n.endswith(".so")] == []
+
+
+def test_a_read_only_cache_directory_falls_back_to_a_private_build(tmp_path, monkeypatch,
+                                                                  caplog):
+    """A cache directory this user cannot write (as root every directory is writable, so
+    the lock's open is made to fail as it does for a read-only directory)."""
+    monkeypatch.setenv("CXX", _building_compiler(tmp_path))
+    cache = tmp_path / "read-only"
+    cache.mkdir(mode=0o500)
+    real_open = os.open
+
+    def open_(path, *args, **kwargs):
+        if str(path).startswith(str(cache)):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(_native.os, "open", open_)
+    built = _native._built_library(str(cache))
+    assert os.path.dirname(built) != str(cache) and _native._valid(built) == (True, None)
+    assert caplog.text.count("built in a private temporary directory") == 1
+    assert "PermissionError" in caplog.text
