@@ -98,7 +98,7 @@ def test_v1_while_loop_with_matmul_keeps_back_edges_consistent(half_dtype):
     assert nodes["out"].attr["T"].type == tf.float32.as_datatype_enum
     feeds = {"x:0": np.eye(8, dtype=np.float32) * 0.5,
              "w:0": np.random.RandomState(0).uniform(-1, 1, (8, 8)).astype(np.float32)}
-    from helpers import run
+    from support.helpers import run
     np.testing.assert_allclose(run(result.graph_def, "out:0", feeds),
                                run(graph.as_graph_def(), "out:0", feeds),
                                **TOLERANCES[half_dtype])
