@@ -29,7 +29,6 @@ def install_from_env(environ=None, at_startup=True):
     return STATE.started[0]
 
 
-
 def _install_from_env(environ, at_startup):
     environ = os.environ if environ is None else environ
     from tf_mpt import config as _config  # no TensorFlow import
@@ -96,7 +95,6 @@ def _enable(config, finished=None):
             type(error).__name__, error)
 
 
-
 def _initializing_tf_mpt_modules(finished=None):
     """tf_mpt modules whose import is under way (their code has not finished running), but
     `finished` (a module whose code has just run: importlib marks it a moment later)."""
@@ -119,7 +117,7 @@ def _after_import(config):
             _enable(config)
             return
         if name.startswith("tf_mpt."):
-            if STATE.deferred_enable and not _initializing_tf_mpt_modules(finished=name):
+            if STATE.deferred_enable:  # _enable defers it again while one is half-imported
                 _enable(STATE.deferred_enable.pop(), finished=name)
             return
         # loaded by _enable; absent if tensorflow is not imported yet or enabling failed

@@ -271,16 +271,21 @@ def test_tf2_bare_optimizer_apply_is_scaled_and_skips_a_nan_step(float16_scaled,
     np.testing.assert_allclose(losses[-1], tf2_float32[0][-1], rtol=FINAL_LOSS_RTOL)
 
 
+def _model_with_an_unused_variable():
+    """(x, y, model, unused, optimizer, variables): the loss will not touch `unused`, so its
+    gradient is None (a frozen head, a GAN's other network)."""
+    x, y = _data()
+    model = _model()
+    unused = keras.Variable(np.ones((3,), np.float32), name="unused")
+    return x, y, model, unused, keras.optimizers.SGD(0.01), model.trainable_variables + [unused]
+
+
 @pytest.mark.parametrize("compiled", COMPILED)
 def test_tf2_none_gradients_are_skipped_as_keras_does(float16_scaled, compiled, caplog):
     """A variable the loss does not touch (a frozen head, a GAN's other network) gets a None
     gradient: the optimizer is built on every variable, as Keras builds it, and applies the
     rest (before: 'Unknown variable' at the first apply)."""
-    x, y = _data()
-    model = _model()
-    unused = keras.Variable(np.ones((3,), np.float32), name="unused")
-    optimizer = keras.optimizers.SGD(0.01)
-    variables = model.trainable_variables + [unused]
+    x, y, model, unused, optimizer, variables = _model_with_an_unused_variable()
 
     def train_step():
         with tf.GradientTape() as tape:
@@ -332,11 +337,7 @@ def test_a_variable_whose_none_gradient_is_filtered_out_does_not_unscale_the_res
     """The script drops None gradients before applying (a GAN generator with an unused
     variable): the unused variable is never claimed, and the loss keeps its optimizer's
     scale at every step (it was unscaled, 'variables of different optimizers')."""
-    x, y = _data()
-    model = _model()
-    unused = keras.Variable(np.ones((3,), np.float32), name="unused")
-    optimizer = keras.optimizers.SGD(0.01)
-    variables = model.trainable_variables + [unused]
+    x, y, model, _, optimizer, variables = _model_with_an_unused_variable()
 
     def train_step():
         with tf.GradientTape() as tape:

@@ -63,7 +63,6 @@ def _from_library(module):
     return module.split(".")[0] in _LIBRARIES
 
 
-
 # --- what may be scaled -----------------------------------------------------------------------
 
 def _is_variable(value):
@@ -77,7 +76,6 @@ def _is_variable(value):
 def _float_tensors(values):
     return bool(values) and all(
         isinstance(v, tf.Tensor) and v.dtype.is_floating for v in values)
-
 
 
 # --- the scaled backward pass -----------------------------------------------------------------
@@ -116,7 +114,6 @@ def _scaled(differentiate, targets, scale_tensor, record, graph):
     return unscaled
 
 
-
 # --- TF1: tf.gradients / tf.compat.v1.gradients -----------------------------------------------
 
 def tf_gradients(original, ys, xs, grad_ys=None, *args, **kwargs):
@@ -133,11 +130,11 @@ def tf_gradients(original, ys, xs, grad_ys=None, *args, **kwargs):
     graph = targets[0].graph
     if _records.ancestor_records(targets, graph):
         warn_once(("second order", site), "%s differentiates gradients tf_mpt scaled "
-                   "(a gradient of a gradient); it runs without loss scaling.", what)
+                  "(a gradient of a gradient); it runs without loss scaling.", what)
         return original(ys, xs, grad_ys, *args, **kwargs)
     if graph._get_control_flow_context() is not None:  # pylint: disable=protected-access
         warn_once(("control flow", site), "%s is inside a tf.compat.v1 while_loop or cond; "
-                   "its gradients run without loss scaling.", what)
+                  "its gradients run without loss scaling.", what)
         return original(ys, xs, grad_ys, *args, **kwargs)
     return _scaled_gradients(
         what, sources, targets, graph,
@@ -151,8 +148,8 @@ def _scaled_gradients(what, sources, targets, graph, differentiate):
         return differentiate(None)
     if isinstance(scale, tuple):
         warn_once(("two optimizers", what), "%s takes the gradient of one loss with respect "
-                   "to variables of different optimizers; it runs without loss scaling "
-                   "(take one gradient per optimizer).", what)
+                  "to variables of different optimizers; it runs without loss scaling "
+                  "(take one gradient per optimizer).", what)
         return differentiate(None)
     if scale is not None:
         record = _records.Record(what, scale=scale)
@@ -181,8 +178,8 @@ def _check_previous_eager(sources, what):
         if previous is not None and not previous.claimed and not previous.reported:
             previous.reported = True
             warn_once(("no optimizer", previous.site), "the gradients taken by %s reached no "
-                       "optimizer's apply_gradients; they run without loss scaling until an "
-                       "optimizer applies gradients of these variables.", previous.site)
+                      "optimizer's apply_gradients; they run without loss scaling until an "
+                      "optimizer applies gradients of these variables.", previous.site)
             return
 
 
@@ -208,15 +205,15 @@ def tape_gradient(original, tape, target, sources, output_gradients=None, *args,
         tape._tf_mpt_losses = taken + 1  # pylint: disable=protected-access
         if taken:
             warn_once(("persistent", site), "%s takes a second gradient from a persistent "
-                       "GradientTape; gradients after the tape's first run without loss "
-                       "scaling (use one tape per loss to scale each).", what)
+                      "GradientTape; gradients after the tape's first run without loss "
+                      "scaling (use one tape per loss to scale each).", what)
             return unscaled()
     if tape._recording and not tape._persistent:  # pylint: disable=protected-access
         tape._pop_tape()  # pylint: disable=protected-access  (what gradient() does first)
     from tensorflow.python.eager import record as _record  # pylint: disable=g-import-not-at-top
     if _record.could_possibly_record():
         warn_once(("second order", site), "%s is taken while another GradientTape records "
-                   "(second-order gradients); it runs without loss scaling.", what)
+                  "(second-order gradients); it runs without loss scaling.", what)
         return unscaled()
     graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
     return _scaled_gradients(

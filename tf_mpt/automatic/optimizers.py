@@ -13,6 +13,7 @@ from tf_mpt.automatic import state as _state
 from tf_mpt._state import STATE, bypass, bypassing, warn_once
 from tf_mpt.training import gradient_records as _records
 from tf_mpt.training import loss_scale as _loss_scale
+from tf_mpt.training import optimizer as _optimizer
 from tf_mpt.training import scaling as _scaling
 
 _OPTIMIZER_SCALE = "tf_mpt_loss_scale"  # checkpoint name of a Keras optimizer's scale
@@ -21,17 +22,16 @@ _OPTIMIZER_SCALE = "tf_mpt_loss_scale"  # checkpoint name of a Keras optimizer's
 # --- TF1 optimizers: automatic loss scaling -----------------------------------------------
 
 def _scaling_optimizer(optimizer):
-    from tf_mpt.training import optimizer as _optimizer  # pylint: disable=g-import-not-at-top
     wrapper = getattr(optimizer, "_tf_mpt_loss_scale_optimizer", None)
     if wrapper is None:
-        wrapper = _optimizer.LossScaleOptimizer(optimizer, _state.STATE.settings.loss_scale,
-                                                allreduce_dtype=_state.STATE.settings.config.allreduce_dtype)
+        settings = STATE.settings
+        wrapper = _optimizer.LossScaleOptimizer(optimizer, settings.loss_scale,
+                                                allreduce_dtype=settings.config.allreduce_dtype)
         optimizer._tf_mpt_loss_scale_optimizer = wrapper  # pylint: disable=protected-access
     return wrapper
 
 
 def _is_wrapper(optimizer):
-    from tf_mpt.training import optimizer as _optimizer  # pylint: disable=g-import-not-at-top
     return isinstance(optimizer, _optimizer.LossScaleOptimizer)
 
 
@@ -128,12 +128,12 @@ def _keras_apply(optimizer, grads, variables, apply):
         with bypass():
             return False, apply(grads, variables)
     if _records.in_distribution() and (tf.distribute.in_cross_replica_context()
-                               or not _can_skip_keras_reduce(optimizer)):
+                                       or not _can_skip_keras_reduce(optimizer)):
         # no safe step to decide: these variables' gradients run unscaled from now on
         warn_once(("distribution", type(optimizer).__name__), "%s applies gradients under a "
-                   "tf.distribute strategy outside a replica context, or without the "
-                   "all-reduce hook tf_mpt needs (a Keras 3 optimizer in strategy.run has "
-                   "it); its gradients run without loss scaling.", type(optimizer).__name__)
+                  "tf.distribute strategy outside a replica context, or without the "
+                  "all-reduce hook tf_mpt needs (a Keras 3 optimizer in strategy.run has "
+                  "it); its gradients run without loss scaling.", type(optimizer).__name__)
         _records.opt_out(grads, variables)
         with bypass():
             return False, apply(grads, variables)
@@ -142,14 +142,13 @@ def _keras_apply(optimizer, grads, variables, apply):
     if _records.in_distribution():
         _distributed_keras_apply(optimizer, grads, variables, scale, apply)
         return True, None
-    pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
 
     def run():
         with bypass():
             return apply(grads, variables)
 
     return True, _scaling.apply_if_finite(
-        scale, [g for g, _ in pairs], run,
+        scale, grads, run,
         make_slots=lambda: _scaling.create_slots(optimizer, variables))
 
 

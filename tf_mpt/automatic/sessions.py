@@ -20,7 +20,6 @@ from tf_mpt.training import gradient_records as _records
 _log = logging.getLogger(__name__)
 
 
-
 # --- TF1 Sessions: the rewrite inside the Session's graph optimisation ----------------------
 
 BASE_SESSION = tf.compat.v1.Session.__mro__[1]
@@ -325,7 +324,8 @@ def _session_partial_run_setup(original, session, fetches, feeds=None):
 
 def _session_partial_run(original, session, handle, fetches, feed_dict=None):
     try:
-        shadow = _state.STATE.shadows.get(session)  # the handle belongs to the Session that set it up
+        # the handle belongs to the Session that set it up
+        shadow = _state.STATE.shadows.get(session)
         if _state.bypassing() or shadow is None:
             return original(session, handle, fetches, feed_dict)
         mapped_feeds = _map_feeds(shadow, feed_dict) if feed_dict else None
@@ -341,7 +341,6 @@ def _session_close(original, session):
     if shadow is not None:
         shadow.close()
     return original(session)
-
 
 
 def close_shadows():

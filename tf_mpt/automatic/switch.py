@@ -56,8 +56,8 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
                          " or ".join(_cpu.NATIVE_BFLOAT16_FLAGS))
         return None
     settings = _state.Settings(config=config, dtype=dtype, rewrite=config.graph_rewrite,
-                        loss_scaling=config.loss_scaling_for(dtype),
-                        loss_scale=config.loss_scale)
+                               loss_scaling=config.loss_scaling_for(dtype),
+                               loss_scale=config.loss_scale)
     settings = dataclasses.replace(settings, session_rewrite=_sessions.patch_sessions(
         config, dtype, settings.rewrite, settings.loss_scaling))
     if settings.rewrite:

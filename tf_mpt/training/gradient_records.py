@@ -48,7 +48,6 @@ _VARIABLE_SCALE = "_tf_mpt_loss_scale"  # attribute on a variable: its optimizer
 AWAITING = "_tf_mpt_awaiting"  # attribute on a variable: its last eager Record
 
 
-
 def install(loss_scale, allreduce_dtype="float32"):
     """Turns automatic scaling on with `loss_scale` ('dynamic' or a number) for optimizers
     that have none yet and gradients all-reduced in `allreduce_dtype` under tf.distribute
@@ -59,7 +58,6 @@ def install(loss_scale, allreduce_dtype="float32"):
 
 def uninstall():
     STATE.default_loss_scale = None
-    STATE.warned.clear()
 
 
 def installed():
@@ -83,7 +81,6 @@ class Record:
 
     def __repr__(self):
         return f"Record({self.site}, scale={self.scale!r}, claimed={self.claimed})"
-
 
 
 def in_distribution():
@@ -114,7 +111,6 @@ def scale_of(variables):
     if len(claimed) <= 1:
         return claimed[0] if claimed else None
     return tuple(claimed)
-
 
 
 def ancestor_records(tensors, graph):
@@ -151,7 +147,6 @@ def _flat_gradient_tensors(grads):
     return out
 
 
-
 # --- the optimizer side -----------------------------------------------------------------------
 
 def claim(records, loss_scale, variables, optimizer_name):
@@ -162,8 +157,8 @@ def claim(records, loss_scale, variables, optimizer_name):
     for record in records:
         if record.claimed and record.scale is not loss_scale:
             warn_once(("claimed twice", record.site), "the gradients taken by %s are applied "
-                       "by two optimizers; their loss scale follows the first, %s.",
-                       record.site, optimizer_name)
+                      "by two optimizers; their loss scale follows the first, %s.",
+                      record.site, optimizer_name)
             continue
         if record.pending is not None and record.scale is None:
             _rewire(record.pending, loss_scale)
@@ -221,5 +216,5 @@ def report_unclaimed(graph):
         if not record.claimed and not record.reported:
             record.reported = True
             warn_once(("no optimizer", record.site), "the gradients taken by %s reached no "
-                       "optimizer's apply_gradients; they run without loss scaling.",
-                       record.site)
+                      "optimizer's apply_gradients; they run without loss scaling.",
+                      record.site)

@@ -18,8 +18,7 @@ from tf_mpt._state import bypass
 from tf_mpt.training import gradient_records as _records
 from tf_mpt.training import loss_scale as _loss_scale
 from tf_mpt.training.scaling import (all_reduce_in, apply_if_finite, create_slots,
-                                     resolve_allreduce_dtype,
-                                     scale_loss_value, unscale)
+                                     resolve_allreduce_dtype, scale_loss_value, unscale)
 
 tf1 = tf.compat.v1
 
@@ -104,7 +103,7 @@ class LossScaleOptimizer(tf1.train.Optimizer):
         variables = [v for _, v in grads_and_vars]
         # gradients tf_mpt's automatic path scaled (tf.gradients) now use this scale
         _records.claim(_records.records_for([g for g, _ in grads_and_vars], variables),
-                            self._loss_scale, variables, self.get_name())
+                       self._loss_scale, variables, self.get_name())
         half_reduce = self._allreduce_dtype != tf.float32 and tf.distribute.has_strategy()
         if not self._loss_scale.is_dynamic and not half_reduce:
             return self._optimizer.apply_gradients(grads_and_vars, global_step, name)

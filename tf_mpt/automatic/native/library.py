@@ -56,7 +56,6 @@ REWRITER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctyp
                             ctypes.c_size_t, SINK, ctypes.c_void_p)
 
 
-
 class NativeUnavailable(RuntimeError):
     """The native optimizer could not be built or loaded (the message says why)."""
 
@@ -154,7 +153,8 @@ def _valid(path):
         return False, why
     try:
         checksum_status = os.lstat(path + _CHECKSUM_SUFFIX)
-        if not stat.S_ISREG(checksum_status.st_mode) or _unsafe_because(checksum_status, "x"):
+        if (not stat.S_ISREG(checksum_status.st_mode)
+                or _unsafe_because(checksum_status, "its checksum file")):
             return False, "its checksum file is not this user's"
         with open(path + _CHECKSUM_SUFFIX, encoding="ascii") as handle:
             expected = handle.read().strip()

@@ -51,13 +51,10 @@ OPTIMIZER_NAME = "TfMpt"
 _UNCHANGED = 1
 
 
-
 @dataclasses.dataclass(frozen=True)
 class _Installed:
     dtype: str  # 'float16' | 'bfloat16'
     config: object  # the tf_mpt.Config the automatic path was enabled with
-
-
 
 
 def install(dtype, config):
@@ -246,7 +243,7 @@ def _rewrite_or_leave(graph_data, graph_size, request_data, request_size, sink, 
         # Never let an exception cross into TensorFlow's C++: the graph runs as it was.
         # (KeyboardInterrupt and a handler's SystemExit cannot arise here: signals wait.)
         warn_once(("rewrite", key), "could not rewrite a graph of this Session (%s: %s); "
-                   "that graph runs in float32.", type(error).__name__, error)
+                  "that graph runs in float32.", type(error).__name__, error)
         return _UNCHANGED
 
 
