@@ -63,12 +63,13 @@ class State:
 STATE = State()
 
 
-def warn_once(key, message, *args):
-    """Logs WARNING `message % args` the first time `key` is seen (until disable())."""
+def warn_once(key, message, *args, level=logging.WARNING):
+    """Logs `message % args` (WARNING, or `level`) the first time `key` is seen (until
+    disable())."""
     if key in STATE.warned:
         return
     STATE.warned.add(key)
-    _log.warning(message, *args)
+    _log.log(level, message, *args)
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ TF_MPT_CPU_FLAGS = "TF_MPT_CPU_FLAGS"
 TF_MPT_SESSION_REWRITE = "TF_MPT_SESSION_REWRITE"
 TF_MPT_CACHE_DIR = "TF_MPT_CACHE_DIR"
 TF_MPT_ALLREDUCE_DTYPE = "TF_MPT_ALLREDUCE_DTYPE"
+TF_MPT_KERAS = "TF_MPT_KERAS"
 
 # (variable, default, meaning): the README's env-var table is checked against this by a test.
 ENV_VARS = (
@@ -71,6 +72,11 @@ ENV_VARS = (
      "table); copy: the Session runs a rewritten copy of its graph (no compiler needed; a "
      "graph holding queues, iterators, tables or readers then runs float32 with a warning). "
      "grappler falls back to copy with a warning when it cannot be built or loaded."),
+    (TF_MPT_KERAS, "rewrite", "How the automatic path gives Keras and tf_keras mixed precision. "
+     "rewrite: Keras stays float32 (every tensor the script receives keeps its dtype) and "
+     "tf_mpt rewrites the graphs Keras traces for fit / evaluate / predict, like a "
+     "tf.function's; policy: the global mixed_float16 / mixed_bfloat16 dtype policy (layers "
+     "compute and return half tensors; Keras's own LossScaleOptimizer for float16)."),
     (TF_MPT_CACHE_DIR, "(~/.cache/tf_mpt)", "Directory for the compiled Grappler optimizer "
      "(one file per TensorFlow version and compiler, with its SHA-256 beside it; "
      "$XDG_CACHE_HOME/tf_mpt when that is set). Used only if it is yours and not writable by "
@@ -97,6 +103,7 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _DTYPES = ("float16", "bfloat16", "auto")
 _SESSION_REWRITES = ("grappler", "copy")
+KERAS_MODES = ("rewrite", "policy")
 ALLREDUCE_DTYPES = ("float32", "float16", "bfloat16", "auto")
 
 
@@ -189,6 +196,7 @@ class Config:
         session_rewrite: 'grappler' or 'copy' (TF_MPT_SESSION_REWRITE).
         cache_dir: TF_MPT_CACHE_DIR, or None (the default cache directory).
         allreduce_dtype: 'float32', 'float16', 'bfloat16' or 'auto' (TF_MPT_ALLREDUCE_DTYPE).
+        keras: 'rewrite' or 'policy' (TF_MPT_KERAS).
     """
     list_add: tuple = ()
     list_remove: tuple = ()
@@ -203,6 +211,7 @@ class Config:
     session_rewrite: str = "grappler"
     cache_dir: typing.Optional[str] = None
     allreduce_dtype: str = "float32"
+    keras: str = "rewrite"
 
     @classmethod
     def from_env(cls, environ):
@@ -230,7 +239,8 @@ class Config:
                    session_rewrite=_parse_choice(environ, TF_MPT_SESSION_REWRITE,
                                                  _SESSION_REWRITES, "grappler"),
                    cache_dir=environ.get(TF_MPT_CACHE_DIR, "").strip() or None,
-                   allreduce_dtype=allreduce_dtype_from_env(environ))
+                   allreduce_dtype=allreduce_dtype_from_env(environ),
+                   keras=_parse_choice(environ, TF_MPT_KERAS, KERAS_MODES, "rewrite"))
 
     def loss_scaling_for(self, dtype):
         """Whether the automatic path scales the loss for `dtype` ('float16'/'bfloat16').

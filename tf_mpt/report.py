@@ -80,11 +80,16 @@ class RewriteReport:
     def summary(self):
         """One line: 'Converted 18/40 nodes to bfloat16 using 6 cast(s)', and when the graph
         already computed in half (a Keras model under a mixed policy) how much:
-        'Converted 0/1864 nodes to float16 using 0 cast(s); 412 more were float16 already'."""
+        'Converted 0/1864 nodes to float16 using 0 cast(s); 412 more were float16 already',
+        and how many the cost model kept float32."""
         line = (f"Converted {self.converted_nodes}/{self.total_nodes} nodes to {self.dtype} "
                 f"using {self.casts_added} cast(s)")
         if self.already_half_nodes:
             line += f"; {self.already_half_nodes} more were {self.dtype} already"
+        by_cost = sum(1 for d in self.decisions.values() if d.reason.startswith("cost model:"))
+        if by_cost:
+            line += (f"; {by_cost} kept float32 by the cost model (their Casts would cost more "
+                     f"than {self.dtype} saves)")
         if self.error is not None:
             line += f" (rewrite abandoned: {self.error})"
         return line

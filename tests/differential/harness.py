@@ -68,7 +68,8 @@ ENABLED_LINE = "tf_mpt: enabled:"  # what the automatic path logs at start
 # tf_mpt logs every line as "tf_mpt: <message>" whatever its level; these are the routine
 # ones, any other is kept as a warning (Verdict.warnings).
 ROUTINE_LOG = ("tf_mpt: enabled:", "tf_mpt: Converted ", "tf_mpt: Keras global dtype policy",
-               "tf_mpt: tf_keras global dtype policy")
+               "tf_mpt: tf_keras global dtype policy", "tf_mpt: float16 runs in ",
+               "tf_mpt: bfloat16 runs in ")
 
 OK, TIMEOUT, ERROR, NONFINITE, MISMATCH, INVALID = (
     "ok", "timeout", "error", "nonfinite", "mismatch", "invalid")

@@ -69,19 +69,9 @@ MAX_STEPS = 5
 # differ because of a tf_mpt bug. An entry matches a spec when all its `tags` are in
 # spec.tags() and the dtype is in its `dtypes`. Keep the reason precise: it is the bug report.
 KNOWN_DIFFERENCES = [
-    dict(
-        tags=("kind:tf2", "tf2:loop", "model:keras", "mode:function", "loss:mse"),
-        dtypes=("float16", "bfloat16"),
-        reason=(
-            "TF2 custom loop in a tf.function over a Keras model, loss written with plain ops: "
-            "`tf.reduce_mean(tf.square(model(x) - y))` with y a float32 tensor raises under "
-            "TF_MPT_ENABLE=1: TypeError: Input 'y' of 'Sub' Op has type float32 that does not "
-            "match type float16 (bfloat16) of argument 'x'. tf_mpt sets the global Keras "
-            "policy mixed_float16/mixed_bfloat16, so the model's output is half while the "
-            "script's labels are float32. Eager passes only because y is a NumPy array there "
-            "(converted to the tensor's dtype); a float32 tensor fails the same way. Keras "
-            "losses (model.fit, keras.losses.*) cast and are not affected."),
-    ),
+    # Empty since TF_MPT_KERAS=rewrite became the default: the one entry, a custom loop's
+    # `model(x) - y` failing under the mixed Keras policy (the model's output was half), was
+    # fixed by leaving Keras in float32 and rewriting the traced graph instead.
 ]
 
 

@@ -31,7 +31,11 @@ UNTRAINED_FRACTION = 0.5
 
 
 def _enable(**env):
-    config = tf_mpt.Config.from_env({"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": "float16", **env})
+    # TF_MPT_KERAS=policy: the Keras loops here also run eagerly, and compute in half there
+    # only under the mixed policy; the default (rewrite) leaves eager code float32 and
+    # unscaled (tests/integration/test_tf2_patterns.py covers it)
+    config = tf_mpt.Config.from_env({"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": "float16",
+                                     "TF_MPT_KERAS": "policy", **env})
     return _autoenable.enable(config, gpu_visible=False, native_bfloat16=False)
 
 

@@ -86,21 +86,32 @@ def test_unmodified_script_runs_in_mixed_precision(name, launch, tmp_path, float
     assert metrics["accuracy"] >= float32_runs[name]["accuracy"] - ACCURACY_POINTS - 1e-9
 
 
-@pytest.mark.parametrize("launch", ["env", "module", "console"])
-def test_keras_fit_script_gets_keras_mixed_precision_policy(launch):
+@pytest.mark.parametrize("launch", ["env", "module", "console", "policy"])
+def test_keras_fit_script_runs_its_traced_steps_in_mixed_precision(launch):
+    """TF_MPT_KERAS=rewrite (default): Keras stays float32 and tf_mpt rewrites the step
+    functions fit / evaluate trace; TF_MPT_KERAS=policy: Keras's mixed_bfloat16 policy."""
     args = ["examples/keras_fit_digits.py", "--epochs", "3"]
     float32_run = _run(args, {})
     float32 = _metrics(float32_run)
     if launch == "env":
         proc = _run(args, {"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": "bfloat16"})
+    elif launch == "policy":
+        proc = _run(args, {"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": "bfloat16",
+                           "TF_MPT_KERAS": "policy"})
     elif launch == "module":
         proc = _run(["-m", "tf_mpt", *args], {"TF_MPT_DTYPE": "bfloat16"})
     else:  # what the `tf-mpt run` console command calls
         proc = _run(["-c", "import sys; from tf_mpt.cli import main; main(sys.argv[1:])",
                      "run", *args], {"TF_MPT_DTYPE": "bfloat16"})
     mixed = _metrics(proc)
-    assert "policy=mixed_bfloat16" in proc.stdout and "policy=float32" in float32_run.stdout
-    assert "tf_mpt: Keras global dtype policy set to mixed_bfloat16" in proc.stderr
+    assert "policy=float32" in float32_run.stdout
+    if launch == "policy":
+        assert "policy=mixed_bfloat16" in proc.stdout
+        assert "tf_mpt: Keras global dtype policy set to mixed_bfloat16" in proc.stderr
+    else:
+        assert "policy=float32" in proc.stdout and "dtype policy" not in proc.stderr
+        converted = re.findall(r"tf_mpt: Converted (\d+)/\d+ nodes to bfloat16", proc.stderr)
+        assert len(converted) == 2 and all(int(n) > 0 for n in converted), proc.stderr[-3000:]
     assert mixed["last_loss"] < mixed["first_loss"] / 2
     assert mixed["accuracy"] >= float32["accuracy"] - ACCURACY_POINTS - 1e-9
 
@@ -208,16 +219,19 @@ def test_python_m_tf_mpt_without_a_script_prints_usage():
 @pytest.mark.skipif(importlib.util.find_spec("tf_keras") is None,
                     reason='needs tf_keras: python -m pip install --no-deps "tf_keras==2.21.*"')
 def test_tf_keras_imported_after_tf_mpt_enable_gets_its_policy_and_scaling():
+    # the policy only under TF_MPT_KERAS=policy; the optimizer patches in both modes
     """A script that calls tf_mpt.enable() and then imports tf_keras (`import tensorflow`
     itself imports Keras 3, so only tf_keras can come later)."""
     script = ("import tensorflow as tf, tf_mpt, sys\n"
               "assert 'tf_keras' not in sys.modules\n"
               "tf_mpt.enable(tf_mpt.Config.from_env({'TF_MPT_ENABLE': '1',\n"
-              "                                      'TF_MPT_DTYPE': 'float16'}))\n"
+              "                                      'TF_MPT_DTYPE': 'float16',\n"
+              "                                      'TF_MPT_KERAS': sys.argv[1]}))\n"
               "import tf_keras\n"
               "print('policy', tf_keras.mixed_precision.global_policy().name)\n"
               "method = tf_keras.optimizers.Adam.apply_gradients\n"
               "print('patched', method.__code__.co_filename.endswith('state.py'))\n")
-    proc = _run(["-c", script], {})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["policy", "mixed_float16", "patched", "True"], proc.stdout
+    for keras_mode, policy in (("policy", "mixed_float16"), ("rewrite", "float32")):
+        proc = _run(["-c", script, keras_mode], {})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.split() == ["policy", policy, "patched", "True"], proc.stdout

@@ -366,3 +366,30 @@ def test_fetched_or_opted_out_loop_keeps_its_loop_variables_float32(kept, half_d
     result = tf_mpt.rewrite_graph_def(graph_def, dtype=half_dtype, fetches=fetches, strict=True)
     assert result.report.loop_variables_kept_half == 0
     assert [n for n in result.graph_def.node if n.name == loop.name][0].attr == loop.attr
+
+
+def test_gradient_tape_around_a_tf_mpt_function_reaches_the_variables_it_reads(half_dtype):
+    """A forward pass in tf_mpt.function, the tape outside it (eagerly, or in another
+    tf.function called after the rewrite was built): the gradients are float32's, not None
+    (the rebuilt function reads the variables, so calls record the access)."""
+    w = tf.Variable(np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(4, 3))
+    forward = tf_mpt.function(lambda x: tf.tanh(tf.matmul(x, w)), dtype=half_dtype)
+    x = tf.constant(np.linspace(0.0, 1.0, 8, dtype=np.float32).reshape(2, 4))
+    forward(x)  # built eagerly, before either tape
+
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(forward(x))
+    eager_grad = tape.gradient(loss, w)
+
+    @tf.function
+    def graph_grad(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(forward(x))
+        return tape.gradient(loss, w)
+
+    with tf.GradientTape() as tape:
+        expected = tape.gradient(tf.reduce_sum(tf.tanh(tf.matmul(x, w))), w)
+    assert eager_grad is not None and eager_grad.dtype == tf.float32
+    np.testing.assert_allclose(eager_grad.numpy(), expected.numpy(), **TOLERANCES[half_dtype])
+    np.testing.assert_allclose(graph_grad(x).numpy(), expected.numpy(),
+                               **TOLERANCES[half_dtype])

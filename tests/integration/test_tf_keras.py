@@ -38,7 +38,10 @@ COMPILED = [pytest.param(False, id="eager"), pytest.param(True, id="tf.function"
 
 
 def _enable(**env):
-    config = tf_mpt.Config.from_env({"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": "float16", **env})
+    # TF_MPT_KERAS=policy: these loops run eagerly too, in half only under tf_keras's policy
+    # (under the default, rewrite, eager code runs float32: test_keras_rewrite.py)
+    config = tf_mpt.Config.from_env({"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": "float16",
+                                     "TF_MPT_KERAS": "policy", **env})
     return _autoenable.enable(config, gpu_visible=False, native_bfloat16=False)
 
 
@@ -185,8 +188,11 @@ def test_tf_keras_legacy_optimizer_in_a_tf1_graph_with_tf_gradients(float16_scal
     assert isinstance(auto_scaling.loss_scale_of(optimizer), tf_mpt.DynamicLossScale)
 
 
-def test_tf_keras_fit_script_gets_tf_keras_mixed_policy_under_tf_mpt_enable():
-    script = ("import numpy as np, tensorflow as tf\n"
+@pytest.mark.parametrize("keras_mode", ["rewrite", "policy"])
+def test_tf_keras_fit_script_under_tf_mpt_enable(keras_mode):
+    """rewrite (default): tf_keras stays float32, its train_function is rewritten and the
+    optimizer gets tf_mpt's scale; policy: tf_keras's mixed_float16 and LossScaleOptimizer."""
+    script = ("import numpy as np, tensorflow as tf, tf_mpt\n"
               "m = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(4),\n"
               "                         tf.keras.layers.Dense(1, dtype='float32')])\n"
               "m.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss='mse')\n"
@@ -194,19 +200,27 @@ def test_tf_keras_fit_script_gets_tf_keras_mixed_policy_under_tf_mpt_enable():
               "print('module', type(m).__module__.split('.')[0])\n"
               "print('policy', m.layers[0].dtype_policy.name)\n"
               "print('optimizer', type(m.optimizer).__name__)\n"
+              "print('scale', type(tf_mpt.loss_scale_of(m.optimizer)).__name__)\n"
+              "print('output', m.predict(np.ones((2, 8), 'float32'), verbose=0).dtype)\n"
               "print('finite', bool(np.isfinite(h.history['loss'][-1])))\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
     env.update(TF_MPT_ENABLE="1", TF_MPT_DTYPE="float16", TF_USE_LEGACY_KERAS="1",
-               PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+               TF_MPT_KERAS=keras_mode, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     said = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
     assert said["module"] == "tf_keras"
-    assert said["policy"] == "mixed_float16"
-    assert said["optimizer"].startswith("LossScaleOptimizer")  # tf_keras's own, at compile
-    assert said["finite"] == "True"
-    assert "tf_mpt: tf_keras global dtype policy set to mixed_float16" in proc.stderr
+    assert said["finite"] == "True" and said["output"] == "float32"
+    if keras_mode == "policy":
+        assert said["policy"] == "mixed_float16"
+        assert said["optimizer"].startswith("LossScaleOptimizer")  # tf_keras's own
+        assert "tf_mpt: tf_keras global dtype policy set to mixed_float16" in proc.stderr
+    else:
+        assert said["policy"] == "float32" and said["optimizer"] == "SGD"
+        assert said["scale"] == "DynamicLossScale"  # claimed from the rewritten train step
+        assert "dtype policy" not in proc.stderr
+        assert "tf_mpt: Converted " in proc.stderr and " nodes to float16" in proc.stderr
 
 
 @pytest.mark.parametrize("make_scale", [tf_mpt.DynamicLossScale,

@@ -1,9 +1,15 @@
 """Where a script takes gradients: tf.gradients / tf.compat.v1.gradients and
 GradientTape.gradient start the backward pass from the loss scale and return float32-unscaled
 gradients (see tf_mpt.training.gradient_records for which scale, and the patterns left
-unscaled), each computation recorded with the script's file:line.
+unscaled), each computation recorded with the script's file:line. Keras's own training step
+counts as the script's when tf_mpt rewrites Keras's step functions (TF_MPT_KERAS=rewrite).
+
+Eager code (a GradientTape outside tf.function) runs in float32 under tf_mpt: its gradients
+get no loss scale, and one INFO line says so, unless a half op ran (a half loss, or a mixed
+Keras dtype policy the script set itself).
 """
 
+import logging
 import sys
 
 import tensorflow as tf
@@ -60,7 +66,42 @@ def _autograph_lines(code):
 
 
 def _from_library(module):
-    return module.split(".")[0] in _LIBRARIES
+    if module.split(".")[0] not in _LIBRARIES:
+        return False
+    from tf_mpt.automatic import keras as _keras  # pylint: disable=g-import-not-at-top
+    return not (module in _keras.KERAS_GRADIENT_MODULES and _keras.rewrites_keras())
+
+
+# --- eager code ---------------------------------------------------------------------------------
+
+_HALF = ("float16", "bfloat16")
+
+
+def _half_ran_eagerly(targets):
+    """Whether an eager gradient's forward pass ran half ops: a half target, or a mixed
+    dtype policy in Keras or tf_keras (which only the script sets under TF_MPT_KERAS=rewrite,
+    and tf_mpt under TF_MPT_KERAS=policy)."""
+    if any(t.dtype.name in _HALF for t in targets):
+        return True
+    keras = sys.modules.get("keras")
+    config = getattr(keras, "config", None) if keras is not None else None
+    tf_keras = sys.modules.get("tf_keras")
+    mixed = getattr(tf_keras, "mixed_precision", None) if tf_keras is not None else None
+    for get in (getattr(config, "dtype_policy", None), getattr(mixed, "global_policy", None)):
+        try:
+            if get is not None and str(get().compute_dtype) in _HALF:
+                return True
+        except Exception:  # pylint: disable=broad-except
+            continue
+    return False
+
+
+def _eager_float32(what):
+    warn_once("eager float32", "%s runs eagerly (outside tf.function): eager TensorFlow ops "
+              "run in float32 under tf_mpt, so its gradients get no loss scale. tf_mpt runs "
+              "tf.function graphs, Keras fit / evaluate / predict and TF1 Sessions in mixed "
+              "precision: wrap the training step in tf.function for it.", what,
+              level=logging.INFO)
 
 
 # --- what may be scaled -----------------------------------------------------------------------
@@ -199,6 +240,10 @@ def tape_gradient(original, tape, target, sources, output_gradients=None, *args,
 
     def unscaled():
         return original(tape, target, sources, None, *args, **kwargs)
+
+    if tf.executing_eagerly() and not _half_ran_eagerly(targets):
+        _eager_float32(what)
+        return unscaled()
 
     if tape._persistent:  # pylint: disable=protected-access
         taken = getattr(tape, "_tf_mpt_losses", 0)

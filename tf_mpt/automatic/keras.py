@@ -1,6 +1,8 @@
-"""TF2 under the automatic path: `tf.function` in user code becomes tf_mpt.function, Keras and
-tf_keras get the mixed_* dtype policy, and a Keras imported after enable() gets its policy and
-optimizer patches when its import finishes.
+"""TF2 under the automatic path: `tf.function` in user code becomes tf_mpt.function, and so do
+the step functions Keras and tf_keras trace for fit / evaluate / predict (TF_MPT_KERAS=rewrite,
+the default: Keras itself stays float32, so every tensor the script receives keeps its dtype);
+with TF_MPT_KERAS=policy, Keras and tf_keras get the mixed_* dtype policy instead. A Keras
+imported after enable() gets its policy and optimizer patches when its import finishes.
 """
 
 import functools
@@ -21,11 +23,34 @@ _log = logging.getLogger(__name__)
 _KERAS_POLICY = "<keras dtype policy>"
 _TF_KERAS_POLICY = "<tf_keras dtype policy>"
 _LIBRARY_PREFIXES = ("keras", "tf_keras", "tensorflow", "tf_mpt", "absl")
+# The step functions Keras 3 and tf_keras trace for fit / evaluate / predict, by module: the
+# one that runs a batch (Keras 3 traces another around it that only feeds it from the
+# iterator; rewriting that too would rewrite the step twice).
+KERAS_STEP_FUNCTIONS = {
+    "keras.src.backend.tensorflow.trainer": (
+        "one_step_on_data", "one_step_on_data_distributed", "multi_step_on_data"),
+    "tf_keras.src.engine.training": ("train_function", "test_function", "predict_function"),
+}
+# Where they take the training step's gradients (Keras 3 in its trainer, tf_keras in its
+# optimizers' minimize).
+KERAS_GRADIENT_MODULES = tuple(KERAS_STEP_FUNCTIONS) + (
+    "tf_keras.src.optimizers.optimizer", "tf_keras.src.optimizers.legacy.optimizer_v2")
 
 
-def patch_tf_function(dtype):
-    """`tf.function` in user code becomes tf_mpt.function (Keras and TF internals keep theirs:
-    Keras gets mixed precision through its dtype policy)."""
+def _keras_step(func):
+    module = getattr(func, "__module__", "") or ""
+    return getattr(func, "__name__", None) in KERAS_STEP_FUNCTIONS.get(module, ())
+
+
+def rewrites_keras():
+    """True when Keras's step functions are rewritten (TF_MPT_KERAS=rewrite)."""
+    settings = _state.STATE.settings
+    return settings is not None and settings.rewrite and settings.config.keras == "rewrite"
+
+
+def patch_tf_function(dtype, keras_steps=True):
+    """`tf.function` in user code becomes tf_mpt.function, and so do Keras's step functions
+    when `keras_steps` (other Keras and TF internals keep theirs)."""
     from tf_mpt.rewrite import tf_functions as _functions  # pylint: disable=g-import-not-at-top
     original = _functions._TF_FUNCTION  # pylint: disable=protected-access
 
@@ -33,7 +58,7 @@ def patch_tf_function(dtype):
         if func is None:
             return lambda f: function(f, **kwargs)
         module = getattr(func, "__module__", "") or ""
-        if module.split(".")[0] in _LIBRARY_PREFIXES:
+        if module.split(".")[0] in _LIBRARY_PREFIXES and not (keras_steps and _keras_step(func)):
             return original(func, **kwargs)
         try:
             return _functions.Function(func, dtype, kwargs, on_trace=_report_unclaimed)
@@ -43,7 +68,10 @@ def patch_tf_function(dtype):
             return original(func, **kwargs)
 
     functools.update_wrapper(function, original)
-    _patches.replace(tf, "function", function)
+    # `import tensorflow.compat.v2 as tf` (tf_keras does) reaches it through compat.v2
+    for module in {id(m): m for m in (tf, tf.compat.v1, tf.compat.v2)}.values():
+        if getattr(module, "function", None) is original:
+            _patches.replace(module, "function", function)
 
 
 def _report_unclaimed(graph):
@@ -100,7 +128,8 @@ def keras_imported(name="keras"):
     """Called when `import keras` (or `import tf_keras`) finishes under the automatic path;
     a failure is a warning, never an error in the script's import."""
     try:
-        if _state.STATE.settings is not None and _state.STATE.settings.rewrite:
+        settings = _state.STATE.settings
+        if settings is not None and settings.rewrite and settings.config.keras == "policy":
             set_keras_policy(_state.STATE.settings.dtype)
         if _state.STATE.settings is not None and _state.STATE.settings.loss_scaling:
             _optimizers.patch_keras_optimizers()

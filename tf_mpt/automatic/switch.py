@@ -61,8 +61,9 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
     settings = dataclasses.replace(settings, session_rewrite=_sessions.patch_sessions(
         config, dtype, settings.rewrite, settings.loss_scaling))
     if settings.rewrite:
-        _keras.patch_tf_function(dtype)
-        _keras.set_keras_policy(dtype)
+        _keras.patch_tf_function(dtype, keras_steps=config.keras == "rewrite")
+        if config.keras == "policy":
+            _keras.set_keras_policy(dtype)
     if settings.loss_scaling:
         optimizer_class = tf.compat.v1.train.Optimizer
         _state.patch(optimizer_class, "compute_gradients", _optimizers.compute_gradients)
@@ -71,8 +72,13 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
     _state.STATE.settings = settings
     _keras.watch_keras_imports()
     _log.info("enabled: dtype=%s graph_rewrite=%s (TF1 Sessions: %s) loss_scaling=%s "
-              "loss_scale=%s", dtype, settings.rewrite, settings.session_rewrite,
-              settings.loss_scaling, settings.loss_scale)
+              "loss_scale=%s keras=%s", dtype, settings.rewrite, settings.session_rewrite,
+              settings.loss_scaling, settings.loss_scale, config.keras)
+    if settings.rewrite:
+        _log.info("%s runs in TF1 Sessions, tf.function graphs and %s; eager ops (outside "
+                  "tf.function) run in float32", dtype,
+                  "Keras fit / evaluate / predict" if config.keras == "rewrite"
+                  else "Keras layers (mixed_%s policy)" % dtype)
     return settings
 
 

@@ -17,6 +17,7 @@ import threading
 import weakref
 
 import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops as _resource_variable_ops
 
 from tf_mpt.rewrite import function_bodies as _function_library
 from tf_mpt import _dtypes
@@ -39,7 +40,7 @@ def _check_concrete_function(function):
             f"concrete_function={function!r} (of type {type(function).__name__}).{hint}")
 
 
-def rewrite_function(concrete_function, *, dtype="float16", config=None):
+def rewrite_function(concrete_function, *, dtype="float16", config=None, jit_compile=None):
     """Returns a ConcreteFunction computing `concrete_function` in mixed precision.
 
     Same input signature and output structure and dtypes; captured variables stay captured,
@@ -50,6 +51,8 @@ def rewrite_function(concrete_function, *, dtype="float16", config=None):
         concrete_function: e.g. `my_tf_function.get_concrete_function(spec)`.
         dtype: 'float16' or 'bfloat16'.
         config: a tf_mpt.Config, or None for the TF_MPT_* environment.
+        jit_compile: passed to the tf.function the rewritten graph is rebuilt in (that of
+            the tf.function `concrete_function` came from, e.g. True for XLA).
     """
     _check_concrete_function(concrete_function)
     dtype_name = _dtypes.parse(dtype).name
@@ -67,7 +70,7 @@ def rewrite_function(concrete_function, *, dtype="float16", config=None):
     graph_def = _rename_library(result.graph_def, f"_tf_mpt_{dtype_name}")
     try:
         library = _register_library(graph_def)
-        return _function_from_graph_def(cf, graph_def, library)
+        return _function_from_graph_def(cf, graph_def, library, jit_compile)
     except Exception as error:  # pylint: disable=broad-except
         _log.warning("tf_mpt could not rebuild function %s from its rewritten graph (%s: %s); "
                      "it is left unchanged in float32.", _text(cf.name), type(error).__name__, error)
@@ -140,7 +143,7 @@ def _add_library(graph, library):
             func.add_to_graph(graph)
 
 
-def _function_from_graph_def(cf, graph_def, library=None):
+def _function_from_graph_def(cf, graph_def, library=None, jit_compile=None):
     captured = list(cf.captured_inputs)
     n_args = len(cf.inputs) - len(captured)
     arg_names = [t.name for t in cf.inputs[:n_args]]
@@ -151,6 +154,10 @@ def _function_from_graph_def(cf, graph_def, library=None):
     args_spec, kwargs_spec = cf.structured_input_signature
 
     signature = _python_signature(cf)
+    # The variables whose handles it captures: the rebuilt function reads them through the
+    # variable (as the traced code did), so calls record a variable access and a
+    # GradientTape around a call watches them (capturing the bare handle gives no gradient).
+    owners = {id(v.handle): v for v in cf.graph.variables}
 
     def body(*args, **kwargs):
         if signature is not None:
@@ -164,6 +171,9 @@ def _function_from_graph_def(cf, graph_def, library=None):
         graph = tf.compat.v1.get_default_graph()
         if library is not None:
             _add_library(graph, library)
+        for t in captured:
+            if id(t) in owners:
+                _resource_variable_ops.variable_accessed(owners[id(t)])
         input_map.update((name, graph.capture(t)) for name, t in zip(capture_names, captured))
         returned = tf.graph_util.import_graph_def(
             graph_def, input_map=input_map, return_elements=output_names + control_names,
@@ -176,7 +186,8 @@ def _function_from_graph_def(cf, graph_def, library=None):
     if signature is not None:
         body.__signature__ = signature  # keyword arguments keep working
     body.__name__ = f"tf_mpt_{_text(cf.name)}"
-    return _TF_FUNCTION(body, autograph=False).get_concrete_function(*args_spec, **kwargs_spec)
+    return _TF_FUNCTION(body, autograph=False, jit_compile=jit_compile).get_concrete_function(
+        *args_spec, **kwargs_spec)
 
 
 def _python_signature(cf):
@@ -211,6 +222,7 @@ class Function:
     def __init__(self, fn, dtype, tf_function_kwargs, tf_function=None, on_trace=None):
         self._dtype = _dtypes.parse(dtype).name
         self._on_trace = on_trace  # called with each newly traced graph, before the rewrite
+        self._jit_compile = tf_function_kwargs.get("jit_compile")
         self._tf_function = (tf_function if tf_function is not None
                              else _TF_FUNCTION(fn, **tf_function_kwargs))
         self._rewritten = {}
@@ -228,7 +240,7 @@ class Function:
         except TypeError:  # not weak-referenceable
             bound = None
         if bound is None:
-            bound = Function(self.__wrapped__, self._dtype, {},
+            bound = Function(self.__wrapped__, self._dtype, {"jit_compile": self._jit_compile},
                              tf_function=self._tf_function.__get__(instance, owner),
                              on_trace=self._on_trace)
             try:
@@ -249,7 +261,8 @@ class Function:
             if rewritten is None:
                 if self._on_trace is not None:
                     self._on_trace(original.graph)
-                rewritten = rewrite_function(original, dtype=self._dtype)
+                rewritten = rewrite_function(original, dtype=self._dtype,
+                                             jit_compile=self._jit_compile)
                 self._rewritten[original.name] = rewritten
         return rewritten
 
@@ -273,7 +286,8 @@ class Function:
     def __getattr__(self, name):
         # Anything else a tf.function offers (input_signature, experimental_* ...) is the
         # wrapped tf.function's.
-        if name.startswith("__") or name in ("_tf_function", "_bound", "_on_trace", "_warned"):
+        if name.startswith("__") or name in ("_tf_function", "_bound", "_on_trace", "_warned",
+                                             "_jit_compile"):
             raise AttributeError(name)
         return getattr(self._tf_function, name)
 

@@ -1,0 +1,115 @@
+"""TF2 scripts as a new user writes them, unmodified under TF_MPT_ENABLE=1 (subprocesses:
+tests/support/tf2_patterns_worker.py): an eager raw-TF loop, an eager Keras loop, a
+tf.function loop, a tf_keras custom loop adding its regularization loss, Keras 3 fit, a GAN
+with two optimizers, a MirroredStrategy loop on two logical CPUs; float16 and bfloat16.
+
+Each must exit 0, hand the script tensors of float32's dtypes, reach float32's losses, and
+run its matrix products in half where tf_mpt says it does (the executed partition graphs)
+and not at all where it says it does not (eager code: bit-identical to float32). The float16
+underflow probe takes the gradients of loss x 1e-5: with tf_mpt's loss scale it trains like
+float32, without it (TF_MPT_LOSS_SCALING=0) it does not.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from support.tolerances import HALF_DTYPES
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+WORKER = os.path.join(ROOT, "tests", "support", "tf2_patterns_worker.py")
+EAGER = ("eager_raw", "eager_keras")
+GRAPH = ("function_loop", "tf_keras_regularized", "keras_fit", "gan", "mirrored")
+PATTERNS = EAGER + GRAPH
+PROBE = ("eager_raw", "function_loop", "keras_fit", "gan", "mirrored")
+PROBE_FACTOR = "1e-5"
+# Final loss, half vs float32, relative (12 steps of small models; bfloat16 rounds more).
+FINAL_LOSS_RTOL = {"float16": 0.03, "bfloat16": 0.08}
+# The underflow probe: an unscaled float16 run's final loss stays this far above float32's
+# (or is NaN).
+UNDERFLOW_GAP = 0.05
+
+
+def _worker(env, *args):
+    full = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    full.update(env, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),
+                TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, WORKER, *args], env=full, capture_output=True,
+                          text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, f"{env} {args}: exit {proc.returncode}\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def _mixed(dtype, **env):
+    return {"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": dtype, **env}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    out = {"float32": _worker({}, *PATTERNS)}
+    for dtype in HALF_DTYPES:
+        out[dtype] = _worker(_mixed(dtype), *PATTERNS)
+    return out
+
+
+@pytest.fixture(scope="module")
+def probes():
+    probe = ("--factor", PROBE_FACTOR, *PROBE)
+    return {"float32": _worker({}, *probe)[0],
+            "scaled": _worker(_mixed("float16"), *probe)[0],
+            "unscaled": _worker(_mixed("float16", TF_MPT_LOSS_SCALING="0"), *probe)[0]}
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_pattern_keeps_user_visible_dtypes_and_float32_losses(runs, pattern, dtype):
+    float32, mixed = runs["float32"][0][pattern], runs[dtype][0][pattern]
+    assert mixed["dtypes"] == float32["dtypes"]
+    assert all(value in ("float32", "int32") for value in float32["dtypes"].values())
+    np.testing.assert_allclose(mixed["losses"][-1], float32["losses"][-1],
+                               rtol=FINAL_LOSS_RTOL[dtype])
+    assert mixed["losses"][-1] < mixed["losses"][0]
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("pattern", GRAPH)
+def test_traced_pattern_runs_its_matrix_products_in_half(runs, pattern, dtype):
+    """...or, for bfloat16 (its cost model is on by default), where the cost model keeps them
+    float32 (the GAN's 8-32 wide layers: the Casts cost more than bfloat16 saves), the
+    summary line says so."""
+    float32, (mixed, stderr) = runs["float32"][0][pattern], runs[dtype]
+    assert float32["half_ops"] == 0 and float32["matrix_ops"] > 0
+    if mixed[pattern]["half_ops"] == 0 and dtype == "bfloat16":
+        assert "kept float32 by the cost model" in stderr
+        return
+    assert mixed[pattern]["half_ops"] > 0, mixed[pattern]
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("pattern", EAGER)
+def test_eager_pattern_runs_float32_and_is_told_so(runs, pattern, dtype):
+    """Eager ops are not rewritten: the same numbers as float32 to the bit, no loss scale
+    (so no skipped step), one INFO line at start saying what runs where."""
+    mixed, stderr = runs[dtype]
+    assert mixed[pattern]["half_ops"] == 0
+    assert mixed[pattern]["losses"] == runs["float32"][0][pattern]["losses"]
+    assert stderr.count("eager ops (outside tf.function) run in float32") == 1
+    if dtype == "float16":  # loss scaling is on: the eager tape says it is not scaled
+        assert stderr.count("runs eagerly (outside tf.function)") == 1
+
+
+@pytest.mark.parametrize("pattern", PROBE)
+def test_float16_underflow_probe_trains_like_float32_only_with_scaling(probes, pattern):
+    float32 = probes["float32"][pattern]["losses"][-1]
+    scaled = probes["scaled"][pattern]["losses"][-1]
+    unscaled = probes["unscaled"][pattern]["losses"][-1]
+    if pattern in EAGER:  # float32 eagerly: nothing underflows, nothing to scale
+        assert scaled == unscaled == float32
+        return
+    np.testing.assert_allclose(scaled, float32, rtol=FINAL_LOSS_RTOL["float16"])
+    # underflowed gradients: a loss that stalls, or NaN (0 / 0 in the script's division)
+    assert not np.isfinite(unscaled) or unscaled > float32 + UNDERFLOW_GAP, (unscaled, float32)
