@@ -1,6 +1,6 @@
 """TF2 scripts as a new user writes them, unmodified under TF_MPT_ENABLE=1 (subprocesses:
 tests/support/tf2_patterns_worker.py): an eager raw-TF loop, an eager Keras loop, a
-tf.function loop, a tf_keras custom loop adding its regularization loss, Keras 3 fit, a GAN
+tf.function loop (and one whose loss is `model(x) - y` in plain ops), a tf_keras custom loop adding its regularization loss, Keras 3 fit, a GAN
 with two optimizers, a MirroredStrategy loop on two logical CPUs; float16 and bfloat16.
 
 Each must exit 0, hand the script tensors of float32's dtypes, reach float32's losses, and
@@ -23,7 +23,8 @@ from support.tolerances import HALF_DTYPES
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 WORKER = os.path.join(ROOT, "tests", "support", "tf2_patterns_worker.py")
 EAGER = ("eager_raw", "eager_keras")
-GRAPH = ("function_loop", "tf_keras_regularized", "keras_fit", "gan", "mirrored")
+GRAPH = ("function_loop", "function_mse", "tf_keras_regularized", "keras_fit", "gan",
+         "mirrored")
 PATTERNS = EAGER + GRAPH
 PROBE = ("eager_raw", "function_loop", "keras_fit", "gan", "mirrored")
 PROBE_FACTOR = "1e-5"
@@ -113,3 +114,16 @@ def test_float16_underflow_probe_trains_like_float32_only_with_scaling(probes, p
     np.testing.assert_allclose(scaled, float32, rtol=FINAL_LOSS_RTOL["float16"])
     # underflowed gradients: a loss that stalls, or NaN (0 / 0 in the script's division)
     assert not np.isfinite(unscaled) or unscaled > float32 + UNDERFLOW_GAP, (unscaled, float32)
+
+
+@pytest.mark.slow
+def test_keras_modes_benchmark_quick_run_prints_both_tables():
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "keras_modes.py"),
+                           "--quick"], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("CPU")
+    policy_row = next(line for line in lines if line.startswith("| function_mse | float16"))
+    assert "raises TypeError" in policy_row.split("|")[3]  # the policy's half output
+    assert "dtypes same" in policy_row.split("|")[4]
+    assert any(line.startswith("| mlp |") for line in lines)

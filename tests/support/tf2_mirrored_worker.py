@@ -31,8 +31,12 @@ def main():
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    # eager: under the mixed Keras policy (TF_MPT_KERAS=policy), the case where eager
+    # gradients are scaled (by default eager code runs float32, unscaled)
     tf_mpt.enable(tf_mpt.Config.from_env({"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": "float16",
-                                          "TF_MPT_ALLREDUCE_DTYPE": allreduce}),
+                                          "TF_MPT_ALLREDUCE_DTYPE": allreduce,
+                                          "TF_MPT_KERAS": "policy" if mode == "eager"
+                                          else "rewrite"}),
                   gpu_visible=False, native_bfloat16=False)
     if mode == "mwms":  # one replica per worker: replica_id_in_sync_group is the worker's
         strategy = tf.distribute.MultiWorkerMirroredStrategy()

@@ -1,7 +1,7 @@
 """The TF2 patterns of a new user's script, run unmodified (tf_mpt is switched on, or not, by
 the environment: TF_MPT_ENABLE=1 ...). Used by tests/integration/test_tf2_patterns.py.
 
-    python tests/support/tf2_patterns_worker.py [--factor F] PATTERN [PATTERN ...]
+    python tests/support/tf2_patterns_worker.py [--factor F] [--keep-going] PATTERN [...]
 
 Prints one JSON line: {pattern: {"losses": [...], "dtypes": {what: dtype name},
 "half_ops": n, "matrix_ops": n}} where dtypes are those of every tensor the script receives
@@ -9,7 +9,8 @@ Prints one JSON line: {pattern: {"losses": [...], "dtypes": {what: dtype name},
 BatchMatMul nodes of the graphs TensorFlow executed (run metadata: partition graphs of every
 function call; eager ops run no graph) whose type is half / any. --factor multiplies the
 loss the gradients are taken of (an underflow probe: 1e-5) and divides the gradients back
-(or, for fit, relies on Adam's invariance to the loss's scale).
+(or, for fit, relies on Adam's invariance to the loss's scale). --keep-going records a
+pattern that raises as {"error": "Type: message"} and runs the next.
 """
 
 import json
@@ -101,6 +102,31 @@ def _custom_loop(model, loss_fn, opt, factor, compiled, extra_loss=None):
         losses.append(float(loss))
     return losses, dict(logits=_dtype(logits), loss=_dtype(loss), grad=_dtype(grad),
                         predict=_dtype(model(tf.constant(x[:4]))))
+
+
+def function_mse(factor):
+    """A tf.function loop whose loss is written with plain ops on the model's output:
+    `tf.reduce_mean(tf.square(model(x) - y))`, y a float32 tensor."""
+    x, labels = _data()
+    targets = np.eye(4, dtype=np.float32)[labels]
+    model, opt = _mlp(), keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            out = model(xb, training=True)
+            loss = tf.reduce_mean(tf.square(out - yb))
+            scaled = loss * factor
+        grads = [g / factor for g in tape.gradient(scaled, model.trainable_variables)]
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return out, loss
+
+    losses = []
+    for i in range(STEPS):
+        out, loss = step(tf.constant(x[i % 4 * BATCH:][:BATCH]),
+                         tf.constant(targets[i % 4 * BATCH:][:BATCH]))
+        losses.append(float(loss))
+    return losses, dict(output=_dtype(out), loss=_dtype(loss))
 
 
 def eager_keras(factor):
@@ -217,6 +243,7 @@ def mirrored(factor):
 
 
 PATTERNS = dict(eager_raw=eager_raw, eager_keras=eager_keras, function_loop=function_loop,
+                function_mse=function_mse,
                 tf_keras_regularized=tf_keras_regularized, keras_fit=keras_fit, gan=gan,
                 mirrored=mirrored)
 
@@ -233,13 +260,23 @@ def _count_matrix_ops(metadata):
 
 
 def main(argv):
-    factor = 1.0
-    if argv[:1] == ["--factor"]:
-        factor, argv = float(argv[1]), argv[2:]
+    factor, keep_going = 1.0, False
+    while argv[:1] in (["--factor"], ["--keep-going"]):
+        if argv[0] == "--factor":
+            factor, argv = float(argv[1]), argv[2:]
+        else:
+            keep_going, argv = True, argv[1:]
     out = {}
     for name in argv:
         context.enable_run_metadata()
-        losses, dtypes = PATTERNS[name](factor)
+        try:
+            losses, dtypes = PATTERNS[name](factor)
+        except Exception as error:  # pylint: disable=broad-except
+            if not keep_going:
+                raise
+            out[name] = dict(error=f"{type(error).__name__}: {str(error).splitlines()[0]}")
+            context.disable_run_metadata()
+            continue
         metadata = context.export_run_metadata()
         context.disable_run_metadata()
         half, total = _count_matrix_ops(metadata)

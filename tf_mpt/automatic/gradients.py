@@ -83,6 +83,9 @@ def _half_ran_eagerly(targets):
     and tf_mpt under TF_MPT_KERAS=policy)."""
     if any(t.dtype.name in _HALF for t in targets):
         return True
+    settings = STATE.settings  # Keras's global policy is per thread (a replica's is not set)
+    if settings is not None and settings.config.keras == "policy":
+        return True
     keras = sys.modules.get("keras")
     config = getattr(keras, "config", None) if keras is not None else None
     tf_keras = sys.modules.get("tf_keras")
