@@ -205,7 +205,11 @@ def _tensor_list_push_back_batch_and_concat_lists():
 def _bidirectional_clear_chain(fetch_shape_n):
     """BidirectionalClearChain: clear chains both sides of an allow op joined by ShapeN (N
     inputs, int outputs). Fetching the ShapeN (or leaving fetches to tf_mpt, which then fetches
-    every node without consumers) keeps its int32 outputs, not its inputs' float dtype."""
+    every node without consumers) keeps its int32 outputs, not its inputs' float dtype.
+
+    Grappler (and tf_mpt's rules) paint the clear chains half: Casts input->half,
+    allow1->float32, clr4->float32 (3). The minimum cut keeps them float32 and casts clr1's
+    output for the MatMul alone: 2 Casts."""
     graph = tf.Graph()
     with graph.as_default():
         x = tf1.placeholder(tf.float32, [SIZE, SIZE], name="input")
@@ -218,9 +222,9 @@ def _bidirectional_clear_chain(fetch_shape_n):
         tf.identity(clr4, name="fetch2")
     fetches = ("fetch1", "fetch2", "clr3") if fetch_shape_n else ("fetch1", "fetch2")
     return Case(graph.as_graph_def(), fetches, {"input:0": _feed([SIZE, SIZE])},
-                half={"clr1": "T", "clr2": "T", "allow1": "T", "clr3": "T", "clr4": "T"},
-                full={"input": "dtype"},
-                casts=("input-Half", "allow1-Fp32", "clr4-Fp32"))
+                half={"allow1": "T"},
+                full={"input": "dtype", "clr1": "T", "clr2": "T", "clr3": "T", "clr4": "T"},
+                casts=("clr1-Half", "allow1-Fp32"))
 
 
 def _batch_matmul():
@@ -328,6 +332,9 @@ def _grappler(dtype):
 
 @pytest.mark.parametrize("case_name", GRAPPLER_CASES)
 def test_no_fewer_conversions_and_no_more_casts_than_grappler(case_name, half_dtype):
+    """Every node Grappler converts, tf_mpt converts too, except clear ops the minimum cut
+    keeps float32 because that needs strictly fewer Casts (they save no compute: a clear op
+    runs as fast in float32); and never more Casts."""
     graph_def, info = _grappler(half_dtype)[case_name]
     if info["skip_reason"] is not None:
         pytest.skip(f"{case_name}/{half_dtype}: no Grappler result to compare with: "
@@ -336,7 +343,9 @@ def test_no_fewer_conversions_and_no_more_casts_than_grappler(case_name, half_dt
     ours = _rewritten(case_name, half_dtype)
     theirs_converted = grappler_oracle.converted_nodes(case.graph_def, graph_def, half_dtype)
     ours_converted = grappler_oracle.converted_nodes(case.graph_def, ours.graph_def, half_dtype)
-    assert theirs_converted <= ours_converted, sorted(theirs_converted - ours_converted)
+    missing = {name for name in theirs_converted - ours_converted
+               if not ours.report.decisions[name].reason.startswith("minimum cut:")}
+    assert not missing, sorted(missing)
     assert len(added_casts(ours.graph_def)) <= info["casts_added"]
 
 

@@ -18,6 +18,7 @@ Phases, in the order the code runs them (`_rewrite_graph_def` and, per graph, `_
         repeat_infer_and_clear_until_stable             the two above until nothing changes
         match_tensor_lists_and_repeat_until_stable      list colours, then again until stable
         cast_the_selected_part_not_the_whole            un-paint: a gather casts rows, not table
+        place_clear_casts_by_minimum_cut                clear ops recoloured for fewest Cast bytes
         keep_unprofitable_clusters_fp32                 un-paint: the cost model
         unpaint_split_tensor_lists                      un-paint: a list the cost model split
         store_tensor_arrays_in_half                     TensorArrays, Stacks half as a whole
@@ -51,6 +52,7 @@ from tf_mpt.rewrite.paint import tensor_arrays as _arrays
 from tf_mpt.rewrite import apply as _apply
 from tf_mpt.rewrite import boundaries as _boundaries
 from tf_mpt.rewrite.paint import cost as _cost
+from tf_mpt.rewrite.paint import cuts as _cuts
 from tf_mpt.rewrite import function_bodies as _function_library
 from tf_mpt.rewrite import graph_view as _graph_view
 from tf_mpt.rewrite import reporting as _reporting
@@ -81,6 +83,7 @@ _PASSES = (
     ("match_tensor_lists_and_repeat_until_stable",
      _list_paint.match_tensor_lists_and_repeat_until_stable),
     ("cast_the_selected_part_not_the_whole", _paint.cast_the_selected_part_not_the_whole),
+    ("place_clear_casts_by_minimum_cut", _cuts.place_clear_casts_by_minimum_cut),
     ("keep_unprofitable_clusters_fp32", _cost.keep_unprofitable_clusters_fp32),
     ("unpaint_split_tensor_lists", _list_paint.unpaint_split_tensor_lists),
     ("store_tensor_arrays_in_half", _arrays.store_tensor_arrays_in_half),

@@ -1,0 +1,79 @@
+"""Cast placement by minimum cut (tf_mpt/rewrite/paint/cuts.py): clear ops between fixed
+float32 and fixed half ends take the colouring whose Casts move the fewest elements; ties
+keep the rules' (Grappler's) colours."""
+
+import numpy as np
+import tensorflow as tf
+
+import tf_mpt
+from support.helpers import added_casts, half_tag, node_map, run, tf1
+from support.tolerances import TOLERANCES
+
+HALF = "bfloat16"
+
+
+def _graph(build):
+    graph = tf.Graph()
+    with graph.as_default():
+        build()
+    return graph
+
+
+def _rewrite(graph, fetches):
+    # add_shapes: the static shapes the cut weighs Casts by (`_output_shapes` attrs)
+    return tf_mpt.rewrite_graph_def(graph.as_graph_def(add_shapes=True), dtype=HALF,
+                                    fetches=fetches, strict=True)
+
+
+def test_a_clear_op_that_grows_its_input_is_kept_float32_and_the_small_tensor_cast():
+    """MatMul [64x4] -> Tile x64 [64x256] -> fetch: the rules paint the Tile half and cast its
+    16384-element output; the cut casts the MatMul's 256 elements instead."""
+    x_value = np.linspace(-1, 1, 64 * 32, dtype=np.float32).reshape(64, 32)
+
+    def build():
+        x = tf1.placeholder(tf.float32, [64, 32], name="x")
+        w = tf.constant(np.linspace(-1, 1, 32 * 4, dtype=np.float32).reshape(32, 4), name="w")
+        y = tf.matmul(x, w, name="matmul")
+        tf.identity(tf.tile(y, [1, 64], name="tile"), name="out")
+
+    graph = _graph(build)
+    result = _rewrite(graph, ["out"])
+    nodes = node_map(result.graph_def)
+    assert nodes["tile"].attr["T"].type == tf.float32.as_datatype_enum
+    assert nodes["matmul"].attr["T"].type == tf.as_dtype(HALF).as_datatype_enum
+    assert added_casts(result.graph_def) == sorted(
+        [f"x-0-CastTo{half_tag(HALF)}-TfMpt", "matmul-0-CastToFp32-TfMpt"])
+    reason = result.report.decisions["tile"].reason
+    assert reason.startswith("minimum cut: float32 here") and "256 instead of 16384" in reason
+    expected = run(graph.as_graph_def(), ["out:0"], {"x:0": x_value})[0]
+    got = run(result.graph_def, ["out:0"], {"x:0": x_value})[0]
+    np.testing.assert_allclose(got, expected, **TOLERANCES[HALF])
+
+
+def test_a_tie_keeps_the_rules_colours():
+    """MatMul -> Relu -> fetch: one Cast of the same size before or after the Relu; the rules
+    paint the Relu half (as Grappler does) and the cut leaves it."""
+    def build():
+        x = tf1.placeholder(tf.float32, [16, 16], name="x")
+        y = tf.matmul(x, x, name="matmul")
+        tf.identity(tf.nn.relu(y, name="relu"), name="out")
+
+    result = _rewrite(_graph(build), ["out"])
+    decision = result.report.decisions["relu"]
+    assert decision.colour == "allow" and not decision.reason.startswith("minimum cut")
+    assert len(added_casts(result.graph_def)) == 2
+
+
+def test_without_static_shapes_the_cut_counts_casts():
+    """BidirectionalClearChain with unknown shapes: 2 Casts instead of 3, said in Casts."""
+    def build():
+        x = tf1.placeholder(tf.float32, None, name="x")
+        clr1 = tf.nn.relu(x, name="clr1")
+        clr2 = tf.nn.relu(x, name="clr2")
+        tf.identity(tf.matmul(clr1, clr1, name="allow1"), name="fetch1")
+        tf.shape_n([clr1, clr2], name="clr3")
+        tf.identity(tf.nn.relu(clr2, name="clr4"), name="fetch2")
+
+    result = _rewrite(_graph(build), ["fetch1", "fetch2"])
+    assert len(added_casts(result.graph_def)) == 2
+    assert "1 Cast(s) instead of 2 (shapes not static)" in result.report.decisions["clr1"].reason
