@@ -42,6 +42,7 @@ import tensorflow as tf
 
 from tf_mpt._opt_out import keep_fp32
 from tf_mpt._state import STATE, warn_once
+from tf_mpt.training import loss_scale as _loss_scale
 
 OPTED_OUT = "opted out"  # a variable whose gradients are scaled by someone else
 _VARIABLE_SCALE = "_tf_mpt_loss_scale"  # attribute on a variable: its optimizer's scale
@@ -135,18 +136,6 @@ def ancestor_records(tensors, graph):
     return found
 
 
-def _flat_gradient_tensors(grads):
-    out = []
-    for g in grads:
-        if g is None:
-            continue
-        if isinstance(g, tf.IndexedSlices):
-            out.extend([g.values, g.indices])
-        elif isinstance(g, tf.Tensor):
-            out.append(g)
-    return out
-
-
 # --- the optimizer side -----------------------------------------------------------------------
 
 def claim(records, loss_scale, variables, optimizer_name):
@@ -186,7 +175,8 @@ def _rewire(pending, loss_scale):
 def records_for(grads, variables):
     """The Records the gradients come from: in a graph by walking back from them; eagerly
     from the variables' last gradient computation."""
-    tensors = _flat_gradient_tensors(grads)
+    tensors = [t for t in _loss_scale.gradient_tensors(grads, indices=True)
+               if isinstance(t, tf.Tensor)]
     if tensors and not tf.executing_eagerly():
         graph = tensors[0].graph
         return ancestor_records(tensors, graph)

@@ -55,15 +55,21 @@ def _check_number(name, value, *, positive=True, at_least=None, integer=False):
     return value
 
 
+def gradient_tensors(grads, indices=False):
+    """The values of `grads`: None skipped, an IndexedSlices's values (and its indices when
+    `indices`) in its place."""
+    out = []
+    for g in grads:
+        if isinstance(g, tf.IndexedSlices):
+            out.extend([g.values, g.indices] if indices else [g.values])
+        elif g is not None:
+            out.append(g)
+    return out
+
+
 def all_finite(grads):
     """A scalar bool tensor: every gradient (dense or IndexedSlices; None ignored) is finite."""
-    checks = []
-    for g in grads:
-        if g is None:
-            continue
-        if isinstance(g, tf.IndexedSlices):
-            g = g.values
-        checks.append(tf.reduce_all(tf.math.is_finite(g)))
+    checks = [tf.reduce_all(tf.math.is_finite(g)) for g in gradient_tensors(grads)]
     if not checks:
         return tf.constant(True)
     return tf.reduce_all(tf.stack(checks))

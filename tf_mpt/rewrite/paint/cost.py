@@ -102,23 +102,29 @@ class Shapes:
         return None if dims is None else math.prod(dims)
 
 
-def _clusters(p):
-    """Connected components of converted vertices (through converted vertices only)."""
-    seen, clusters = set(), []
-    for start, converted in enumerate(p.converted):
-        if not converted or start in seen:
+def connected_components(p, members):
+    """Connected components of the vertex set `members` (through its own vertices only),
+    each in the order found, the components in order of their first vertex."""
+    seen, components = set(), []
+    for start in sorted(members):
+        if start in seen:
             continue
         seen.add(start)
-        stack, cluster = [start], []
+        stack, component = [start], []
         while stack:
             v = stack.pop()
-            cluster.append(v)
+            component.append(v)
             for w in p.fanin[v] + p.fanout[v]:
-                if p.converted[w] and w not in seen:
+                if w in members and w not in seen:
                     seen.add(w)
                     stack.append(w)
-        clusters.append(cluster)
-    return clusters
+        components.append(component)
+    return components
+
+
+def _clusters(p):
+    """Connected components of converted vertices (through converted vertices only)."""
+    return connected_components(p, {v for v, c in enumerate(p.converted) if c})
 
 
 def _boundary_tensors(p, members):

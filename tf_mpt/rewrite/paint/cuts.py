@@ -47,25 +47,6 @@ def _free(p, v):
             and p.candidate(v))
 
 
-def _regions(p, free):
-    """Connected components of free vertices (through tensors between free vertices)."""
-    seen, regions = set(), []
-    for start in sorted(free):
-        if start in seen:
-            continue
-        seen.add(start)
-        stack, region = [start], []
-        while stack:
-            v = stack.pop()
-            region.append(v)
-            for w in p.fanin[v] + p.fanout[v]:
-                if w in free and w not in seen:
-                    seen.add(w)
-                    stack.append(w)
-        regions.append(sorted(region))
-    return regions
-
-
 def _tensors(p, region):
     """(producer vertex, [consumer vertex or None], node index, port) of every tensor
     produced in `region` or read by it."""
@@ -159,7 +140,7 @@ def place_clear_casts_by_minimum_cut(p):
     if not free:
         return
     shapes = None
-    for region in _regions(p, free):
+    for region in (sorted(r) for r in _cost.connected_components(p, free)):
         in_region = set(region)
         tensors = _tensors(p, region) if len(region) <= MAX_REGION else ()
         if not tensors:

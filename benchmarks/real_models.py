@@ -1,0 +1,287 @@
+"""Real models, bfloat16 on CPU: float32 vs Grappler's oneDNN bfloat16 AMP vs tf_mpt, for
+inference and for one training step, interleaved in one process.
+
+    python benchmarks/real_models.py [--models ResNet50 LSTM ...] [--rounds 5] [--steps 2]
+    python benchmarks/real_models.py --profile Transformer      # ms per op type, one step
+    python benchmarks/real_models.py --quick                    # smoke run: small models
+
+Models (tf_keras, weights=None: nothing downloaded; batch 16): Keras applications ResNet50,
+MobileNetV2, EfficientNetB0, DenseNet121, ConvNeXtTiny at 128x128x3 with 10 classes; a
+Transformer encoder (2 blocks, d_model 128, 4 heads, FFN 512 with gelu, sequence 32); an LSTM
+text classifier (embedding 64, 128 units, sequence 32). Each is built as a TF1 graph
+(tf.compat.v1, tf_keras layers): inference = the model's output with its variables frozen
+into constants; training = sparse softmax cross-entropy and a Momentum step.
+
+Variants, each in its own Session of this process: float32 (the graph as built); Grappler
+(the same graph, `auto_mixed_precision_onednn_bfloat16` on in the Session's config: a silent
+no-op on CPUs without AVX512F); tf_mpt (`tf_mpt.rewrite_graph(graph, dtype="bfloat16")`).
+Timing: warm-up, then `rounds` rounds of `steps` steps per variant, the order rotating every
+round; the median over rounds, speed-up = float32 ms / variant ms. The CPU and whether it
+computes bfloat16 natively are printed first; on a CPU without native bfloat16 the speed
+columns are not measurable and the full run says so and stops. --quick runs two small models
+once (structure, no timing claims).
+"""
+
+import argparse
+import collections
+import math
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "..")]
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+from tf_mpt import _cpu  # noqa: E402  (no TensorFlow import)
+
+BATCH, SIZE, CLASSES, TOKENS, WIDTH, VOCAB = 16, 128, 10, 32, 128, 5000
+APPLICATIONS = ("ResNet50", "MobileNetV2", "EfficientNetB0", "DenseNet121", "ConvNeXtTiny")
+MODELS = APPLICATIONS + ("Transformer", "LSTM")
+VARIANTS = ("float32", "grappler", "tf_mpt")
+
+
+def _tf():
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    return tf
+
+
+def _keras():
+    import tf_keras  # pylint: disable=import-outside-toplevel
+    return tf_keras
+
+
+def _model(name, quick):
+    """(tf_keras model, input placeholder) in the current graph."""
+    tf, keras = _tf(), _keras()
+    tf1 = tf.compat.v1
+    keras.utils.set_random_seed(0)
+    if name in APPLICATIONS:
+        size = 32 if quick else SIZE
+        kwargs = {"alpha": 0.35} if quick and name == "MobileNetV2" else {}
+        x = tf1.placeholder(tf.float32, [BATCH, size, size, 3], name="input")
+        model = getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3),
+                                                  classes=CLASSES, **kwargs)
+        return model, x
+    tokens, width = (8, 32) if quick else (TOKENS, WIDTH)
+    if name == "Transformer":
+        x = tf1.placeholder(tf.float32, [BATCH, tokens, width], name="input")
+        inputs = keras.Input((tokens, width))
+        h = inputs
+        for _ in range(2):
+            attention = keras.layers.MultiHeadAttention(4, width // 4)(h, h)
+            h = keras.layers.LayerNormalization()(h + attention)
+            ffn = keras.layers.Dense(4 * width, activation="gelu")(h)
+            h = keras.layers.LayerNormalization()(h + keras.layers.Dense(width)(ffn))
+        logits = keras.layers.Dense(CLASSES)(keras.layers.GlobalAveragePooling1D()(h))
+        return keras.Model(inputs, logits), x
+    x = tf1.placeholder(tf.int32, [BATCH, tokens], name="input")
+    model = keras.Sequential([keras.Input((tokens,), dtype="int32"),
+                              keras.layers.Embedding(VOCAB, 64),
+                              keras.layers.LSTM(width),
+                              keras.layers.Dense(CLASSES)])
+    return model, x
+
+
+def _feed(x):
+    rng = np.random.RandomState(0)
+    shape = x.shape.as_list()
+    if x.dtype.name == "int32":
+        return rng.randint(0, VOCAB, size=shape).astype(np.int32)
+    return rng.uniform(0, 1, size=shape).astype(np.float32)
+
+
+class Graphs:
+    """The float32 inference and training graphs of one model, their fetches and feeds."""
+
+    def __init__(self, name, quick):
+        tf = _tf()
+        tf1 = tf.compat.v1
+        self.name = name
+        self.train_graph = tf.Graph()
+        with self.train_graph.as_default():
+            model, x = _model(name, quick)
+            labels = tf.constant(np.arange(BATCH) % CLASSES, name="labels")
+            logits = model(x, training=True)
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=labels, logits=tf.cast(logits, tf.float32)), name="loss")
+            tf1.train.MomentumOptimizer(0.01, 0.9).minimize(loss, name="train")
+            init = tf1.global_variables_initializer()
+            self.init = init.name
+            self.feed_name = x.name
+            self.feed_value = _feed(x)
+            self.train_fetches = ["loss:0", "train"]
+        self.infer_graph, self.infer_fetches = self._frozen_inference(quick)
+
+    def _frozen_inference(self, quick):
+        tf = _tf()
+        tf1 = tf.compat.v1
+        graph = tf.Graph()
+        with graph.as_default():
+            model, x = _model(self.name, quick)
+            tf.identity(model(x, training=False), name="output")
+            with tf1.Session() as session:
+                session.run(tf1.global_variables_initializer())
+                frozen = tf1.graph_util.convert_variables_to_constants(
+                    session, graph.as_graph_def(), ["output"])
+        inference = tf.Graph()
+        with inference.as_default():
+            tf.graph_util.import_graph_def(frozen, name="")
+        return inference, ["output:0"]
+
+
+class Runner:
+    """One variant of one graph: a Session and a callable running one step."""
+
+    def __init__(self, name, graph, fetches, feed_name, feed_value, config, init=None):
+        tf1 = _tf().compat.v1
+        self.name = name
+        self.session = tf1.Session(graph=graph, config=config)
+        if init is not None:
+            self.session.run(init)
+        self._run = self.session.make_callable(fetches, feed_list=[
+            graph.get_tensor_by_name(feed_name)])
+        self._feed, self._feed_name = feed_value, feed_name
+        self.round_ms = []
+
+    def step(self):
+        return self._run(self._feed)
+
+    def timed_round(self, steps):
+        start = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        self.round_ms.append((time.perf_counter() - start) * 1e3 / steps)
+
+    def profile(self, fetches):
+        """{op type: ms} summed over the nodes of one step (RunMetadata step stats)."""
+        tf1 = _tf().compat.v1
+        options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
+        metadata = tf1.RunMetadata()
+        self.session.run(fetches, {self.session.graph.get_tensor_by_name(self._feed_name):
+                                   self._feed}, options=options, run_metadata=metadata)
+        totals = collections.Counter()
+        for device in metadata.step_stats.dev_stats:
+            for node in device.node_stats:
+                label = node.timeline_label
+                op = label.split("(")[0].split(" = ")[-1].strip() if " = " in label else \
+                    node.node_name.split(":")[0]
+                totals[op] += (node.op_end_rel_micros - node.op_start_rel_micros) / 1e3
+        return totals
+
+
+def _config(grappler):
+    tf = _tf()
+    from tensorflow.core.protobuf import rewriter_config_pb2  # pylint: disable=C0415
+    config = tf.compat.v1.ConfigProto()
+    if grappler:
+        config.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 = (
+            rewriter_config_pb2.RewriterConfig.ON)
+    return config
+
+
+def runners_for(graphs, phase):
+    """(runners, tf_mpt report) of float32 / Grappler / tf_mpt for 'inference' or 'training'."""
+    import tf_mpt  # pylint: disable=import-outside-toplevel
+    if phase == "inference":
+        graph, fetches, init = graphs.infer_graph, graphs.infer_fetches, None
+        keep = [f.split(":")[0] for f in fetches]
+    else:
+        graph, fetches, init = graphs.train_graph, graphs.train_fetches, graphs.init
+        keep = ["loss", "train", init]
+    mixed = tf_mpt.rewrite_graph(graph, dtype="bfloat16", fetches=keep)
+    report = tf_mpt.rewrite_graph_def(graph.as_graph_def(add_shapes=True), dtype="bfloat16",
+                                      fetches=keep).report
+    runners = [Runner("float32", graph, fetches, graphs.feed_name, graphs.feed_value,
+                      _config(False), init),
+               Runner("grappler", graph, fetches, graphs.feed_name, graphs.feed_value,
+                      _config(True), init),
+               Runner("tf_mpt", mixed, fetches, graphs.feed_name, graphs.feed_value,
+                      _config(False), init)]
+    return runners, report
+
+
+def time_runners(runners, rounds, steps, warmup=2):
+    for runner in runners:
+        for _ in range(warmup):
+            runner.step()
+    for r in range(rounds):
+        shift = r % len(runners)
+        for runner in runners[shift:] + runners[:shift]:
+            runner.timed_round(steps)
+    return {runner.name: statistics.median(runner.round_ms) for runner in runners}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--phases", nargs="+", default=["inference", "training"],
+                        choices=["inference", "training"])
+    parser.add_argument("--profile", choices=MODELS)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    native = _cpu.has_native_bfloat16(_cpu.cpu_flags())
+    print(f"CPU: {_cpu.cpu_model()}; native bfloat16: {'yes' if native else 'no'}; "
+          f"{os.cpu_count()} logical cores; batch {BATCH}")
+    if args.quick:
+        args.models, args.rounds, args.steps = ["MobileNetV2", "LSTM"], 1, 1
+    elif not native:
+        print("bfloat16 speed: not measurable here (no native bfloat16 on this CPU; "
+              "Grappler's bfloat16 pass is a no-op without AVX512F).")
+        return 0
+    if args.profile:
+        return profile(args.profile, args.phases[0])
+    print("| model | step | float32 ms | Grappler / float32 | tf_mpt / float32 | "
+          "tf_mpt Casts | tf_mpt summary |")
+    print("|---|---|---|---|---|---|---|")
+    speedups = collections.defaultdict(list)
+    for name in args.models:
+        graphs = Graphs(name, args.quick)
+        for phase in args.phases:
+            runners, report = runners_for(graphs, phase)
+            try:
+                ms = time_runners(runners, args.rounds, args.steps,
+                                  warmup=1 if args.quick else 2)
+            finally:
+                for runner in runners:
+                    runner.session.close()
+            for variant in ("grappler", "tf_mpt"):
+                speedups[phase, variant].append(ms["float32"] / ms[variant])
+            print(f"| {name} | {phase} | {ms['float32']:.1f} | "
+                  f"{ms['float32'] / ms['grappler']:.2f}x | {ms['float32'] / ms['tf_mpt']:.2f}x | "
+                  f"{report.casts_added} | {report.summary()} |", flush=True)
+    for phase in args.phases:
+        means = {v: math.exp(statistics.mean(math.log(s) for s in speedups[phase, v]))
+                 for v in ("grappler", "tf_mpt")}
+        print(f"| geometric mean | {phase} | | {means['grappler']:.2f}x | "
+              f"{means['tf_mpt']:.2f}x | | |")
+    return 0
+
+
+def profile(name, phase):
+    """ms per op type for one step of float32 and tf_mpt (after warm-up)."""
+    graphs = Graphs(name, quick=False)
+    runners, _ = runners_for(graphs, phase)
+    fetches = graphs.infer_fetches if phase == "inference" else graphs.train_fetches
+    totals = {}
+    for runner in runners:
+        for _ in range(3):
+            runner.step()
+        totals[runner.name] = runner.profile(fetches)
+        runner.session.close()
+    print(f"| op type ({name}, {phase}) | float32 ms | Grappler ms | tf_mpt ms |")
+    print("|---|---|---|---|")
+    ops = sorted(set().union(*totals.values()), key=lambda op: -max(t.get(op, 0)
+                                                                    for t in totals.values()))
+    for op in ops[:25]:
+        print(f"| {op} | {totals['float32'].get(op, 0):.2f} | "
+              f"{totals['grappler'].get(op, 0):.2f} | {totals['tf_mpt'].get(op, 0):.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""benchmarks/real_models.py --quick: the real-model benchmark runs end to end on small
+models (structure only: a row per model and step, float32 / Grappler / tf_mpt speed-ups and
+tf_mpt's Casts; no timing is asserted). tf_keras builds the models."""
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tf_keras") is None,
+                    reason='needs tf_keras: python -m pip install --no-deps "tf_keras==2.21.*"')
+def test_quick_run_prints_a_row_per_model_and_step():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "real_models.py"),
+                           "--quick"], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("CPU: ") and "native bfloat16: " in lines[0]
+    rows = [line for line in lines
+            if re.match(r"\| (MobileNetV2|LSTM) \| (inference|training)", line)]
+    assert len(rows) == 4, proc.stdout
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[2]) > 0
+        assert re.fullmatch(r"\d+\.\d\dx", cells[3]) and re.fullmatch(r"\d+\.\d\dx", cells[4])
+        assert int(cells[5]) >= 0 and cells[6].startswith("Converted ")
+        assert int(re.match(r"Converted (\d+)/", cells[6]).group(1)) > 0
+    assert sum(line.startswith("| geometric mean |") for line in lines) == 2
