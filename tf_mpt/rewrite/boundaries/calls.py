@@ -90,13 +90,9 @@ def _switch_ret(node, bodies, k, half):
 def keep_call_values_half(graph_def, half, fetched, library):
     """Switches eligible call arguments and results of the main graph to half, in place.
 
-    Args:
-        graph_def: the rewritten GraphDef, library included.
-        half: the half DataType enum.
-        fetched: names of the fetched nodes (they and opted-out nodes keep their dtypes).
-        library: the bodies.Library of the whole graph (specialised copies go there).
-
-    Returns the number of arguments and results switched.
+    The arguments are those of loops.keep_loop_variables_half (specialised copies of the
+    called functions go into `library`). Returns the number of arguments and results
+    switched.
     """
     total = 0
     while True:  # a switch at one call can make one at its neighbour worth it

@@ -35,11 +35,22 @@ def _try_switch(while_node, index, body, cond, half):
     exit_cast = body.exit_cast(index)
     if not entry or exit_cast is None:
         return False
+    return _switch(while_node, index, body, cond, half, entry,
+                   after=lambda: body.return_before_exit_cast(index, exit_cast))
+
+
+def _switch(while_node, index, body, cond, half, entry, before=None, after=None):
+    """The common tail: if the cond reads the variable only through Casts to half (or not
+    at all), drop the body's `entry` Casts and the cond's (running `before` / `after` the
+    body's), and make the variable half in the While and both signatures."""
     cond_entry = cond.entry_casts(index)
     if cond_entry is None:
         return False
+    if before is not None:
+        before()
     body.remove_entry_casts(index, entry)
-    body.return_before_exit_cast(index, exit_cast)
+    if after is not None:
+        after()
     cond.remove_entry_casts(index, cond_entry)
     _set_half(while_node, index, body, cond, half)
     return True
@@ -67,15 +78,12 @@ def _try_switch_invariant(while_node, index, body, cond, half):
     others = {node.name for node in readers} - {node.name for node in entry}
     if not entry or others - {passes_it_on}:
         return False
-    cond_entry = cond.entry_casts(index)
-    if cond_entry is None:
-        return False
-    for node in chain:
-        node.attr["T"].type = half
-    body.remove_entry_casts(index, entry)
-    cond.remove_entry_casts(index, cond_entry)
-    _set_half(while_node, index, body, cond, half)
-    return True
+
+    def chain_half():
+        for node in chain:
+            node.attr["T"].type = half
+
+    return _switch(while_node, index, body, cond, half, entry, before=chain_half)
 
 
 def keep_loop_variables_half(graph_def, half, fetched, library):
