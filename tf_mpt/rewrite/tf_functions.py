@@ -158,6 +158,7 @@ def _function_from_graph_def(cf, graph_def, library=None, jit_compile=None):
     # variable (as the traced code did), so calls record a variable access and a
     # GradientTape around a call watches them (capturing the bare handle gives no gradient).
     owners = {id(v.handle): v for v in cf.graph.variables}
+    read = [owners[id(t)] for t in captured if id(t) in owners]
 
     def body(*args, **kwargs):
         if signature is not None:
@@ -171,9 +172,8 @@ def _function_from_graph_def(cf, graph_def, library=None, jit_compile=None):
         graph = tf.compat.v1.get_default_graph()
         if library is not None:
             _add_library(graph, library)
-        for t in captured:
-            if id(t) in owners:
-                _resource_variable_ops.variable_accessed(owners[id(t)])
+        for variable in read:
+            _resource_variable_ops.variable_accessed(variable)
         input_map.update((name, graph.capture(t)) for name, t in zip(capture_names, captured))
         returned = tf.graph_util.import_graph_def(
             graph_def, input_map=input_map, return_elements=output_names + control_names,

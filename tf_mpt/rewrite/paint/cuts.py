@@ -136,26 +136,26 @@ def place_clear_casts_by_minimum_cut(p):
     Kind: paint and un-paint (clear ops). Needs: every rule that paints half; static shapes
     (for Cast bytes; Cast counts without them).
     """
-    free = {v for v in range(len(p.allow)) if p.v_list[v] == "clear" and _free(p, v)}
+    free = {v for v in range(len(p.allow)) if _free(p, v)}
     if not free:
         return
-    shapes = None
+
+    def fixed_half(c):
+        return c is not None and p.allow[c]
+
+    shapes = None  # built at the first region that needs a Cast: shapes cost a graph walk
     for region in (sorted(r) for r in _cost.connected_components(p, free)):
-        in_region = set(region)
-        tensors = _tensors(p, region) if len(region) <= MAX_REGION else ()
-        if not tensors:
+        if len(region) > MAX_REGION:
             continue
+        in_region = set(region)
+        tensors = _tensors(p, region)
+        if not tensors or not _cost_of(tensors, [1.0] * len(tensors), fixed_half):
+            continue  # no Cast around it: nothing to save
         shapes = shapes or _cost.Shapes(p.view, p.static_shapes())
         elements = [shapes.elements(i, port) for _, _, i, port in tensors]
-        weights = ([float(e) for e in elements] if all(e is not None for e in elements)
-                   else [1.0] * len(tensors))
-
-        def fixed_half(c):
-            return c is not None and p.allow[c]
-
+        known = all(e is not None for e in elements)
+        weights = [float(e) for e in elements] if known else [1.0] * len(tensors)
         current = _cost_of(tensors, weights, fixed_half)
-        if current == 0:
-            continue
         flow, source, sink = _Flow(), "half", "float32"
 
         def node(c):
@@ -174,7 +174,6 @@ def place_clear_casts_by_minimum_cut(p):
         if not best < current - 1e-9:
             continue
         stays_float32 = flow.reaches(sink)
-        known = all(e is not None for e in elements)
         saving = (f"its Casts move {best:g} instead of {current:g} elements" if known
                   else f"{best:g} Cast(s) instead of {current:g} (shapes not static)")
         for v in region:
