@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tf_mpt._opt_out import keep_fp32
 from tf_mpt._state import STATE, bypassing, warn_once
+from tf_mpt.automatic import keras as _keras
 from tf_mpt.training import gradient_records as _records
 from tf_mpt.training import scaling as _scaling
 
@@ -68,35 +69,16 @@ def _autograph_lines(code):
 def _from_library(module):
     if module.split(".")[0] not in _LIBRARIES:
         return False
-    from tf_mpt.automatic import keras as _keras  # pylint: disable=g-import-not-at-top
     return not (module in _keras.KERAS_GRADIENT_MODULES and _keras.rewrites_keras())
 
 
 # --- eager code ---------------------------------------------------------------------------------
 
-_HALF = ("float16", "bfloat16")
-
-
 def _half_ran_eagerly(targets):
-    """Whether an eager gradient's forward pass ran half ops: a half target, or a mixed
-    dtype policy in Keras or tf_keras (which only the script sets under TF_MPT_KERAS=rewrite,
-    and tf_mpt under TF_MPT_KERAS=policy)."""
-    if any(t.dtype.name in _HALF for t in targets):
-        return True
-    settings = STATE.settings  # Keras's global policy is per thread (a replica's is not set)
-    if settings is not None and settings.config.keras == "policy":
-        return True
-    keras = sys.modules.get("keras")
-    config = getattr(keras, "config", None) if keras is not None else None
-    tf_keras = sys.modules.get("tf_keras")
-    mixed = getattr(tf_keras, "mixed_precision", None) if tf_keras is not None else None
-    for get in (getattr(config, "dtype_policy", None), getattr(mixed, "global_policy", None)):
-        try:
-            if get is not None and str(get().compute_dtype) in _HALF:
-                return True
-        except Exception:  # pylint: disable=broad-except
-            continue
-    return False
+    """Whether an eager gradient's forward pass ran half ops: a half target, or Keras layers
+    computing in half under a mixed dtype policy."""
+    return (any(t.dtype in (tf.float16, tf.bfloat16) for t in targets)
+            or _keras.mixed_policy_in_effect())
 
 
 def _eager_float32(what):

@@ -9,8 +9,6 @@ import functools
 import logging
 import sys
 
-import tensorflow as tf
-
 from tf_mpt import _import_hooks
 from tf_mpt import _patches
 from tf_mpt.automatic import optimizers as _optimizers
@@ -45,7 +43,26 @@ def _keras_step(func):
 def rewrites_keras():
     """True when Keras's step functions are rewritten (TF_MPT_KERAS=rewrite)."""
     settings = _state.STATE.settings
-    return settings is not None and settings.rewrite and settings.config.keras == "rewrite"
+    return settings is not None and settings.keras_rewrite
+
+
+_HALF = ("float16", "bfloat16")
+
+
+def mixed_policy_in_effect():
+    """Whether Keras layers built now compute in half: tf_mpt set the mixed policy
+    (TF_MPT_KERAS=policy: every thread), or the script set one (checked in this thread:
+    Keras's global policy is per thread, and a MirroredStrategy replica's is unset)."""
+    settings = _state.STATE.settings
+    if settings is not None and settings.keras_policy:
+        return True
+    for _, _, get, _ in _policy_accessors():
+        try:
+            if str(get().compute_dtype) in _HALF:
+                return True
+        except Exception:  # pylint: disable=broad-except
+            continue
+    return False
 
 
 def patch_tf_function(dtype, keras_steps=True):
@@ -68,8 +85,7 @@ def patch_tf_function(dtype, keras_steps=True):
             return original(func, **kwargs)
 
     functools.update_wrapper(function, original)
-    # `import tensorflow.compat.v2 as tf` (tf_keras does) reaches it through compat.v2
-    for module in {id(m): m for m in (tf, tf.compat.v1, tf.compat.v2)}.values():
+    for module in _state.tf_api_modules():
         if getattr(module, "function", None) is original:
             _patches.replace(module, "function", function)
 
@@ -80,19 +96,29 @@ def _report_unclaimed(graph):
         _records.report_unclaimed(graph)
 
 
-def set_keras_policy(dtype):
-    """Keras `fit` scripts: the global dtype policy mixed_float16 / mixed_bfloat16 (Keras then
-    wraps the optimizer in its own LossScaleOptimizer for float16 at compile); the same for
-    tf_keras (`tf.keras` under TF_USE_LEGACY_KERAS=1) once it is imported."""
+def _policy_accessors():
+    """(patch label, library, get, set) of the global dtype policy of Keras and of tf_keras,
+    for each that is imported."""
+    found = []
     keras = sys.modules.get("keras")
-    if keras is not None and hasattr(keras, "config"):  # else: keras_imported() sets it later
-        _set_policy(_KERAS_POLICY, "Keras", keras.config.dtype_policy,
-                    keras.config.set_dtype_policy, dtype)
+    if keras is not None and hasattr(keras, "config"):
+        found.append((_KERAS_POLICY, "Keras", keras.config.dtype_policy,
+                      keras.config.set_dtype_policy))
     tf_keras = sys.modules.get("tf_keras")
     mixed = getattr(tf_keras, "mixed_precision", None) if tf_keras is not None else None
     if mixed is not None and hasattr(mixed, "set_global_policy"):
-        _set_policy(_TF_KERAS_POLICY, "tf_keras", mixed.global_policy, mixed.set_global_policy,
-                    dtype)
+        found.append((_TF_KERAS_POLICY, "tf_keras", mixed.global_policy,
+                       mixed.set_global_policy))
+    return found
+
+
+def set_keras_policy(dtype):
+    """Keras `fit` scripts: the global dtype policy mixed_float16 / mixed_bfloat16 (Keras then
+    wraps the optimizer in its own LossScaleOptimizer for float16 at compile); the same for
+    tf_keras (`tf.keras` under TF_USE_LEGACY_KERAS=1). A library not imported yet gets it
+    from keras_imported()."""
+    for label, library, get, set_ in _policy_accessors():
+        _set_policy(label, library, get, set_, dtype)
 
 
 def _set_policy(label, library, get, set_, dtype):
@@ -129,9 +155,9 @@ def keras_imported(name="keras"):
     a failure is a warning, never an error in the script's import."""
     try:
         settings = _state.STATE.settings
-        if settings is not None and settings.rewrite and settings.config.keras == "policy":
-            set_keras_policy(_state.STATE.settings.dtype)
-        if _state.STATE.settings is not None and _state.STATE.settings.loss_scaling:
+        if settings is not None and settings.keras_policy:
+            set_keras_policy(settings.dtype)
+        if settings is not None and settings.loss_scaling:
             _optimizers.patch_keras_optimizers()
     except Exception as error:  # pylint: disable=broad-except
         _log.warning("tf_mpt could not set %s's mixed precision policy (%s)", name, error)

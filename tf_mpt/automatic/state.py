@@ -10,7 +10,7 @@ from tf_mpt import _patches
 from tf_mpt._state import STATE, bypass, bypassing, warn_once  # noqa: F401  (the one of each)
 
 __all__ = ["Settings", "STATE", "is_enabled", "enabled_settings", "patch", "patch_function",
-           "bypass", "bypassing", "warn_once"]
+           "tf_api_modules", "bypass", "bypassing", "warn_once"]
 
 
 def is_enabled():
@@ -28,10 +28,27 @@ class Settings:
     loss_scale: object  # 'dynamic' or a number (TF_MPT_LOSS_SCALE)
     session_rewrite: object = None  # 'grappler' | 'copy' (TF1 Sessions), None without rewrite
 
+    @property
+    def keras_policy(self):
+        """tf_mpt sets the mixed Keras / tf_keras dtype policy (TF_MPT_KERAS=policy)."""
+        return self.rewrite and self.config.keras == "policy"
+
+    @property
+    def keras_rewrite(self):
+        """tf_mpt rewrites the step functions Keras traces (TF_MPT_KERAS=rewrite)."""
+        return self.rewrite and self.config.keras == "rewrite"
+
 
 def enabled_settings():
     """The Settings of the automatic path, or None when it is off."""
     return STATE.settings
+
+
+def tf_api_modules():
+    """tf, tf.compat.v1 and tf.compat.v2, each once: a script reaches tf.function or
+    tf.gradients through any of them (tf_keras: `import tensorflow.compat.v2 as tf`)."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    return list({id(m): m for m in (tf, tf.compat.v1, tf.compat.v2)}.values())
 
 
 def patch_function(module, name, replacement):

@@ -61,9 +61,9 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
     settings = dataclasses.replace(settings, session_rewrite=_sessions.patch_sessions(
         config, dtype, settings.rewrite, settings.loss_scaling))
     if settings.rewrite:
-        _keras.patch_tf_function(dtype, keras_steps=config.keras == "rewrite")
-        if config.keras == "policy":
-            _keras.set_keras_policy(dtype)
+        _keras.patch_tf_function(dtype, keras_steps=settings.keras_rewrite)
+    if settings.keras_policy:
+        _keras.set_keras_policy(dtype)
     if settings.loss_scaling:
         optimizer_class = tf.compat.v1.train.Optimizer
         _state.patch(optimizer_class, "compute_gradients", _optimizers.compute_gradients)
@@ -77,7 +77,7 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
     if settings.rewrite:
         _log.info("%s runs in TF1 Sessions, tf.function graphs and %s; eager ops (outside "
                   "tf.function) run in float32", dtype,
-                  "Keras fit / evaluate / predict" if config.keras == "rewrite"
+                  "Keras fit / evaluate / predict" if settings.keras_rewrite
                   else "Keras layers (mixed_%s policy)" % dtype)
     return settings
 
@@ -99,7 +99,7 @@ def _patch_gradients(loss_scale, allreduce_dtype):
     of the script's losses; Keras optimizers apply them with a loss scale of their own."""
     _records.install(loss_scale, allreduce_dtype)
     _patches.record("<automatic loss scaling>", _records.uninstall)
-    for module in {id(m): m for m in (tf, tf.compat.v1, tf.compat.v2)}.values():
+    for module in _state.tf_api_modules():
         if hasattr(module, "gradients") and not _patches.is_applied(module, "gradients"):
             _state.patch_function(module, "gradients", _gradients.tf_gradients)
     _state.patch(tf.GradientTape, "gradient", _gradients.tape_gradient)
