@@ -119,6 +119,15 @@ def test_session_rewrite_and_cache_dir():
         tf_mpt.Config.from_env({"TF_MPT_SESSION_REWRITE": "shadow"})
 
 
+def test_keras_mode():
+    assert tf_mpt.Config().keras == "rewrite"
+    assert tf_mpt.Config.from_env({}).keras == "rewrite"
+    assert tf_mpt.Config.from_env({"TF_MPT_KERAS": " Policy "}).keras == "policy"
+    with pytest.raises(ValueError, match=r"TF_MPT_KERAS must be one of rewrite, policy\. "
+                                         r"Received: TF_MPT_KERAS='mixed'"):
+        tf_mpt.Config.from_env({"TF_MPT_KERAS": "mixed"})
+
+
 def test_bad_dtype_names_the_variable_value_and_choices():
     with pytest.raises(ValueError, match=r"TF_MPT_DTYPE must be one of float16, bfloat16, "
                                          r"auto\. Received: TF_MPT_DTYPE='fp8'"):
