@@ -3,6 +3,12 @@
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The cost model's kernel times: tables (bfloat16, float16) measured on an AMD Zen 4 (native
+# bfloat16), so the decisions tests check do not depend on the machine
+# (tests/unit/test_op_costs.py measures this one).
+OP_COSTS_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support",
+                              "op_costs_zen4.json")
+os.environ.setdefault("TF_MPT_OP_COSTS", OP_COSTS_TABLE)
 
 import pytest  # noqa: E402
 

@@ -10,6 +10,7 @@ Example:
 """
 
 import dataclasses
+import os
 import re
 import typing
 
@@ -33,6 +34,7 @@ TF_MPT_COST_MODEL = "TF_MPT_COST_MODEL"
 TF_MPT_CPU_FLAGS = "TF_MPT_CPU_FLAGS"
 TF_MPT_SESSION_REWRITE = "TF_MPT_SESSION_REWRITE"
 TF_MPT_CACHE_DIR = "TF_MPT_CACHE_DIR"
+TF_MPT_OP_COSTS = "TF_MPT_OP_COSTS"
 TF_MPT_ALLREDUCE_DTYPE = "TF_MPT_ALLREDUCE_DTYPE"
 TF_MPT_KERAS = "TF_MPT_KERAS"
 
@@ -60,9 +62,13 @@ ENV_VARS = (
     (TF_MPT_DENYLIST_REMOVE, "", "Comma-separated op names to take off the deny list."),
     (TF_MPT_CLEARLIST_ADD, "", "Comma-separated op names to put on the clear list."),
     (TF_MPT_CLEARLIST_REMOVE, "", "Comma-separated op names to take off the clear list."),
-    (TF_MPT_COST_MODEL, "auto", "Cost model: keep a half cluster float32 when its Casts cost "
-     "more than half precision saves (static shapes needed). auto: on for bfloat16 (calibrated "
-     "on CPU), off for float16; 1: on for both; 0: off."),
+    (TF_MPT_COST_MODEL, "auto", "Cost model: keep ops float32 where their half kernels, with "
+     "the Casts around them, would be slower (kernel times measured on this CPU at first use; "
+     "static shapes needed). auto: on for bfloat16, off for float16 (its speed target is the "
+     "GPU); 1: on for both; 0: off."),
+    (TF_MPT_OP_COSTS, "(measured)", "A JSON table of op costs for the cost model (written by "
+     "`python -m tf_mpt.rewrite.paint.probes --out FILE`) to use instead of measuring this "
+     "CPU; tests inject one so their decisions do not depend on the machine."),
     (TF_MPT_CPU_FLAGS, "(/proc/cpuinfo)", "Space-separated CPU flags that `auto` decides from "
      "instead of the real CPU's, e.g. `avx2` or `avx512f avx512_bf16` (tests; what `auto` "
      "would pick on another CPU). Changes no kernel TensorFlow runs."),
@@ -195,6 +201,7 @@ class Config:
         cpu_flags: frozenset of CPU flags from TF_MPT_CPU_FLAGS, or None (the real CPU's).
         session_rewrite: 'grappler' or 'copy' (TF_MPT_SESSION_REWRITE).
         cache_dir: TF_MPT_CACHE_DIR, or None (the default cache directory).
+        op_costs: TF_MPT_OP_COSTS (a file of op costs), or None (measured on this CPU).
         allreduce_dtype: 'float32', 'float16', 'bfloat16' or 'auto' (TF_MPT_ALLREDUCE_DTYPE).
         keras: 'rewrite' or 'policy' (TF_MPT_KERAS).
     """
@@ -210,6 +217,7 @@ class Config:
     cpu_flags: typing.Optional[frozenset] = None
     session_rewrite: str = "grappler"
     cache_dir: typing.Optional[str] = None
+    op_costs: typing.Optional[str] = None
     allreduce_dtype: str = "float32"
     keras: str = "rewrite"
 
@@ -239,6 +247,7 @@ class Config:
                    session_rewrite=_parse_choice(environ, TF_MPT_SESSION_REWRITE,
                                                  _SESSION_REWRITES, "grappler"),
                    cache_dir=environ.get(TF_MPT_CACHE_DIR, "").strip() or None,
+                   op_costs=environ.get(TF_MPT_OP_COSTS, "").strip() or None,
                    allreduce_dtype=allreduce_dtype_from_env(environ),
                    keras=_parse_choice(environ, TF_MPT_KERAS, KERAS_MODES, "rewrite"))
 
@@ -268,6 +277,12 @@ class Config:
         if not self.list_add and not self.list_remove:
             return base
         return base.edited(add=dict(self.list_add), remove=dict(self.list_remove))
+
+
+def default_cache_dir():
+    """$XDG_CACHE_HOME/tf_mpt, or ~/.cache/tf_mpt (where TF_MPT_CACHE_DIR is unset)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tf_mpt")
 
 
 def any_switch_on(environ):

@@ -86,10 +86,11 @@ class RewriteReport:
                 f"using {self.casts_added} cast(s)")
         if self.already_half_nodes:
             line += f"; {self.already_half_nodes} more were {self.dtype} already"
-        by_cost = sum(1 for d in self.decisions.values() if d.reason.startswith("cost model:"))
+        by_cost = sum(1 for d in self.decisions.values()
+                      if not d.converted and d.reason.startswith("cost model:"))
         if by_cost:
-            line += (f"; {by_cost} kept float32 by the cost model (their Casts would cost more "
-                     f"than {self.dtype} saves)")
+            line += (f"; {by_cost} kept float32 by the cost model ({self.dtype} would be slower "
+                     "here, Casts included)")
         if self.error is not None:
             line += f" (rewrite abandoned: {self.error})"
         return line

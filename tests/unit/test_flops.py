@@ -28,7 +28,17 @@ def test_convolutions_and_their_gradients_count_the_forward_products():
                                    _dims({0: [3, 3, 32, 64]})) == forward
 
 
-@pytest.mark.parametrize("op_type", ["DepthwiseConv2dNative", "Conv3D", "Einsum", "Relu"])
+def test_einsum_counts_every_index_once():
+    # Keras MultiHeadAttention's query projection: [16, 32, 128] x [128, 4, 32]
+    shapes = _dims({0: [16, 32, 128], 1: [128, 4, 32]})
+    assert flops.flops_from_shapes("Einsum", False, shapes, _dims({}),
+                                   equation="abc,cde->abde") == 2 * 16 * 32 * 128 * 4 * 32
+    assert flops.flops_from_shapes("Einsum", False, shapes, _dims({}), equation=None) is None
+    assert flops.flops_from_shapes("Einsum", False, shapes, _dims({}),
+                                   equation="...c,cde->...de") is None  # ellipsis: unknown
+
+
+@pytest.mark.parametrize("op_type", ["DepthwiseConv2dNative", "Conv3D", "Relu"])
 def test_an_op_it_does_not_model_is_unknown_not_a_guess(op_type):
     assert op_type not in flops.COUNTED_OPS
     shapes = _dims({0: [8, 16, 16, 64], 1: [3, 3, 32, 64], 2: [8, 16, 16, 64]})

@@ -4,6 +4,7 @@ Structure first (per-node dtypes, the exact Casts added), then numbers against f
 """
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import tf_mpt
@@ -406,7 +407,14 @@ def _cast_sources(graph_def):
     return sorted(nodes[c].input[0] for c in added_casts(graph_def))
 
 
-def test_gather_casts_its_rows_not_the_whole_table(half_dtype):
+@pytest.fixture
+def no_cost_model(monkeypatch):
+    """The gather passes under test, not the cost model (which keeps this 900x20 embedding
+    and its 16-row batch float32 on a CPU: tests/unit/test_cost_model.py)."""
+    monkeypatch.setenv("TF_MPT_COST_MODEL", "0")
+
+
+def test_gather_casts_its_rows_not_the_whole_table(half_dtype, no_cost_model):
     graph = _embedding_graph()
     graph_def = graph.as_graph_def(add_shapes=True)  # static shapes: 900x20 table, 16 rows
     result = tf_mpt.rewrite_graph_def(graph_def, dtype=half_dtype, fetches=["loss", "train"])
@@ -427,7 +435,7 @@ def test_gather_casts_its_rows_not_the_whole_table(half_dtype):
     np.testing.assert_allclose(actual, expected, **TOLERANCES[half_dtype])
 
 
-def test_gather_stays_half_when_the_table_is_cast_anyway(half_dtype):
+def test_gather_stays_half_when_the_table_is_cast_anyway(half_dtype, no_cost_model):
     graph_def = _embedding_graph(tied=True).as_graph_def(add_shapes=True)
     result = tf_mpt.rewrite_graph_def(graph_def, dtype=half_dtype, fetches=["loss", "train"])
     sources = _cast_sources(result.graph_def)

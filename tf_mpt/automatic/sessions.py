@@ -108,7 +108,8 @@ class _Shadow:
         graph = session.graph
         self.user_graph = graph
         self.version = graph.version
-        self.graph = _rewrite.rewrite_graph(graph, dtype=_state.STATE.settings.dtype)
+        settings = _state.STATE.settings
+        self.graph = _rewrite.rewrite_graph(graph, dtype=settings.dtype, config=settings.config)
         self.session = tf.compat.v1.Session(target=session.sess_str, graph=self.graph,
                                             config=getattr(session, "_config", None))
         self.session._tf_mpt_unshadowed = True  # pylint: disable=protected-access

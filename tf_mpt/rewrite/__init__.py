@@ -19,7 +19,7 @@ Phases, in the order the code runs them (`_rewrite_graph_def` and, per graph, `_
         match_tensor_lists_and_repeat_until_stable      list colours, then again until stable
         cast_the_selected_part_not_the_whole            un-paint: a gather casts rows, not table
         place_clear_casts_by_minimum_cut                clear ops recoloured for fewest Cast bytes
-        keep_unprofitable_clusters_fp32                 un-paint: the cost model
+        choose_precision_by_measured_cost               the cost model: least measured time
         unpaint_split_tensor_lists                      un-paint: a list the cost model split
         store_tensor_arrays_in_half                     TensorArrays, Stacks half as a whole
         force_colour_match_on_loop_back_edges           un-paint: one colour around a back edge
@@ -84,7 +84,7 @@ _PASSES = (
      _list_paint.match_tensor_lists_and_repeat_until_stable),
     ("cast_the_selected_part_not_the_whole", _paint.cast_the_selected_part_not_the_whole),
     ("place_clear_casts_by_minimum_cut", _cuts.place_clear_casts_by_minimum_cut),
-    ("keep_unprofitable_clusters_fp32", _cost.keep_unprofitable_clusters_fp32),
+    ("choose_precision_by_measured_cost", _cuts.choose_precision_by_measured_cost),
     ("unpaint_split_tensor_lists", _list_paint.unpaint_split_tensor_lists),
     ("store_tensor_arrays_in_half", _arrays.store_tensor_arrays_in_half),
     ("force_colour_match_on_loop_back_edges", _paint.force_colour_match_on_loop_back_edges),
@@ -239,10 +239,16 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
         lists = config.lists_for(half.name)
     _check_lists(lists)
     signatures = {f.signature.name: f.signature for f in graph_def.library.function}
-    constants = _cost.constants_for(config.cost_model, half.enum)
+    constants = _cost.costs_for(config, half.enum)
     # 1. index (the main graph; phases 2 and 3 follow in _rewrite_one)
     view = _graph_view.GraphView(graph_def)
     fetched = _fetch_node_names(fetches, view)
+    argument_shapes = {}
+    if constants is not None and graph_def.library.function:
+        table = shapes() if shapes is not None else _cost.output_shapes_from_attrs(view)
+        shapes = functools.partial(dict, table)
+        argument_shapes = _cost.call_argument_shapes(graph_def, table)
+    loop_bodies = _cost.loop_bodies(graph_def)
     new_graph_def, report, modified, error = _rewrite_one(
         graph_def, view, fetched, half, lists, signatures, strict, constants, shapes)
     if error is not None:
@@ -255,8 +261,10 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
     for index, fdef in enumerate(graph_def.library.function):
         if fdef.signature.name not in reachable:
             continue  # e.g. a While body TF replaced by its '_rewritten' copy: never runs
-        new_fdef, function_report = _rewrite_function_body(fdef, half, lists, signatures,
-                                                           strict, constants)
+        new_fdef, function_report = _rewrite_function_body(
+            fdef, half, lists, signatures, strict, constants,
+            (graph_def.library, argument_shapes.get(fdef.signature.name),
+             fdef.signature.name in loop_bodies))
         if function_report is not None:
             function_reports[fdef.signature.name] = function_report
         if new_fdef is not None:
@@ -312,12 +320,13 @@ def _reachable_functions(graph_def, roots=()):
 
 
 def _rewrite_one(graph_def, view, fetched, half, lists, signatures, strict, constants,
-                 shapes):
+                 shapes, noise_floor=_cost.NOISE_FLOOR):
     """Paints one graph (no library). Returns (graph_def, report, modified, error or None).
 
-    constants: the cost model's Constants, or None (cost model off).
+    constants: the cost model's OpCosts, or None (cost model off).
     shapes: a callable giving {node name: output shapes}, or None for `_output_shapes` attrs;
         called at most once, only by a pass that needs shapes.
+    noise_floor: seconds the cost model's changes must save in all (0 in a loop body).
     """
     # 1. index: (node, type-attr) vertices
     types = [ta.node_types(node, signatures) for node in view.nodes]
@@ -326,7 +335,7 @@ def _rewrite_one(graph_def, view, fetched, half, lists, signatures, strict, cons
                          ta.default_device_type())
     paint.shape_source = shapes or functools.partial(_cost.output_shapes_from_attrs, view)
     if constants is not None:
-        paint.cost = (constants, paint.static_shapes())
+        paint.cost = (constants, paint.static_shapes(), noise_floor)
     step = "build"
     try:
         # 2. paint
@@ -351,8 +360,12 @@ def _rewrite_one(graph_def, view, fetched, half, lists, signatures, strict, cons
     return new_graph_def, report, modified, None
 
 
-def _rewrite_function_body(fdef, half, lists, signatures, strict, constants):
+def _rewrite_function_body(fdef, half, lists, signatures, strict, constants, callers):
     """Rewrites one library function, its signature unchanged.
+
+    callers: (the graph's FunctionDefLibrary, [shape or None per argument] from its callers
+        or None, True if it is a While body): what the cost model infers the body's shapes
+        from, and whether its savings repeat every iteration (no noise floor).
 
     Returns (new FunctionDef or None if unchanged, report or None if not rewritable).
     """
@@ -363,8 +376,14 @@ def _rewrite_function_body(fdef, half, lists, signatures, strict, constants):
     except (_function_library.UnsupportedFunction, GraphDefError) as error:
         _log.debug("function %s is left as it is: %s", name, error)
         return None, None
+    shapes = None
+    library, argument_shapes, loop_body = callers
+    if constants is not None:
+        shapes = functools.partial(_cost.function_body_shapes, body, fdef, library,
+                                   argument_shapes)
     new_body, report, modified, error = _rewrite_one(
-        body, view, set(fetches), half, lists, signatures, strict, constants, None)
+        body, view, set(fetches), half, lists, signatures, strict, constants, shapes,
+        0.0 if loop_body else _cost.NOISE_FLOOR)
     if error is not None or not modified:
         return None, report
     try:

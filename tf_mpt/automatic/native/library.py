@@ -41,6 +41,7 @@ import time
 
 import tensorflow as tf
 
+from tf_mpt import config as _config
 from tf_mpt._state import STATE
 
 _log = logging.getLogger(__name__)
@@ -58,11 +59,6 @@ REWRITER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctyp
 
 class NativeUnavailable(RuntimeError):
     """The native optimizer could not be built or loaded (the message says why)."""
-
-
-def default_cache_dir():
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "tf_mpt")
 
 
 def _compiler():
@@ -105,7 +101,7 @@ def library_path(cache_dir=None):
         key = hashlib.sha256(source.read())
     key.update(" ".join([tf.__version__, tf.__git_version__, _compiler_version(compiler),
                          sys.platform] + _build_command(compiler, "OUT")).encode())
-    return os.path.join(cache_dir or default_cache_dir(),
+    return os.path.join(cache_dir or _config.default_cache_dir(),
                         f"session_rewrite-{tf.__version__}-{key.hexdigest()[:16]}.so")
 
 

@@ -1,59 +1,42 @@
-"""The cost model: keep a half-precision cluster float32 when its Casts cost more than it saves.
+"""The cost model's facts: static shapes, and what one vertex costs in half vs float32.
 
-Grappler converts by op name, so a tiny MatMul pays two Casts and a slower small-size half
-kernel for nothing. After the painting passes, the converted vertices form connected clusters;
-for each cluster whose MatMul/Conv ops and boundary tensors all have static shapes:
+The decisions are made by `cuts.choose_precision_by_measured_cost`, a minimum cut whose
+weights come from here:
 
-    saved  = sum over its MatMul/Conv ops of  t_fp32(flops) - t_half(flops),
-             t(flops) = op overhead + flops / FLOP rate
-    cost   = sum over the Casts it needs of   cast overhead + elements * time per element
-             (one Cast per boundary tensor; a float32 Const read by the cluster is stored
-              in half and needs none)
+    vertex  = its op's half kernel time minus its float32 kernel time (op_costs: measured on
+              this machine), at the vertex's size: FLOPs for matrix products and
+              convolutions, elements (the largest input or output) otherwise
+    Cast    = a Cast's measured time at the tensor's elements
 
-and the cluster goes back to float32 if saved < cost, provided the flips of the whole graph
-save at least NOISE_FLOOR per run (otherwise nothing changes). A cluster with an allow op the model
-cannot count (no FLOP formula) or a shape it does not know is left half: the model only acts
-where it is sure.
-
-The constants were measured with `python benchmarks/calibrate_cost_model.py` on an AMD Zen 4
-CPU with native bfloat16 (2 cores); see README. There is no calibration for float16 (its
-speed target is the GPU, and none was available), so the model is on by default for bfloat16
-only (TF_MPT_COST_MODEL=auto); TF_MPT_COST_MODEL=1 applies the same constants to float16,
-=0 turns the model off.
+An op that TensorFlow's remapper fuses into the kernel before it (`fusion`: BiasAdd, an Add
+and an activation after a matrix product or convolution; x * sigmoid(x) as one Swish) costs
+0 in either dtype, or, where only float32 fuses it (an inference batch norm after a
+convolution, as measured on Zen 4: `python benchmarks/real_models.py --profile`), its half
+time.
+A matrix product or convolution whose size is unknown is left half; an op that was not
+measured costs 0 (only its Casts count). The model is on by default for bfloat16 only
+(TF_MPT_COST_MODEL=auto); TF_MPT_COST_MODEL=1 applies this CPU's float16 times to float16,
+=0 turns it off.
 """
 
-import dataclasses
 import math
 
+from tf_mpt.rewrite import function_bodies as _function_bodies
 from tf_mpt.rewrite.paint import flops as _flops
+from tf_mpt.rewrite.paint import op_costs as _op_costs
 from tf_mpt.rewrite import type_attrs as ta
 
 
-@dataclasses.dataclass(frozen=True)
-class Constants:
-    """Seconds per op and FLOP rates (FLOP/s) of one device and half type."""
-    op_fp32: float
-    op_half: float
-    rate_fp32: float
-    rate_half: float
-    cast_op: float
-    cast_element: float
-
-    def op_saving(self, flops):
-        return (self.op_fp32 + flops / self.rate_fp32) - (self.op_half + flops / self.rate_half)
-
-    def cast_cost(self, elements):
-        return self.cast_op + elements * self.cast_element
-
-
-# A graph is changed only if the model's flips save at least this much per run in all: below
-# it the difference drowns in Session.run overhead and timing noise (tens of microseconds),
-# and a tiny graph keeps the name-based decisions.
+# A graph is changed only if the model's changes save at least this much per run in all:
+# below it the difference drowns in Session.run overhead and timing noise (tens of
+# microseconds), and a tiny graph keeps the name-based decisions.
 NOISE_FLOOR = 50e-6
 
-# benchmarks/calibrate_cost_model.py on Zen 4 (avx512_bf16), bfloat16.
-CPU_BFLOAT16 = Constants(op_fp32=2.0e-6, op_half=4.0e-6, rate_fp32=100e9, rate_half=190e9,
-                         cast_op=0.7e-6, cast_element=0.3e-9)
+# What TensorFlow's remapper fuses into a preceding matrix product or convolution (in
+# float32 and bfloat16 alike): BiasAdd, then Add (a residual) and an activation (see fusion).
+CONTRACTIONS = frozenset(_flops.MATMUL_OPS + ("Conv2D", "DepthwiseConv2dNative", "Einsum"))
+FUSED_AFTER_CONTRACTION = frozenset(("BiasAdd", "Relu", "Relu6", "Elu", "LeakyRelu", "Tanh",
+                                     "Sigmoid", "Add", "AddV2"))
 
 
 def _dims(shape):
@@ -83,6 +66,84 @@ def shapes_of_graph(graph):
                 -1 if d is None else d for d in shape.as_list()))
         shapes[op.name] = entry
     return shapes
+
+
+# Ops of the main graph that call library functions: (function attrs, first data input that
+# is the functions' first argument).
+_CALLERS = {"While": (("body", "cond"), 0), "StatelessWhile": (("body", "cond"), 0),
+            "If": (("then_branch", "else_branch"), 1),
+            "StatelessIf": (("then_branch", "else_branch"), 1),
+            "PartitionedCall": (("f",), 0), "StatefulPartitionedCall": (("f",), 0)}
+
+
+def call_argument_shapes(graph_def, shape_table):
+    """{function name: [static shape or None per argument]} from the main graph's calls
+    (While, If, PartitionedCall); an argument whose callers disagree is None."""
+    found = {}
+    for node in graph_def.node:
+        if node.op not in _CALLERS:
+            continue
+        attrs, first = _CALLERS[node.op]
+        shapes = []
+        for ref in [t for t in node.input if not t.startswith("^")][first:]:
+            name, _, port = ref.partition(":")
+            entry = shape_table.get(name)
+            port = int(port or 0)
+            shapes.append(entry[port] if entry is not None and port < len(entry) else None)
+        for attr in attrs:
+            if attr not in node.attr:
+                continue
+            name = node.attr[attr].func.name
+            if name in found:
+                found[name] = [a if a == b else None for a, b in zip(found[name], shapes)]
+            else:
+                found[name] = shapes
+    return found
+
+
+def loop_bodies(graph_def):
+    """Names of the functions a While of the graph or of any function runs as its body."""
+    nodes = list(graph_def.node)
+    for function in graph_def.library.function:
+        nodes.extend(function.node_def)
+    return {node.attr["body"].func.name for node in nodes
+            if node.op in ("While", "StatelessWhile") and "body" in node.attr}
+
+
+def function_body_shapes(body, fdef, library, caller_shapes):
+    """{node name: output shapes} of a function body (a GraphDef from
+    function_bodies.function_to_graph_def) by TensorFlow's shape inference, its arguments
+    shaped by the FunctionDef's `_output_shapes` arg attrs or else by its callers'; {} when
+    TensorFlow cannot import it."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    graph_def = type(body)()
+    functions = {f.signature.name: f for f in library.function}
+    needed, stack = set(), [n for n in body.node]
+    while stack:  # only the functions the body calls, directly or not
+        for func in _function_bodies.called_functions(stack.pop()):
+            if func.name in functions and func.name not in needed:
+                needed.add(func.name)
+                stack.extend(functions[func.name].node_def)
+    graph_def.library.function.extend(functions[name] for name in sorted(needed))
+    # the return-value Identity nodes have names TensorFlow refuses; nothing else reads them
+    graph_def.node.extend(n for n in body.node if not n.name.startswith("__"))
+    args = {arg.name: k for k, arg in enumerate(fdef.signature.input_arg)}
+    for node in graph_def.node:
+        k = args.get(node.name)
+        if node.op != "Placeholder" or k is None:
+            continue
+        attrs = fdef.arg_attr[k].attr if k in fdef.arg_attr else {}
+        if "_output_shapes" in attrs and attrs["_output_shapes"].list.shape:
+            node.attr["shape"].shape.CopyFrom(attrs["_output_shapes"].list.shape[0])
+        elif caller_shapes and k < len(caller_shapes) and caller_shapes[k] is not None:
+            for d in caller_shapes[k]:
+                node.attr["shape"].shape.dim.add(size=d)
+    try:
+        with tf.Graph().as_default() as graph:
+            tf.graph_util.import_graph_def(graph_def, name="")
+    except Exception:  # pylint: disable=broad-except
+        return {}  # a body TensorFlow cannot import alone: its sizes stay unknown
+    return shapes_of_graph(graph)
 
 
 class Shapes:
@@ -122,96 +183,154 @@ def connected_components(p, members):
     return components
 
 
-def _clusters(p):
-    """Connected components of converted vertices (through converted vertices only)."""
-    return connected_components(p, {v for v, c in enumerate(p.converted) if c})
+def _only_reader(view, i):
+    """The node index reading node i, if exactly one node reads it."""
+    readers = {dst for consumers in view.fanout[i].values() for dst, _ in consumers}
+    return next(iter(readers)) if len(readers) == 1 else None
 
 
-def _boundary_tensors(p, members):
-    """The (node, port) tensors that need a Cast around the cluster, or None if unknown."""
-    tensors = set()
-    view, types = p.view, p.types
-    for v in members:
-        i, key = p.v_node[v], p.v_key[v]
-        nt = types[i]
-        for port, in_key in enumerate(nt.in_keys):
-            if in_key != key:
-                continue
-            src, src_port = view.fanin[i][port]
-            src_key = (types[src].out_keys[src_port]
-                       if src_port < len(types[src].out_keys) else None)
-            sv = p.node_vertex[src].get(src_key) if src_key is not None else None
-            if sv is not None and (sv in members or p.allow[sv]):
-                continue
-            if view.nodes[src].op == "Const":
-                continue  # stored in half when every reader is half
-            tensors.add((src, src_port))
-        for port, out_key in enumerate(nt.out_keys):
-            if out_key == key and any(c is None or (c not in members and not p.allow[c])
-                                      for c in p.consumers_of_output(i, port)):
-                tensors.add((i, port))
-    return tensors
+def _swish_mul(view, i):
+    """For a Sigmoid read only by a Mul of it and its own input (x * sigmoid(x), which
+    TensorFlow's remapper runs as one Swish kernel): that Mul's index; else None."""
+    if view.nodes[i].op != "Sigmoid" or not view.fanin[i]:
+        return None
+    mul = _only_reader(view, i)
+    if mul is None or view.nodes[mul].op != "Mul":
+        return None
+    inputs = {src for src, _ in view.fanin[mul]}
+    return mul if inputs == {i, view.fanin[i][0][0]} else None
 
 
-def keep_unprofitable_clusters_fp32(p):
-    """The cost-model pass (see the module docstring).
+def _is_swish_mul(view, i):
+    return view.nodes[i].op == "Mul" and any(
+        view.nodes[src].op == "Sigmoid" and _swish_mul(view, src) == i
+        for src, _ in view.fanin[i])
 
-    Kind: un-paint. Needs: the rules' final paint (after cast_the_selected_part_not_the_whole)
-    and p.cost.
+
+def fusion(view, i, depth=3):
+    """How TensorFlow's remapper runs node i on this CPU: 'both' (inside the kernel before
+    it, in float32 and in half alike), 'float32' (inside it in float32 only), or None.
+
+        contraction -> BiasAdd -> [Add] -> [activation]      'both'  (one fused kernel)
+        Sigmoid read only by x * Sigmoid(x)                   'both'  (inside Swish)
+        Conv2D / depthwise -> FusedBatchNorm (inference)
+            -> [Relu, Relu6, Elu, LeakyRelu]                  'float32' (unfused in half)
     """
-    if p.cost is None:
-        return
-    constants, shape_table = p.cost
-    shapes = Shapes(p.view, shape_table)
-    flips, total_loss = [], 0.0
-    for cluster in _clusters(p):
-        estimate = _estimate(p, shapes, constants, cluster)
-        if estimate is not None and estimate[0] < estimate[1]:
-            flips.append((cluster, estimate))
-            total_loss += estimate[1] - estimate[0]
-    if total_loss < NOISE_FLOOR:
-        return
-    for cluster, (saved, cost) in flips:
-        reason = (f"cost model: its cluster of {len(cluster)} would save ~{saved * 1e6:.1f} us "
-                  f"in half but its Casts cost ~{cost * 1e6:.1f} us")
-        for v in cluster:
-            p.unpaint(v, reason)
-
-
-def _estimate(p, shapes, constants, cluster):
-    """(seconds half saves, seconds its Casts cost) of one cluster, or None if unknown or if
-    the cluster has no allow op (the model weighs compute against Casts, nothing else)."""
-    if not any(p.v_list[v] == "allow" for v in cluster):
+    node = view.nodes[i]
+    if _swish_mul(view, i) is not None:
+        return "both"
+    if not view.fanin[i] or depth == 0:
         return None
-    saved = 0.0
-    for v in cluster:
-        if p.v_list[v] != "allow":
-            continue
-        i = p.v_node[v]
-        node = p.view.nodes[i]
-        if node.op not in _flops.COUNTED_OPS:
-            return None
-        attr = _flops.transposed_attr(node.op)  # absent when default (false): never add it
-        transposed = node.op in _flops.MATMUL_OPS and attr in node.attr and node.attr[attr].b
-        flops = _flops.flops_from_shapes(
-            node.op, transposed, lambda port, i=i: _dims(shapes.input(i, port)),
-            lambda port, i=i: _dims(shapes.output(i, port)))
-        if flops is None:
-            return None
-        saved += constants.op_saving(flops)
-    cost = 0.0
-    for i, port in _boundary_tensors(p, set(cluster)):
-        elements = shapes.elements(i, port)
-        if elements is None:
-            return None
-        cost += constants.cast_cost(elements)
-    return saved, cost
+    src, _ = view.fanin[i][0]
+    if _only_reader(view, src) != i:
+        return None
+    src_op = view.nodes[src].op
+    if _cost_key(node) == "FusedBatchNormV3:inference":
+        return "float32" if src_op in ("Conv2D", "DepthwiseConv2dNative") else None
+    if src_op in CONTRACTIONS:
+        return "both" if node.op == "BiasAdd" else None
+    if node.op in FUSED_AFTER_CONTRACTION or _is_swish_mul(view, i):
+        before = fusion(view, src, depth - 1)
+        if before == "float32" and node.op in ("Relu", "Relu6", "Elu", "LeakyRelu"):
+            return "float32"
+        return "both" if before == "both" else None
+    return None
 
 
-def constants_for(setting, dtype_enum):
-    """The Constants to use, or None when the model is off for this setting and dtype."""
-    if setting == "0":
+def _units(p, shapes, v, op):
+    """FLOPs (matrix products, convolutions) or elements (the largest input or output) of
+    vertex v's node; None if a shape it needs is unknown."""
+    i = p.v_node[v]
+    node = p.view.nodes[i]
+    if op in _op_costs.PER_FLOP:
+        attr = _flops.transposed_attr(op) if op in _flops.MATMUL_OPS else None
+        transposed = attr is not None and attr in node.attr and node.attr[attr].b
+        return _flops.flops_from_shapes(
+            op, transposed, lambda port: _dims(shapes.input(i, port)),
+            lambda port: _dims(shapes.output(i, port)),
+            equation=node.attr["equation"].s.decode() if "equation" in node.attr else None)
+    sizes = [shapes.elements(i, port) for port in range(len(p.types[i].out_keys))]
+    sizes += [None if _dims(shapes.input(i, port)) is None else math.prod(shapes.input(i, port))
+              for port in range(len(p.view.fanin[i]))]
+    known = [s for s in sizes if s is not None]
+    return max(known) if known else None
+
+
+def _cost_key(node):
+    op = node.op
+    if op in ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"):
+        training = "is_training" not in node.attr or node.attr["is_training"].b
+        return "FusedBatchNormV3" if training else "FusedBatchNormV3:inference"
+    if op in ("FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3"):
+        return "FusedBatchNormGradV3"
+    return op
+
+
+def node_spec(p, shapes, v):
+    """The op_costs.node_spec key of vertex v's node (a matrix product or convolution with
+    static shapes), or None."""
+    i = p.v_node[v]
+    node = p.view.nodes[i]
+    if node.op not in _op_costs.PER_NODE:
         return None
-    if setting == "auto" and dtype_enum != ta.DT_BFLOAT16:
+    ports = range(len(p.view.fanin[i]))
+    return _op_costs.node_spec(
+        node, [shapes.input(i, port) for port in ports], shapes.output(i, 0),
+        [p.view.nodes[p.view.fanin[i][port][0]].op == "Const" for port in ports])
+
+
+def _shape_text(shapes, i, ports):
+    return " x ".join("[" + "x".join(str(d) for d in (shapes.input(i, port) or ())) + "]"
+                      for port in ports)
+
+
+def vertex_cost(p, shapes, costs, v, node_seconds=None):
+    """(seconds v's half kernel takes more than float32's, or None if unknown, a phrase
+    saying what was measured), e.g. (1.2e-05, 'bfloat16 Sigmoid over 8192 elements measured
+    2.41x slower than float32 here').
+
+    node_seconds: (float32, half) seconds measured for this very node (a matrix product or
+    convolution at its shapes), used instead of the op's line when given.
+    """
+    i = p.v_node[v]
+    node = p.view.nodes[i]
+    key = _cost_key(node)
+    if node_seconds is not None:
+        single, half = node_seconds
+        ports = [port for port in range(len(p.view.fanin[i]))
+                 if (node.op, port) not in _op_costs.SIZE_INPUTS]
+        what = f"{costs.dtype} {node.op} {_shape_text(shapes, i, ports)}"
+        return half - single, f"{what} {_ratio(single, half)}"
+    fused = fusion(p.view, i)
+    if key in _op_costs.FREE_OPS or fused == "both":
+        return 0.0, ""
+    if _is_swish_mul(p.view, i):
+        key = "Swish"
+    if not costs.knows(key):
+        return None, ""
+    units = _units(p, shapes, v, key)
+    if units is None:
+        return None, ""
+    half, single = costs.time(key, units, True), costs.time(key, units, False)
+    if fused == "float32":
+        return half, (f"{costs.dtype} {node.op} over {units} elements runs as its own kernel "
+                      "here, while float32 fuses it into the convolution before it")
+    what = (f"{units / 1e6:.2g} MFLOP" if key in _op_costs.PER_FLOP
+            else f"{units} elements")
+    return half - single, f"{costs.dtype} {node.op} over {what} {_ratio(single, half)}"
+
+
+def _ratio(single, half):
+    if half > single:
+        return f"measured {half / single:.2f}x slower than float32 here" if single else ""
+    return f"measured {single / half:.2f}x faster than float32 here" if half else ""
+
+
+def costs_for(config, dtype_enum):
+    """The OpCosts to use, or None when the model is off for this config and dtype."""
+    if config.cost_model == "0":
         return None
-    return CPU_BFLOAT16
+    if config.cost_model == "auto" and dtype_enum != ta.DT_BFLOAT16:
+        return None
+    name = "bfloat16" if dtype_enum == ta.DT_BFLOAT16 else "float16"
+    return _op_costs.costs_for(config, name)

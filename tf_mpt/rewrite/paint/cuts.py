@@ -32,9 +32,10 @@ import collections
 from tf_mpt.rewrite.paint import cost as _cost
 
 _INF = float("inf")
-# A region larger than this keeps the rules' colours (the flow is quadratic at worst; real
-# regions between allow/infer ops are a handful of clear ops).
-MAX_REGION = 2000
+_EPSILON = 1e-12
+# A region larger than this keeps the rules' colours (a bound on the flow's time; the clear
+# regions between allow/infer ops are a handful of ops, a model's half region thousands).
+MAX_REGION = 50000
 # Ops the rules colour by their own constraints (loops, tensor lists): never free here.
 _FIXED_OPS = ("Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge", "Switch",
               "RefSwitch", "NextIteration", "RefNextIteration", "LoopCond")
@@ -68,63 +69,143 @@ def _tensors(p, region):
 
 
 class _Flow:
-    """A small max-flow graph (Edmonds-Karp: regions are tens of vertices)."""
+    """A max-flow graph (Dinic's algorithm: level graph by BFS, blocking flow by DFS; fast
+    on these sparse graphs of thousands of vertices)."""
 
     def __init__(self):
-        self.capacity = collections.defaultdict(float)
-        self.adjacent = collections.defaultdict(set)
+        self.index = {}
+        self.heads, self.caps, self.edges_of = [], [], []
+
+    def _node(self, a):
+        k = self.index.get(a)
+        if k is None:
+            k = self.index[a] = len(self.edges_of)
+            self.edges_of.append([])
+        return k
 
     def edge(self, a, b, capacity):
         if a == b or capacity <= 0:
             return
-        self.capacity[a, b] += capacity
-        self.adjacent[a].add(b)
-        self.adjacent[b].add(a)
+        ka, kb = self._node(a), self._node(b)
+        self.edges_of[ka].append(len(self.heads))
+        self.heads.append(kb)
+        self.caps.append(capacity)
+        self.edges_of[kb].append(len(self.heads))
+        self.heads.append(ka)
+        self.caps.append(0.0)
+
+    def _levels(self, s, t):
+        level = [-1] * len(self.edges_of)
+        level[s] = 0
+        queue = collections.deque([s])
+        while queue:
+            a = queue.popleft()
+            for e in self.edges_of[a]:
+                b = self.heads[e]
+                if level[b] < 0 and self.caps[e] > _EPSILON:
+                    level[b] = level[a] + 1
+                    queue.append(b)
+        return level if level[t] >= 0 else None
+
+    def _push(self, s, t, level, next_edge):
+        """One augmenting path of the level graph (iterative DFS); the flow pushed or 0."""
+        path, a = [], s
+        while True:
+            if a == t:
+                pushed = min(self.caps[e] for e in path)
+                for e in path:
+                    self.caps[e] -= pushed
+                    self.caps[e ^ 1] += pushed
+                return pushed
+            edges = self.edges_of[a]
+            while next_edge[a] < len(edges):
+                e = edges[next_edge[a]]
+                b = self.heads[e]
+                if self.caps[e] > _EPSILON and level[b] == level[a] + 1:
+                    break
+                next_edge[a] += 1
+            else:
+                if not path:
+                    return 0.0
+                level[a] = -1  # a dead end: never again in this phase
+                e = path.pop()
+                a = self.heads[e ^ 1]
+                next_edge[a] += 1
+                continue
+            path.append(edges[next_edge[a]])
+            a = self.heads[edges[next_edge[a]]]
 
     def max_flow(self, source, sink):
+        if source not in self.index or sink not in self.index:
+            return 0.0
+        s, t = self.index[source], self.index[sink]
         total = 0.0
         while True:
-            parent = {source: None}
-            queue = collections.deque([source])
-            while queue and sink not in parent:
-                a = queue.popleft()
-                for b in self.adjacent[a]:
-                    if b not in parent and self.capacity[a, b] > 1e-12:
-                        parent[b] = a
-                        queue.append(b)
-            if sink not in parent:
+            level = self._levels(s, t)
+            if level is None:
                 return total
-            path, b = [], sink
-            while parent[b] is not None:
-                path.append((parent[b], b))
-                b = parent[b]
-            pushed = min(self.capacity[e] for e in path)
-            if pushed == _INF:
-                return _INF
-            for a, b in path:
-                self.capacity[a, b] -= pushed
-                self.capacity[b, a] += pushed
-            total += pushed
+            next_edge = [0] * len(self.edges_of)
+            while True:
+                pushed = self._push(s, t, level, next_edge)
+                if pushed <= 0:
+                    break
+                if pushed == _INF:
+                    return _INF
+                total += pushed
 
     def reaches(self, target):
         """Nodes with a residual path to `target`."""
-        found, stack = {target}, [target]
+        if target not in self.index:
+            return {target}
+        t = self.index[target]
+        found, stack = {t}, [t]
         while stack:
             b = stack.pop()
-            for a in self.adjacent[b]:
-                if a not in found and self.capacity[a, b] > 1e-12:
+            for e in self.edges_of[b]:
+                a = self.heads[e]
+                if a not in found and self.caps[e ^ 1] > _EPSILON:
                     found.add(a)
                     stack.append(a)
-        return found
+        names = {k: a for a, k in self.index.items()}
+        return {names[k] for k in found}
 
 
-def _cost_of(tensors, weights, half):
+def _cost_of(tensors, weights, half, vertex_weights=None):
+    """The cost of a colouring: the weights of the Casts it needs, plus each vertex's
+    (half cost, float32 cost) from `vertex_weights` {v: (if half, if float32)}."""
     total = 0.0
     for (u, consumers, _, _), w in zip(tensors, weights):
         colours = {half(c) for c in consumers}
         if half(u) and False in colours or not half(u) and True in colours:
             total += w
+    for v, (if_half, if_float32) in (vertex_weights or {}).items():
+        total += if_half if half(v) else if_float32
     return total
+
+
+def _minimum_cut(region, tensors, weights, fixed_half, vertex_weights=None):
+    """(cheapest cost, the set of region vertices that are half in it)."""
+    in_region = set(region)
+    flow, source, sink = _Flow(), "half", "float32"
+
+    def node(c):
+        if c is not None and c in in_region:
+            return c
+        return source if fixed_half(c) else sink
+
+    for k, ((u, consumers, _, _), w) in enumerate(zip(tensors, weights)):
+        a, b = ("a", k), ("b", k)
+        flow.edge(node(u), a, w)
+        for c in consumers:
+            flow.edge(a, node(c), _INF)
+            flow.edge(node(c), b, _INF)
+        flow.edge(b, node(u), w)
+    for v, (if_half, if_float32) in (vertex_weights or {}).items():
+        flow.edge(source, v, if_float32)  # cut when v is float32
+        flow.edge(v, sink, if_half)  # cut when v is half
+    best = flow.max_flow(source, sink)
+    stays_float32 = flow.reaches(sink)
+    return best, {v for v in region if v not in stays_float32}
 
 
 def place_clear_casts_by_minimum_cut(p):
@@ -147,7 +228,6 @@ def place_clear_casts_by_minimum_cut(p):
     for region in (sorted(r) for r in _cost.connected_components(p, free)):
         if len(region) > MAX_REGION:
             continue
-        in_region = set(region)
         tensors = _tensors(p, region)
         if not tensors or not _cost_of(tensors, [1.0] * len(tensors), fixed_half):
             continue  # no Cast around it: nothing to save
@@ -156,31 +236,100 @@ def place_clear_casts_by_minimum_cut(p):
         known = all(e is not None for e in elements)
         weights = [float(e) for e in elements] if known else [1.0] * len(tensors)
         current = _cost_of(tensors, weights, fixed_half)
-        flow, source, sink = _Flow(), "half", "float32"
-
-        def node(c):
-            if c is not None and c in in_region:
-                return c
-            return source if fixed_half(c) else sink
-
-        for k, ((u, consumers, _, _), w) in enumerate(zip(tensors, weights)):
-            a, b = ("a", k), ("b", k)
-            flow.edge(node(u), a, w)
-            for c in consumers:
-                flow.edge(a, node(c), _INF)
-                flow.edge(node(c), b, _INF)
-            flow.edge(b, node(u), w)
-        best = flow.max_flow(source, sink)
+        best, half = _minimum_cut(region, tensors, weights, fixed_half)
         if not best < current - 1e-9:
             continue
-        stays_float32 = flow.reaches(sink)
         saving = (f"its Casts move {best:g} instead of {current:g} elements" if known
                   else f"{best:g} Cast(s) instead of {current:g} (shapes not static)")
         for v in region:
-            half = v not in stays_float32
-            if half and not p.allow[v]:
+            if v in half and not p.allow[v]:
                 p.paint_allow(v, f"minimum cut: half here, the region of {len(region)} "
                                  f"clear op(s) then needs the fewest Casts: {saving}")
-            elif not half and p.allow[v]:
+            elif v not in half and p.allow[v]:
                 p.unpaint(v, f"minimum cut: float32 here, the region of {len(region)} "
                              f"clear op(s) then needs the fewest Casts: {saving}")
+
+
+def _movable(p, v):
+    """A vertex the measured-cost cut may colour: half now (it may go float32), or a free
+    clear op (either way); never a loop or tensor-list op."""
+    op = p.op(v)
+    if op in _FIXED_OPS or op.startswith("Tensor"):
+        return False
+    return p.converted[v] or _free(p, v)
+
+
+def choose_precision_by_measured_cost(p):
+    """The cost model: each region of ops that may change colour gets the colouring of least
+    measured time, kernels and Casts together (see cost.py); half ops whose half kernels
+    lose here go float32 when that is not paid back in Casts.
+
+    In microseconds per run: a half vertex pays its kernel's half-minus-float32 time (an
+    allow op whose size is unknown is pinned half), each Cast its measured time. A region
+    with a tensor of unknown size keeps its colours; the graph changes only if the regions'
+    savings add up to its noise floor (cost.NOISE_FLOOR; 0 in a loop body, whose savings
+    repeat every iteration).
+
+    Kind: paint and un-paint. Needs: the rules' final paint, the Cast-count cut before it,
+    and p.cost (OpCosts, shapes, noise floor in seconds).
+    """
+    if p.cost is None:
+        return
+    costs, shape_table, noise_floor = p.cost
+    shapes = _cost.Shapes(p.view, shape_table)
+    movable = {v for v in range(len(p.allow)) if _movable(p, v)}
+
+    def fixed_half(c):
+        return c is not None and p.allow[c]
+
+    specs = {v: _cost.node_spec(p, shapes, v) for v in movable}
+    measured = costs.node_seconds({s for s in specs.values() if s is not None})
+    node_seconds = {v: measured[s] for v, s in specs.items() if s in measured}
+    changes, saved = [], 0.0
+    for region in (sorted(r) for r in _cost.connected_components(p, movable)):
+        if len(region) > MAX_REGION:
+            continue
+        found = _measured_region(p, shapes, costs, region, fixed_half, node_seconds)
+        if found is not None and found[0] > 1e-9:
+            changes.append((region,) + found)
+            saved += found[0]
+    if saved * 1e-6 < noise_floor:
+        return
+    for region, gain, half, why in changes:
+        for v in region:
+            summary = (f"the region of {len(region)} op(s) then runs ~{gain:.1f} us faster "
+                       "than with the rules' colours")
+            detail = f"{why[v]}; " if why.get(v) else ""
+            if v in half and not p.allow[v]:
+                p.paint_allow(v, f"cost model: half here ({detail}{summary})")
+            elif v not in half and p.allow[v]:
+                p.unpaint(v, f"cost model: float32 here ({detail}{summary})")
+
+
+def _measured_region(p, shapes, costs, region, fixed_half, node_seconds):
+    """(microseconds saved, the vertices half in the best colouring, {v: what was
+    measured}) of one region, or None when a size is unknown."""
+    tensors = _tensors(p, region)
+    weights = []
+    for u, _, i, port in tensors:
+        if p.view.nodes[i].op == "Const":
+            weights.append(0.0)  # stored in half when its readers are half: no Cast
+            continue
+        elements = shapes.elements(i, port)
+        if elements is None:
+            return None
+        weights.append(costs.cast_time(elements) * 1e6)
+    vertex_weights, why = {}, {}
+    for v in region:
+        extra, what = _cost.vertex_cost(p, shapes, costs, v, node_seconds.get(v))
+        if extra is None:
+            if p.v_list[v] == "allow" and p.converted[v]:
+                vertex_weights[v] = (0.0, _INF)  # its saving is unknown: stays half
+            continue
+        vertex_weights[v] = (max(extra, 0.0) * 1e6, max(-extra, 0.0) * 1e6)
+        why[v] = what
+    current = _cost_of(tensors, weights, lambda c: fixed_half(c), vertex_weights)
+    best, half = _minimum_cut(region, tensors, weights, fixed_half, vertex_weights)
+    if current == _INF or best == _INF:
+        return None
+    return current - best, half, why

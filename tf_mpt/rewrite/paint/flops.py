@@ -1,8 +1,9 @@
 """Floating-point operations of the ops that dominate a model's time, from static shapes.
 
-Counted: MatMul / BatchMatMul* (2 * output elements * contracted size) and Conv2D with its two
-gradients (2 * forward output elements * kernel height * width * input channels). Other ops are
-memory-bound and left out. Works on tf.Operation objects of an imported graph.
+Counted: MatMul / BatchMatMul* (2 * output elements * contracted size), Einsum with two inputs
+(2 * the product of every index's size) and Conv2D with its two gradients (2 * forward output
+elements * kernel height * width * input channels). Other ops are memory-bound and left out.
+Works on tf.Operation objects of an imported graph.
 """
 
 import math
@@ -20,7 +21,7 @@ def _dims(tensor):
 
 MATMUL_OPS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
 CONV_OPS = ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter")
-COUNTED_OPS = MATMUL_OPS + CONV_OPS
+COUNTED_OPS = MATMUL_OPS + CONV_OPS + ("Einsum",)
 
 
 def transposed_attr(op_type):
@@ -28,13 +29,32 @@ def transposed_attr(op_type):
     return "transpose_a" if op_type == "MatMul" else "adj_x"
 
 
-def flops_from_shapes(op_type, transposed, input_dims, output_dims):
+def einsum_flops(equation, input_dims):
+    """2 x the product of every index's size (each multiply-add of the contraction) for a
+    two-input equation without ellipsis; None otherwise."""
+    inputs, _, _ = equation.replace(" ", "").partition("->")
+    terms = inputs.split(",")
+    if len(terms) != 2 or "." in inputs:
+        return None
+    sizes = {}
+    for port, term in enumerate(terms):
+        dims = input_dims(port)
+        if dims is None or len(dims) != len(term):
+            return None
+        sizes.update(zip(term, dims))
+    return 2 * math.prod(sizes.values())
+
+
+def flops_from_shapes(op_type, transposed, input_dims, output_dims, equation=None):
     """FLOPs of one op of COUNTED_OPS; None if a shape is unknown or the op is not one of
     COUNTED_OPS (its cost is unknown here, never guessed).
 
     input_dims(port) / output_dims(port): the static shape as a list of ints, or None.
     transposed: the product reads its first input transposed (matrix products only).
+    equation: an Einsum's equation.
     """
+    if op_type == "Einsum":
+        return None if equation is None else einsum_flops(equation, input_dims)
     if op_type in MATMUL_OPS:
         out, a = output_dims(0), input_dims(0)
         if out is None or a is None or len(a) < 2:
@@ -58,8 +78,9 @@ def op_flops(op):
     if op.type not in COUNTED_OPS:
         return None
     transposed = op.type in MATMUL_OPS and op.get_attr(transposed_attr(op.type))
+    equation = op.get_attr("equation").decode() if op.type == "Einsum" else None
     return flops_from_shapes(op.type, transposed, lambda port: _dims(op.inputs[port]),
-                             lambda port: _dims(op.outputs[port]))
+                             lambda port: _dims(op.outputs[port]), equation)
 
 
 def half_flop_share(graph, half_dtype, weights=None, half_names=None):

@@ -1,0 +1,318 @@
+"""What an op costs on this machine in float32 and in the half type, measured at first use.
+
+The cost model decides per op whether half precision pays here, so it needs the speed of the
+half kernels of *this* CPU. On an AMD Zen 4, bfloat16 is ~1.8x float32 for a large Conv2D,
+but a bfloat16 Sigmoid is ~3x slower than float32's, a small MatMul loses to its reorders, a
+bfloat16 Add (half the bytes) is faster, and a bfloat16 DepthwiseConv2dNativeBackpropInput
+with stride 2 is 15-80x slower. No fixed table is right on every CPU, so (probes.py):
+
+* each op type is timed once at a few sizes in float32 and in the half type, and
+      time(op, dtype, n)                             n = FLOPs (PER_FLOP ops) or elements
+  interpolates linearly between those points (beyond the largest: the last segment's slope;
+  below the smallest: the smallest time), cached as JSON in TF_MPT_CACHE_DIR under a key of
+  the CPU model, its half-precision flags, TensorFlow's version and MEASURE_VERSION
+  (measured once per machine, ~10 s);
+* each matrix product or convolution (PER_NODE) is timed at its own shapes and attrs the
+  first time a graph has it, in one child process per rewrite, and cached the same way.
+
+TF_MPT_OP_COSTS=<file> uses a table written before (`python -m tf_mpt.rewrite.paint.probes
+--out FILE`; a JSON list of such tables holds one per half type) and measures nothing:
+per-node times then come from the op types' points (tests inject a table that way, so their
+decisions do not depend on the machine).
+"""
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import base64
+import subprocess
+import sys
+import tempfile
+import typing
+
+from tf_mpt import _cpu
+from tf_mpt import config as _config
+
+_log = logging.getLogger("tf_mpt")
+
+MEASURE_VERSION = 3
+MEASURE_TIMEOUT = 600  # seconds for one child process (a table takes ~5, a node ~0.1)
+
+PER_FLOP = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "Conv2D",
+            "Conv2DBackpropInput", "Conv2DBackpropFilter")
+PER_NODE = PER_FLOP + ("DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+                       "DepthwiseConv2dNativeBackpropFilter")
+# The attrs that change a PER_NODE op's kernel time (besides its shapes and T).
+NODE_ATTRS = ("strides", "padding", "explicit_paddings", "dilations", "data_format",
+              "transpose_a", "transpose_b", "adj_x", "adj_y", "equation")
+# Integer inputs that hold the op's output shape: (op, input port).
+SIZE_INPUTS = {("Conv2DBackpropInput", 0), ("Conv2DBackpropFilter", 1),
+                ("DepthwiseConv2dNativeBackpropInput", 0),
+                ("DepthwiseConv2dNativeBackpropFilter", 1)}
+
+# Ops that move or view data and have no kernel time worth a Cast (never a reason to keep an
+# op float32): costed 0.
+FREE_OPS = frozenset((
+    "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "Snapshot",
+    "PreventGradient", "Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike",
+    "EnsureShape", "CheckNumerics", "Enter", "Exit", "Merge", "Switch", "NextIteration"))
+
+
+@dataclasses.dataclass(frozen=True)
+class OpCosts:
+    """Measured costs: {op: ((units, seconds), ...)} per dtype, and the Casts'.
+
+    Attributes:
+        dtype: the half type measured ('bfloat16' or 'float16').
+        source: where the table comes from ("measured on <CPU>" or a file), for the report.
+        float32 / half: {op type: ((units, seconds), ...) by units}; unit = FLOP for
+            PER_FLOP ops, else element.
+        cast: ((elements, seconds), ...) of a Cast between float32 and the half type (the
+            mean of both directions).
+    """
+    dtype: str
+    source: str
+    float32: dict
+    half: dict
+    cast: tuple
+    nodes: typing.Optional["NodeTimes"] = dataclasses.field(default=None, compare=False)
+
+    def knows(self, op):
+        return op in FREE_OPS or (op in self.float32 and op in self.half)
+
+    def time(self, op, units, half):
+        """Seconds of one `op` over `units` (FLOPs or elements) in half or float32; None if
+        not measured. FREE_OPS cost 0."""
+        if op in FREE_OPS:
+            return 0.0
+        table = self.half if half else self.float32
+        if op not in table:
+            return None
+        return _interpolate(table[op], units)
+
+    def half_minus_float32(self, op, units):
+        """Seconds the half kernel takes more than float32's (negative: half is faster)."""
+        half, single = self.time(op, units, True), self.time(op, units, False)
+        return None if half is None or single is None else half - single
+
+    def cast_time(self, elements):
+        return _interpolate(self.cast, elements)
+
+    def node_seconds(self, specs):
+        """{spec: (float32 seconds, half seconds)} measured for these node_spec keys (none
+        when the table was injected)."""
+        return {} if self.nodes is None or not specs else self.nodes.lookup(specs)
+
+    def to_json(self):
+        data = {k: v for k, v in dataclasses.asdict(self).items() if k != "nodes"}
+        return json.dumps(data, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text, source=None):
+        data = json.loads(text)
+        return cls(dtype=data["dtype"], source=source or data["source"],
+                   float32={k: _points(v) for k, v in data["float32"].items()},
+                   half={k: _points(v) for k, v in data["half"].items()},
+                   cast=_points(data["cast"]))
+
+
+def _points(value):
+    points = tuple(sorted((float(n), float(t)) for n, t in value))
+    if len(points) < 2:
+        raise ValueError(f"an op's times need two points or more, not {value!r}")
+    return points
+
+
+def _interpolate(points, units):
+    """Seconds at `units` on the piecewise-linear curve through `points` (sorted by units;
+    the last segment's slope beyond them, the first point's time below them)."""
+    if units <= points[0][0]:
+        return points[0][1]
+    for (n0, t0), (n1, t1) in zip(points, points[1:]):
+        if units <= n1 or (n1, t1) == points[-1]:
+            return max(0.0, t0 + (t1 - t0) * (units - n0) / (n1 - n0))
+    return points[-1][1]
+
+
+# --- the table of this machine --------------------------------------------------------------
+
+def node_spec(node, input_shapes, output_shape, constant_inputs):
+    """The key (JSON text) a PER_NODE node is timed and cached under, or None when a shape it
+    needs is unknown.
+
+    node: its NodeDef; input_shapes: static shape (tuple) or None per data input;
+    output_shape: its first output's; constant_inputs: per data input, True if a Const.
+    """
+    if node.op not in PER_NODE or output_shape is None or any(d < 0 for d in output_shape):
+        return None
+    inputs = []
+    for port, shape in enumerate(input_shapes):
+        if (node.op, port) in SIZE_INPUTS:
+            inputs.append(("int", list(output_shape), True))
+        elif shape is None or any(d is None or d < 0 for d in shape):
+            return None
+        else:
+            inputs.append(("float", list(shape), bool(constant_inputs[port])))
+    attrs = {k: base64.b64encode(node.attr[k].SerializeToString(deterministic=True)).decode()
+             for k in NODE_ATTRS if k in node.attr}
+    return json.dumps({"op": node.op, "attrs": attrs, "inputs": inputs}, sort_keys=True)
+
+
+def cache_key(dtype):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    flags = sorted(_cpu.real_cpu_flags() & {"avx512f", "avx512_bf16", "amx_bf16",
+                                            "avx512_fp16", "amx_fp16", "f16c"})
+    text = "|".join([_cpu.cpu_model(), " ".join(flags), tf.__version__, str(MEASURE_VERSION),
+                     dtype, str(os.cpu_count())])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+_memo = {}
+
+
+def costs_for(config, dtype):
+    """The OpCosts for `dtype` (a name): the file TF_MPT_OP_COSTS names, else this machine's
+    cached table, else measured now and cached; None if that failed (the cost model is then
+    off, with one warning). Raises ValueError for a bad file."""
+    path = config.op_costs
+    if path:
+        key = ("file", path, dtype)
+        if key not in _memo:
+            _memo[key] = _read(path, dtype)
+        return _memo[key]
+    directory = config.cache_dir or _config.default_cache_dir()
+    key = ("measured", directory, dtype)
+    if key not in _memo:
+        _memo[key] = _cached_or_measured(directory, dtype)
+    return _memo[key]
+
+
+def _read(path, dtype):
+    """The table for `dtype` in the file: one table, or a list of tables (one per dtype)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        tables = [OpCosts.from_json(json.dumps(table), source=f"the table in {path}")
+                  for table in (data if isinstance(data, list) else [data])]
+        costs = next((t for t in tables if t.dtype == dtype), tables[0])
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
+        raise ValueError(f"{_config.TF_MPT_OP_COSTS}={path!r} is not a readable op-cost table "
+                         f"({type(error).__name__}: {error}); write one with `python -m "
+                         "tf_mpt.rewrite.paint.probes --out FILE` or unset it to measure "
+                         "this machine") from error
+    if costs.dtype != dtype:
+        raise ValueError(f"{_config.TF_MPT_OP_COSTS}={path!r} holds costs for {costs.dtype}, "
+                         f"not {dtype}; write a table for {dtype} with `python -m "
+                         f"tf_mpt.rewrite.paint.probes --dtype {dtype} --out FILE`")
+    return costs
+
+
+class MeasureFailed(RuntimeError):
+    """The child process measuring kernel times failed (the message says how)."""
+
+
+def _in_child(directory, dtype, nodes=None):
+    """Runs probes.py in a child process (TensorFlow's trace warnings and the probe Sessions
+    stay out of this one); returns the text it wrote. Raises MeasureFailed."""
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=directory) as scratch:
+            out = os.path.join(scratch, "out.json")
+            command = [sys.executable, "-m", "tf_mpt.rewrite.paint.probes", "--dtype", dtype,
+                       "--out", out]
+            if nodes is not None:
+                specs = os.path.join(scratch, "nodes.json")
+                with open(specs, "w") as f:
+                    json.dump(sorted(nodes), f)
+                command += ["--nodes", specs]
+            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_ENABLE="0",
+                       TF_MPT_GRAPH_REWRITE="0", TF_MPT_LOSS_SCALING="0")
+            done = subprocess.run(command, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                  timeout=MEASURE_TIMEOUT, check=False)
+            if done.returncode != 0:
+                tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:]
+                raise MeasureFailed(f"the measurement exited with {done.returncode}: "
+                                    f"{' '.join(tail)}")
+            with open(out) as f:
+                return f.read()
+    except (OSError, subprocess.SubprocessError) as error:
+        raise MeasureFailed(f"{type(error).__name__}: {error}") from error
+
+
+def _write_atomically(path, text):
+    try:
+        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), delete=False,
+                                         suffix=".tmp") as f:
+            f.write(text)
+        os.replace(f.name, path)
+    except OSError as error:
+        _log.info("tf_mpt could not cache op costs in %s (%s); they are measured again in the "
+                  "next process", path, error)
+
+
+def _cached_or_measured(directory, dtype):
+    """This machine's table from the cache, else measured and cached; None, with one
+    warning, if it cannot be measured."""
+    path = os.path.join(directory, f"op_costs-{dtype}-{cache_key(dtype)}.json")
+    nodes = NodeTimes(os.path.join(directory, f"node_costs-{dtype}-{cache_key(dtype)}.json"),
+                      directory, dtype)
+    try:
+        with open(path) as f:
+            return dataclasses.replace(OpCosts.from_json(f.read()), nodes=nodes)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    _log.info("tf_mpt is measuring float32 and %s kernel times on this CPU for its cost model "
+              "(once, a few seconds; cached in %s)", dtype, directory)
+    try:
+        text = _in_child(directory, dtype)
+        costs = OpCosts.from_json(text)
+    except (MeasureFailed, ValueError, KeyError, TypeError) as error:
+        _log.warning("tf_mpt could not measure op costs on this CPU (%s); its cost model is off "
+                     "in this process (set %s to a table to use one)", error,
+                     _config.TF_MPT_OP_COSTS)
+        return None
+    _write_atomically(path, text)
+    return dataclasses.replace(costs, nodes=nodes)
+
+
+class NodeTimes:
+    """Kernel times of PER_NODE nodes by node_spec key: this process's, then the cache
+    file's, then measured in one child process per lookup of new keys."""
+
+    def __init__(self, path, directory, dtype):
+        self.path, self.directory, self.dtype = path, directory, dtype
+        self.known = None
+        self.failed = False
+
+    def _load(self):
+        try:
+            with open(self.path) as f:
+                return {k: tuple(v) for k, v in json.load(f).items()}
+        except (OSError, ValueError, AttributeError, TypeError):
+            return {}
+
+    def lookup(self, specs):
+        if self.known is None:
+            self.known = self._load()
+        missing = sorted(set(specs) - set(self.known))
+        if missing and not self.failed:
+            _log.info("tf_mpt is timing %d matrix product / convolution shape(s) in float32 "
+                      "and %s on this CPU (once; cached in %s)", len(missing), self.dtype,
+                      self.directory)
+            try:
+                measured = json.loads(_in_child(self.directory, self.dtype, missing))
+            except (MeasureFailed, ValueError) as error:
+                self.failed = True
+                _log.warning("tf_mpt could not time shapes on this CPU (%s); its cost model "
+                             "uses its per-op lines for them in this process", error)
+                measured = {}
+            for key in missing:  # a spec that does not run here is not timed again
+                self.known[key] = tuple(measured.get(key, ()))
+            merged = self._load()
+            merged.update(self.known)
+            self.known = merged
+            _write_atomically(self.path, json.dumps(merged))
+        return {k: self.known[k] for k in specs if len(self.known.get(k, ())) == 2}

@@ -1,0 +1,320 @@
+"""The probes behind op_costs: float32 and half kernel times of this CPU, run in a child
+process (`python -m tf_mpt.rewrite.paint.probes`) so TensorFlow's trace output and the probe
+Sessions stay out of the caller's process.
+
+Two kinds:
+* per op type (`measure`): each elementwise op, reduction, pooling, batch norm, ... at four
+  sizes (ELEMENTS), each matrix product and convolution at three problem sizes, and the
+  Casts: the points op_costs.OpCosts interpolates between.
+* per node (`time_nodes`): a matrix product or convolution at its own shapes and attrs
+  (a NodeSpec): their half kernels are fast or 80x slow by shape (a bfloat16
+  DepthwiseConv2dNativeBackpropInput with stride 2 on Zen 4), which no line captures.
+
+Every time is a kernel's own (RunMetadata step stats, median of RUNS traced runs after a
+warm-up, one op at a time: inter-op parallelism 1, intra-op as TensorFlow's default).
+
+    python -m tf_mpt.rewrite.paint.probes [--dtype bfloat16]          # print the table
+    python -m tf_mpt.rewrite.paint.probes --out FILE                  # write it (JSON)
+    python -m tf_mpt.rewrite.paint.probes --nodes SPECS --out FILE    # time NodeSpecs
+"""
+
+import base64
+import json
+import logging
+import statistics
+
+from tf_mpt import _cpu
+from tf_mpt.rewrite.paint import op_costs as _op_costs
+
+_log = logging.getLogger("tf_mpt")
+
+ROWS = 128  # elementwise probes are [n / ROWS, ROWS]
+ELEMENTS = (4096, 32768, 262144, 1048576)  # the sizes of an elementwise probe
+RUNS = 9
+NODE_RUNS = 5
+
+# op -> (kind, input names) of the elementwise probes; kind: unary / binary (two inputs of
+# the same shape).
+_UNARY = {op: "x" for op in (
+    "Sigmoid", "Tanh", "Erf", "Erfc", "Exp", "Log", "Sqrt", "Rsqrt", "Square", "Neg", "Abs",
+    "Reciprocal", "Log1p", "Expm1", "Sin", "Cos")}
+_UNARY.update({op: "features" for op in ("Relu", "Relu6", "Elu", "Selu", "Softplus",
+                                          "LeakyRelu", "Softsign")})
+_BINARY = {op: ("x", "y") for op in (
+    "Add", "AddV2", "Sub", "Mul", "RealDiv", "DivNoNan", "Maximum", "Minimum",
+    "SquaredDifference", "Pow")}
+_BINARY.update({op: ("gradients", "features") for op in (
+    "ReluGrad", "Relu6Grad", "LeakyReluGrad", "SoftplusGrad")})
+_BINARY["EluGrad"] = ("gradients", "outputs")
+_BINARY.update({op: ("y", "dy") for op in ("SigmoidGrad", "TanhGrad", "RsqrtGrad",
+                                           "SqrtGrad")})
+
+# Matrix products and convolutions: (small, large) problem per op, timed per FLOP.
+# Matrix products and convolutions: (small, middle, large) problems, timed per FLOP (the
+# depthwise convolutions, memory-bound, per output element).
+MATMUL_SHAPES = (((16, 128), (128, 128)), ((64, 256), (256, 256)), ((256, 512), (512, 512)))
+BATCH_MATMUL_SHAPES = (((16, 32, 32), (16, 32, 32)), ((32, 64, 64), (32, 64, 64)),
+                       ((64, 128, 64), (64, 64, 128)))
+EINSUM_SHAPES = (((16, 32, 64), (64, 64)), ((16, 64, 128), (128, 128)),
+                 ((16, 128, 256), (256, 256)))
+CONV_SHAPES = (((4, 16, 16, 16), (3, 3, 16, 16)), ((8, 32, 32, 16), (3, 3, 16, 32)),
+               ((16, 32, 32, 32), (3, 3, 32, 32)))
+DEPTHWISE_SHAPES = (((4, 16, 16, 32), (3, 3, 32, 1)), ((8, 32, 32, 32), (3, 3, 32, 1)),
+                    ((16, 32, 32, 64), (3, 3, 64, 1)))
+
+
+
+def _probes(tf, dtype, size):
+    """{op type: (tensor or op, units)} of one probe graph: elementwise ops at ELEMENTS[size],
+    matrix products and convolutions at their size-th problem (if there is one)."""
+    tf1 = tf.compat.v1
+    raw = tf.raw_ops
+    n = ELEMENTS[size]
+    shape = [n // ROWS, ROWS]
+
+    def ph(shp=None, dt=dtype):
+        return tf1.placeholder(dt, shp or shape)
+
+    probes = {}
+    for op, arg in _UNARY.items():
+        probes[op] = (getattr(raw, op)(**{arg: ph()}), n)
+    for op, (a, b) in _BINARY.items():
+        probes[op] = (getattr(raw, op)(**{a: ph(), b: ph()}), n)
+    x = ph()
+    probes["Swish"] = (raw.Mul(x=x, y=raw.Sigmoid(x=x)), n)  # the remapper's _MklSwish
+    probes["BiasAdd"] = (raw.BiasAdd(value=ph(), bias=ph([ROWS])), n)
+    probes["BiasAddGrad"] = (raw.BiasAddGrad(out_backprop=ph()), n)
+    probes["Softmax"] = (raw.Softmax(logits=ph()), n)
+    probes["ConcatV2"] = (raw.ConcatV2(values=[ph(), ph()], axis=1), 2 * n)
+    probes["Pad"] = (raw.Pad(input=ph(), paddings=[[1, 1], [1, 1]]), n)
+    for op in ("Sum", "Mean", "Max", "Prod"):
+        probes[op] = (getattr(raw, op)(input=ph(), axis=[1]), n)
+    probes["Transpose"] = (raw.Transpose(x=ph([16, n // (16 * ROWS), ROWS]), perm=[1, 0, 2]), n)
+    side = max(2, int((n // (16 * 32)) ** 0.5))
+    images = [16, side, side, 32]
+    count = images[0] * images[1] * images[2] * images[3]
+    for op in ("MaxPool", "AvgPool"):
+        argument = "input" if op == "MaxPool" else "value"
+        probes[op] = (getattr(raw, op)(**{argument: ph(images)}, ksize=[1, 2, 2, 1],
+                                       strides=[1, 2, 2, 1], padding="VALID"), count)
+    channels = [images[-1]]
+    stats = [ph(channels, tf.float32) for _ in range(4)]
+    for training in (True, False):
+        outputs = raw.FusedBatchNormV3(x=ph(images), scale=stats[0], offset=stats[1],
+                                       mean=stats[2], variance=stats[3],
+                                       is_training=training)
+        probes["FusedBatchNormV3" + ("" if training else ":inference")] = (outputs[0], count)
+    grad = raw.FusedBatchNormGradV3(y_backprop=ph(images), x=ph(images), scale=stats[0],
+                                    reserve_space_1=stats[1], reserve_space_2=stats[2],
+                                    reserve_space_3=stats[3])
+    probes["FusedBatchNormGradV3"] = (grad[0], count)
+
+    if dtype != tf.float32:
+        probes["Cast:to"] = (tf.cast(ph(dt=tf.float32), dtype), n)
+        probes["Cast:from"] = (tf.cast(ph(), tf.float32), n)
+    if size < len(MATMUL_SHAPES):
+        probes.update(_contraction_probes(tf, ph, size))
+    return probes
+
+
+def _contraction_probes(tf, ph, size):
+    raw = tf.raw_ops
+    probes = {}
+
+    def flops_of(m_k, k_n):
+        *batch, m, k = m_k
+        return 2 * m * k * k_n[-1] * (batch[0] if batch else 1)
+
+    (a, b) = MATMUL_SHAPES[size]
+    probes["MatMul"] = (raw.MatMul(a=ph(list(a)), b=ph(list(b))), flops_of(a, b))
+    (a, b) = BATCH_MATMUL_SHAPES[size]
+    for op in ("BatchMatMulV2", "BatchMatMul"):
+        probes[op] = (getattr(raw, op)(x=ph(list(a)), y=ph(list(b))), flops_of(a, b))
+    (a, b) = EINSUM_SHAPES[size]
+    probes["Einsum"] = (raw.Einsum(inputs=[ph(list(a)), ph(list(b))], equation="abc,cd->abd"),
+                        2 * a[0] * a[1] * a[2] * b[1])
+    (x, k) = CONV_SHAPES[size]
+    out = list(x[:3]) + [k[3]]
+    flops = 2 * x[0] * x[1] * x[2] * k[0] * k[1] * k[2] * k[3]
+    probes["Conv2D"] = (raw.Conv2D(input=ph(list(x)), filter=ph(list(k)), strides=[1, 1, 1, 1],
+                                   padding="SAME"), flops)
+    probes["Conv2DBackpropInput"] = (raw.Conv2DBackpropInput(
+        input_sizes=list(x), filter=ph(list(k)), out_backprop=ph(out), strides=[1, 1, 1, 1],
+        padding="SAME"), flops)
+    probes["Conv2DBackpropFilter"] = (raw.Conv2DBackpropFilter(
+        input=ph(list(x)), filter_sizes=list(k), out_backprop=ph(out), strides=[1, 1, 1, 1],
+        padding="SAME"), flops)
+    (x, k) = DEPTHWISE_SHAPES[size]
+    elements = x[0] * x[1] * x[2] * x[3]
+    kwargs = {"strides": [1, 1, 1, 1], "padding": "SAME"}
+    probes["DepthwiseConv2dNative"] = (raw.DepthwiseConv2dNative(
+        input=ph(list(x)), filter=ph(list(k)), **kwargs), elements)
+    probes["DepthwiseConv2dNativeBackpropInput"] = (raw.DepthwiseConv2dNativeBackpropInput(
+        input_sizes=list(x), filter=ph(list(k)), out_backprop=ph(list(x)), **kwargs), elements)
+    probes["DepthwiseConv2dNativeBackpropFilter"] = (raw.DepthwiseConv2dNativeBackpropFilter(
+        input=ph(list(x)), filter_sizes=list(k), out_backprop=ph(list(x)), **kwargs), elements)
+    return probes
+
+
+def _kernel_seconds(tf, probes):
+    """{op type: median seconds of its probe kernel} over RUNS traced runs; a probe whose
+    kernel does not run here (none registered for the dtype) is left out."""
+    try:
+        return _traced_seconds(tf, probes)
+    except tf.errors.OpError:
+        found = {}
+        for op, probe in probes.items():
+            try:
+                found.update(_traced_seconds(tf, {op: probe}))
+            except tf.errors.OpError:
+                _log.debug("op-cost probe %s does not run here", op)
+        return found
+
+
+def _traced_seconds(tf, probes):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    tf1 = tf.compat.v1
+    targets = [t.op if hasattr(t, "op") else t for t, _ in probes.values()]
+    names = {target.name: op for op, target in zip(probes, targets)}
+    feeds = {}
+    rng = np.random.default_rng(0)
+    for target in targets:
+        for tensor in target.inputs:
+            if tensor.op.type == "Placeholder":
+                values = rng.uniform(0.1, 1.0, tensor.shape.as_list()).astype(np.float32)
+                feeds[tensor] = values.astype(tensor.dtype.as_numpy_dtype)
+    times = _run_traced(tf1, targets[0].graph, targets, names, feeds, RUNS)
+    return {op: statistics.median(t) for op, t in times.items() if t}
+
+
+def _run_traced(tf1, graph, targets, names, feeds, runs):
+    """{name: [seconds per traced run]} of the kernels of `targets` (names: node name ->
+    the name to report it under)."""
+    config = tf1.ConfigProto(inter_op_parallelism_threads=1)
+    times = {name: [] for name in names.values()}
+    with tf1.Session(graph=graph, config=config) as session:
+        session.run(targets, feeds)
+        options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
+        for _ in range(runs):
+            metadata = tf1.RunMetadata()
+            session.run(targets, feeds, options=options, run_metadata=metadata)
+            for device in metadata.step_stats.dev_stats:
+                for stats in device.node_stats:
+                    name = names.get(stats.node_name.split(":")[0])
+                    if name is not None:
+                        nanos = stats.all_end_rel_nanos or stats.all_end_rel_micros * 1000
+                        times[name].append(nanos * 1e-9)
+    return times
+
+
+def measure(dtype="bfloat16"):
+    """Times every probe op in float32 and `dtype` at every size; returns OpCosts."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    half = tf.as_dtype(dtype)
+    seconds = {}
+    for name, dt in (("float32", tf.float32), ("half", half)):
+        for size in range(len(ELEMENTS)):
+            with tf.Graph().as_default():
+                probes = _probes(tf, dt, size)
+                units = {op: u for op, (_, u) in probes.items()}
+                for op, t in _kernel_seconds(tf, probes).items():
+                    seconds.setdefault((name, op), []).append((units[op], t))
+    points = {"float32": {}, "half": {}}
+    for (name, op), found in seconds.items():
+        if len(found) >= 2:
+            points[name][op] = tuple(sorted(found))
+    to, back = (points["half"].pop(k, ()) for k in ("Cast:to", "Cast:from"))
+    cast = tuple((n, (a + b) / 2) for (n, a), (_, b) in zip(to, back))
+    return _op_costs.OpCosts(dtype=half.name, source=f"measured on {_cpu.cpu_model()}",
+                             float32=points["float32"], half=points["half"], cast=cast)
+
+
+def _node_graph(tf, spec, dtype):
+    """A GraphDef holding one node as `spec` (op_costs.node_spec) describes it, computing in
+    `dtype`, its float inputs placeholders (or constants where the graph has constants)."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    from tensorflow.core.framework import attr_value_pb2  # pylint: disable=import-outside-toplevel
+    graph_def = tf.compat.v1.GraphDef()
+    rng = np.random.default_rng(0)
+    node = graph_def.node.add(name="probe", op=spec["op"])
+    for j, (kind, value, constant) in enumerate(spec["inputs"]):
+        name = f"input_{j}"
+        if kind == "float" and not constant:
+            source = graph_def.node.add(name=name, op="Placeholder")
+            source.attr["dtype"].type = dtype.as_datatype_enum
+            source.attr["shape"].shape.CopyFrom(tf.TensorShape(value).as_proto())
+        else:
+            array = (rng.uniform(0.1, 1.0, value).astype(dtype.as_numpy_dtype)
+                     if kind == "float" else np.array(value, np.int32))
+            source = graph_def.node.add(name=name, op="Const")
+            source.attr["dtype"].type = tf.as_dtype(array.dtype).as_datatype_enum
+            source.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(array))
+        node.input.append(name)
+    for key, text in spec["attrs"].items():
+        value = attr_value_pb2.AttrValue()
+        value.ParseFromString(base64.b64decode(text))
+        node.attr[key].CopyFrom(value)
+    node.attr["T"].type = dtype.as_datatype_enum
+    return graph_def
+
+
+def time_nodes(specs, dtype="bfloat16"):
+    """{spec key: [float32 seconds, half seconds]} of each NodeSpec key (JSON text) whose
+    kernel runs here."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    tf1 = tf.compat.v1
+    found = {}
+    for key in specs:
+        spec = json.loads(key)
+        seconds = []
+        for dt in (tf.float32, tf.as_dtype(dtype)):
+            try:
+                with tf.Graph().as_default() as graph:
+                    tf.graph_util.import_graph_def(_node_graph(tf, spec, dt), name="")
+                    probe = graph.get_operation_by_name("probe")
+                    feeds = {t: np.random.default_rng(1).uniform(
+                        0.1, 1.0, t.shape.as_list()).astype(t.dtype.as_numpy_dtype)
+                        for t in probe.inputs if t.op.type == "Placeholder"}
+                    times = _run_traced(tf1, graph, [probe], {probe.name: "probe"}, feeds,
+                                        NODE_RUNS)
+                seconds.append(statistics.median(times["probe"]))
+            except (tf.errors.OpError, ValueError, TypeError, KeyError) as error:
+                _log.debug("node probe %s does not run in %s: %s", spec["op"], dt.name, error)
+                break
+        if len(seconds) == 2:
+            found[key] = seconds
+    return found
+
+
+def _main(argv=None):
+    import argparse  # pylint: disable=import-outside-toplevel
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    parser.add_argument("--nodes", help="a JSON list of NodeSpec keys to time")
+    parser.add_argument("--out", help="write the result here (JSON) instead of printing it")
+    args = parser.parse_args(argv)
+    if args.nodes:
+        with open(args.nodes) as f:
+            text = json.dumps(time_nodes(json.load(f), args.dtype))
+    else:
+        costs = measure(args.dtype)
+        text = costs.to_json()
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+        return
+    if args.nodes:
+        print(text)
+        return
+    print(f"{costs.source}; {args.dtype} vs float32 at {ELEMENTS[2]} elements / 1e8 FLOPs")
+    for op in sorted(costs.half):
+        if op in costs.float32:
+            units = 1e8 if op in _op_costs.PER_FLOP else ELEMENTS[2]
+            single, half = costs.time(op, units, False), costs.time(op, units, True)
+            print(f"  {op:38s} float32 {single * 1e6:9.1f} us  half {half * 1e6:9.1f} us  "
+                  f"{single / half if half else 0:5.2f}x")
+
+
+if __name__ == "__main__":
+    _main()
