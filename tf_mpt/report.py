@@ -76,6 +76,7 @@ class RewriteReport:
     call_values_kept_half: int = 0
     tensor_lists_kept_half: int = 0
     already_half_nodes: int = 0  # nodes that computed in the half type before the rewrite
+    batch_norms_folded: int = 0  # inference batch norms folded into their convolutions
 
     def summary(self):
         """One line: 'Converted 18/40 nodes to bfloat16 using 6 cast(s)', and when the graph
@@ -91,6 +92,9 @@ class RewriteReport:
         if by_cost:
             line += (f"; {by_cost} kept float32 by the cost model ({self.dtype} would be slower "
                      "here, Casts included)")
+        if self.batch_norms_folded:
+            line += (f"; {self.batch_norms_folded} batch norm(s) folded into their "
+                     "convolutions")
         if self.error is not None:
             line += f" (rewrite abandoned: {self.error})"
         return line

@@ -3,6 +3,7 @@ float32 and fixed half ends take the colouring whose Casts move the fewest eleme
 keep the rules' (Grappler's) colours."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import tf_mpt
@@ -77,3 +78,39 @@ def test_without_static_shapes_the_cut_counts_casts():
     result = _rewrite(_graph(build), ["fetch1", "fetch2"])
     assert len(added_casts(result.graph_def)) == 2
     assert "1 Cast(s) instead of 2 (shapes not static)" in result.report.decisions["clr1"].reason
+
+
+def test_the_flow_finds_the_cheapest_colouring_of_random_regions():
+    """The max-flow's cut against every colouring of small random regions: tensors with
+    several consumers (one Cast per tensor and dtype), vertex costs either way, fixed half
+    and float32 ends."""
+    import itertools  # pylint: disable=import-outside-toplevel
+    from tf_mpt.rewrite.paint import cuts  # pylint: disable=import-outside-toplevel
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        n = int(rng.integers(1, 7))
+        region = list(range(n))
+        fixed_half = n  # and n + 1: a fixed float32 vertex
+        tensors, weights = [], []
+        for k in range(int(rng.integers(1, 9))):
+            producer = int(rng.integers(0, n + 2))
+            consumers = sorted({int(c) for c in rng.integers(0, n + 2, rng.integers(1, 4))}
+                               - {producer})
+            if consumers:
+                tensors.append((producer, consumers, k, 0))
+                weights.append(float(rng.integers(1, 10)))
+        vertex_weights = {v: (float(rng.integers(0, 8)), float(rng.integers(0, 8)))
+                          for v in region if rng.random() < 0.7}
+
+        def is_half(c):
+            return c == fixed_half
+
+        best, half = cuts._minimum_cut(region, tensors, weights, is_half, vertex_weights)
+        brute = min(
+            cuts._cost_of(tensors, weights,
+                          lambda c, h=set(choice): c in h or c == fixed_half, vertex_weights)
+            for r in range(n + 1) for choice in itertools.combinations(region, r))
+        assert best == pytest.approx(brute)
+        found = cuts._cost_of(tensors, weights, lambda c: c in half or c == fixed_half,
+                              vertex_weights)
+        assert found == pytest.approx(brute)

@@ -54,6 +54,7 @@ from tf_mpt.rewrite import boundaries as _boundaries
 from tf_mpt.rewrite.paint import cost as _cost
 from tf_mpt.rewrite.paint import cuts as _cuts
 from tf_mpt.rewrite import function_bodies as _function_library
+from tf_mpt.rewrite import fold_batch_norms as _fold
 from tf_mpt.rewrite import graph_view as _graph_view
 from tf_mpt.rewrite import reporting as _reporting
 from tf_mpt.rewrite.paint import tensor_lists as _list_paint
@@ -243,6 +244,11 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
     # 1. index (the main graph; phases 2 and 3 follow in _rewrite_one)
     view = _graph_view.GraphView(graph_def)
     fetched = _fetch_node_names(fetches, view)
+    original, folded = graph_def, 0
+    if constants is not None:  # bfloat16 fuses conv + batch norm only once folded
+        graph_def, folded = _fold.fold_batch_norms(graph_def, fetched)
+        if folded:
+            view = _graph_view.GraphView(graph_def)
     argument_shapes = {}
     if constants is not None and graph_def.library.function:
         table = shapes() if shapes is not None else _cost.output_shapes_from_attrs(view)
@@ -253,7 +259,7 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
         graph_def, view, fetched, half, lists, signatures, strict, constants, shapes)
     if error is not None:
         unchanged = graph_pb2.GraphDef()
-        unchanged.CopyFrom(graph_def)
+        unchanged.CopyFrom(original)
         return RewriteResult(unchanged, report, False)
     # 4. functions
     function_reports = {}
@@ -282,12 +288,15 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
         report = _reporting.merge_function_reports(report, function_reports)
         if kept:
             report = _reporting.recount_casts(report, graph_def, new_graph_def, kept)
+    if folded:
+        report = dataclasses.replace(report, batch_norms_folded=folded)
+        modified = True
     if _log.isEnabledFor(logging.DEBUG):
         for decision in report.decisions.values():
             _log.debug("%s", decision)
     _log.info("%s", report.summary())
     if config.dump_dir:
-        _dump(config.dump_dir, graph_def, new_graph_def, lists, report)
+        _dump(config.dump_dir, original, new_graph_def, lists, report)
     return RewriteResult(new_graph_def, report, modified)
 
 

@@ -189,22 +189,46 @@ def _only_reader(view, i):
     return next(iter(readers)) if len(readers) == 1 else None
 
 
-def _swish_mul(view, i):
-    """For a Sigmoid read only by a Mul of it and its own input (x * sigmoid(x), which
-    TensorFlow's remapper runs as one Swish kernel): that Mul's index; else None."""
+def swish_parts(view, i):
+    """For the Sigmoid of x * sigmoid(x) or x * sigmoid(beta * x) (Keras's swish, beta a
+    Const), which TensorFlow's remapper runs as one Swish kernel: (the outer Mul, the inner
+    Mul or None); else None. The Sigmoid and the inner Mul must be read only by the next."""
     if view.nodes[i].op != "Sigmoid" or not view.fanin[i]:
         return None
+    src = view.fanin[i][0][0]
+    x, inner = src, None
+    if view.nodes[src].op == "Mul" and _only_reader(view, src) == i:
+        others = [s for s, _ in view.fanin[src] if view.nodes[s].op != "Const"]
+        if len(others) == 1 and len(view.fanin[src]) == 2:
+            x, inner = others[0], src
     mul = _only_reader(view, i)
     if mul is None or view.nodes[mul].op != "Mul":
         return None
-    inputs = {src for src, _ in view.fanin[mul]}
-    return mul if inputs == {i, view.fanin[i][0][0]} else None
+    inputs = {s for s, _ in view.fanin[mul]}
+    if inputs == {i, x}:
+        return mul, inner
+    return (mul, None) if inputs == {i, src} else None
 
 
-def _is_swish_mul(view, i):
-    return view.nodes[i].op == "Mul" and any(
-        view.nodes[src].op == "Sigmoid" and _swish_mul(view, src) == i
-        for src, _ in view.fanin[i])
+def _swish_role(view, i):
+    """'inside' for the Sigmoid and inner Mul of a swish, 'outer' for its outer Mul, or
+    None."""
+    node = view.nodes[i]
+    if node.op == "Sigmoid":
+        return "inside" if swish_parts(view, i) is not None else None
+    if node.op != "Mul":
+        return None
+    for src, _ in view.fanin[i]:
+        if view.nodes[src].op == "Sigmoid":
+            parts = swish_parts(view, src)
+            if parts is not None and parts[0] == i:
+                return "outer"
+    readers = _only_reader(view, i)
+    if readers is not None and view.nodes[readers].op == "Sigmoid":
+        parts = swish_parts(view, readers)
+        if parts is not None and parts[1] == i:
+            return "inside"
+    return None
 
 
 def fusion(view, i, depth=3):
@@ -212,12 +236,12 @@ def fusion(view, i, depth=3):
     it, in float32 and in half alike), 'float32' (inside it in float32 only), or None.
 
         contraction -> BiasAdd -> [Add] -> [activation]      'both'  (one fused kernel)
-        Sigmoid read only by x * Sigmoid(x)                   'both'  (inside Swish)
+        the Sigmoid (and beta * x) of x * sigmoid(beta * x)   'both'  (inside Swish)
         Conv2D / depthwise -> FusedBatchNorm (inference)
             -> [Relu, Relu6, Elu, LeakyRelu]                  'float32' (unfused in half)
     """
     node = view.nodes[i]
-    if _swish_mul(view, i) is not None:
+    if _swish_role(view, i) == "inside":
         return "both"
     if not view.fanin[i] or depth == 0:
         return None
@@ -229,7 +253,7 @@ def fusion(view, i, depth=3):
         return "float32" if src_op in ("Conv2D", "DepthwiseConv2dNative") else None
     if src_op in CONTRACTIONS:
         return "both" if node.op == "BiasAdd" else None
-    if node.op in FUSED_AFTER_CONTRACTION or _is_swish_mul(view, i):
+    if node.op in FUSED_AFTER_CONTRACTION or _swish_role(view, i) == "outer":
         before = fusion(view, src, depth - 1)
         if before == "float32" and node.op in ("Relu", "Relu6", "Elu", "LeakyRelu"):
             return "float32"
@@ -304,7 +328,7 @@ def vertex_cost(p, shapes, costs, v, node_seconds=None):
     fused = fusion(p.view, i)
     if key in _op_costs.FREE_OPS or fused == "both":
         return 0.0, ""
-    if _is_swish_mul(p.view, i):
+    if _swish_role(p.view, i) == "outer":
         key = "Swish"
     if not costs.knows(key):
         return None, ""

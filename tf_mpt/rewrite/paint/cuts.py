@@ -183,8 +183,9 @@ def _cost_of(tensors, weights, half, vertex_weights=None):
     return total
 
 
-def _minimum_cut(region, tensors, weights, fixed_half, vertex_weights=None):
-    """(cheapest cost, the set of region vertices that are half in it)."""
+def _minimum_cut(region, tensors, weights, fixed_half, vertex_weights=None, ties=()):
+    """(cheapest cost, the set of region vertices that are half in it); each pair of `ties`
+    takes one colour."""
     in_region = set(region)
     flow, source, sink = _Flow(), "half", "float32"
 
@@ -203,6 +204,9 @@ def _minimum_cut(region, tensors, weights, fixed_half, vertex_weights=None):
     for v, (if_half, if_float32) in (vertex_weights or {}).items():
         flow.edge(source, v, if_float32)  # cut when v is float32
         flow.edge(v, sink, if_half)  # cut when v is half
+    for v, w in ties:
+        flow.edge(node(v), node(w), _INF)
+        flow.edge(node(w), node(v), _INF)
     best = flow.max_flow(source, sink)
     stays_float32 = flow.reaches(sink)
     return best, {v for v in region if v not in stays_float32}
@@ -328,8 +332,14 @@ def _measured_region(p, shapes, costs, region, fixed_half, node_seconds):
             continue
         vertex_weights[v] = (max(extra, 0.0) * 1e6, max(-extra, 0.0) * 1e6)
         why[v] = what
+    ties = []  # x * sigmoid(x) runs as one Swish kernel only when both are one dtype
+    for v in region:
+        parts = _cost.swish_parts(p.view, p.v_node[v])
+        for part in parts or ():
+            if part is not None:
+                ties.extend((v, w) for w in p.node_vertex[part].values())
     current = _cost_of(tensors, weights, lambda c: fixed_half(c), vertex_weights)
-    best, half = _minimum_cut(region, tensors, weights, fixed_half, vertex_weights)
+    best, half = _minimum_cut(region, tensors, weights, fixed_half, vertex_weights, ties)
     if current == _INF or best == _INF:
         return None
     return current - best, half, why

@@ -176,16 +176,13 @@ def costs_for(config, dtype):
     """The OpCosts for `dtype` (a name): the file TF_MPT_OP_COSTS names, else this machine's
     cached table, else measured now and cached; None if that failed (the cost model is then
     off, with one warning). Raises ValueError for a bad file."""
-    path = config.op_costs
-    if path:
-        key = ("file", path, dtype)
-        if key not in _memo:
-            _memo[key] = _read(path, dtype)
-        return _memo[key]
-    directory = config.cache_dir or _config.default_cache_dir()
-    key = ("measured", directory, dtype)
+    if config.op_costs:
+        key, load = ("file", config.op_costs, dtype), _read
+    else:
+        key, load = ("measured", config.cache_dir or _config.default_cache_dir(), dtype), \
+            _cached_or_measured
     if key not in _memo:
-        _memo[key] = _cached_or_measured(directory, dtype)
+        _memo[key] = load(key[1], dtype)
     return _memo[key]
 
 
