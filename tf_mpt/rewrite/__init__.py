@@ -5,7 +5,9 @@ Phases, in the order the code runs them (`_rewrite_graph_def` and, per graph, `_
     1. index       a GraphView of the graph; every node's ports mapped to (node, type-attr)
                    vertices (an op whose half form is a newer op version, V1 FusedBatchNorm,
                    is analysed as that version); fetched, opted-out (_tf_mpt_keep_fp32),
-                   unknown and function-call nodes keep float32
+                   unknown and function-call nodes keep float32; with the cost model on,
+                   a frozen graph's inference batch norms folded into their convolutions
+                   first (fold_batch_norms.py)
     2. paint       the passes of `_PASSES`, in this order (each docstring gives its Kind,
                    paint or un-paint, and what it Needs before it; paint/):
         link_tensor_list_writers_to_readers             a TensorList's writers feed its readers

@@ -43,10 +43,6 @@ def _constant(view, i):
     return None
 
 
-def _readers(view, i):
-    return {dst for consumers in view.fanout[i].values() for dst, _ in consumers}
-
-
 def _foldable(view, i, fetched):
     """(conv index, filter, [scale, offset, mean, variance]) for a batch norm that may be
     folded, else None."""
@@ -55,12 +51,12 @@ def _foldable(view, i, fetched):
         return None
     if node.attr["is_training"].b or node.attr["data_format"].s not in (b"", b"NHWC"):
         return None
-    if set(view.fanout[i]) - {0} or len(view.fanin[i]) != 5:
+    if set(view.fanout_of(i)) - {0} or len(view.fanin[i]) != 5:
         return None  # another output is read
     conv, port = view.fanin[i][0]
     conv_node = view.nodes[conv]
     if (port != 0 or conv_node.op not in _CONVOLUTIONS or conv_node.name in fetched
-            or view.has_control_fanout[conv] or _readers(view, conv) != {i}
+            or view.has_control_fanout[conv] or view.readers(conv) != {i}
             or conv_node.attr["data_format"].s not in (b"", b"NHWC")
             or conv_node.attr["T"].type != _dtypes.DT_FLOAT):
         return None

@@ -78,6 +78,10 @@ class GraphView:
         """Returns dict output port -> [(consumer, input port)] for node i (may be empty)."""
         return self.fanout[i] or self._empty
 
+    def readers(self, i):
+        """The set of nodes reading any output of node i (data inputs)."""
+        return {dst for consumers in self.fanout_of(i).values() for dst, _ in consumers}
+
     def has_data_fanout(self, i):
         return bool(self.fanout[i])
 

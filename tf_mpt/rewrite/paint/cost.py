@@ -185,7 +185,7 @@ def connected_components(p, members):
 
 def _only_reader(view, i):
     """The node index reading node i, if exactly one node reads it."""
-    readers = {dst for consumers in view.fanout[i].values() for dst, _ in consumers}
+    readers = view.readers(i)
     return next(iter(readers)) if len(readers) == 1 else None
 
 

@@ -192,18 +192,20 @@ def _run_traced(tf1, graph, targets, names, feeds, runs):
     the name to report it under)."""
     config = tf1.ConfigProto(inter_op_parallelism_threads=1)
     times = {name: [] for name in names.values()}
+    options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
     with tf1.Session(graph=graph, config=config) as session:
         session.run(targets, feeds)
-        options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
-        for _ in range(runs):
-            metadata = tf1.RunMetadata()
-            session.run(targets, feeds, options=options, run_metadata=metadata)
-            for device in metadata.step_stats.dev_stats:
-                for stats in device.node_stats:
-                    name = names.get(stats.node_name.split(":")[0])
-                    if name is not None:
-                        nanos = stats.all_end_rel_nanos or stats.all_end_rel_micros * 1000
-                        times[name].append(nanos * 1e-9)
+        for target in targets:  # one op per run, as a graph's op runs between others
+            own = {t: feeds[t] for t in target.inputs if t in feeds}
+            for _ in range(runs):
+                metadata = tf1.RunMetadata()
+                session.run(target, own, options=options, run_metadata=metadata)
+                for device in metadata.step_stats.dev_stats:
+                    for stats in device.node_stats:
+                        name = names.get(stats.node_name.split(":")[0])
+                        if name is not None:
+                            nanos = stats.all_end_rel_nanos or stats.all_end_rel_micros * 1000
+                            times[name].append(nanos * 1e-9)
     return times
 
 
