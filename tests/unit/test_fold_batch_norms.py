@@ -13,7 +13,8 @@ from support.helpers import node_map, run, tf1
 FOLD_TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 
 
-def _graph(depthwise=False, training=False, extra_reader=False, stats_fed=False):
+def _graph(depthwise=False, training=False, extra_reader=False, stats_fed=False,
+           bias=False):
     rng = np.random.default_rng(0)
     graph = tf.Graph()
     with graph.as_default():
@@ -26,6 +27,9 @@ def _graph(depthwise=False, training=False, extra_reader=False, stats_fed=False)
             kernel = tf.constant(rng.standard_normal((3, 3, 3, 4)).astype(np.float32))
             y = tf.nn.conv2d(x, kernel, 1, "SAME", name="conv")
             channels = 4
+        if bias:
+            y = tf.nn.bias_add(y, tf.constant(rng.standard_normal(channels).astype(np.float32)),
+                               name="bias")
         stats = [tf.identity(tf.constant(v.astype(np.float32))) for v in (
             rng.uniform(0.5, 2, channels), rng.standard_normal(channels),
             rng.standard_normal(channels), rng.uniform(0.5, 2, channels))]
@@ -42,14 +46,15 @@ def _graph(depthwise=False, training=False, extra_reader=False, stats_fed=False)
     return graph.as_graph_def()
 
 
-@pytest.mark.parametrize("depthwise", [False, True])
-def test_a_frozen_batch_norm_becomes_a_bias_with_the_same_numbers(depthwise):
-    graph_def = _graph(depthwise)
+@pytest.mark.parametrize("depthwise, bias", [(False, False), (True, False), (False, True)])
+def test_a_frozen_batch_norm_becomes_a_bias_with_the_same_numbers(depthwise, bias):
+    graph_def = _graph(depthwise, bias=bias)
     before = graph_def.SerializeToString()
     folded, count = fold.fold_batch_norms(graph_def, {"out"})
     assert count == 1 and graph_def.SerializeToString() == before  # the input is untouched
     nodes = node_map(folded)
     assert nodes["bn"].op == "BiasAdd" and nodes["conv"].input[1].endswith("/folded_filter")
+    assert nodes["bn"].input[0] == "conv"  # a bias between them is folded in too
     x = np.random.default_rng(1).standard_normal((2, 8, 8, 3)).astype(np.float32)
     expected = run(graph_def, ["out:0"], {"x:0": x})[0]
     got = run(folded, ["out:0"], {"x:0": x})[0]

@@ -5,17 +5,18 @@ float32 but not in bfloat16, where they stay three kernels (MobileNetV2 on Zen 4
 Relu6 14.2 ms against 0.97 ms fused in float32, `benchmarks/real_models.py --profile`). With
 constant weights and statistics the batch norm is an affine map per output channel, so
 
-    conv(x, W) -> FusedBatchNorm(scale, offset, mean, variance, epsilon)
+    conv(x, W) [-> BiasAdd(b)] -> FusedBatchNorm(scale, offset, mean, variance, epsilon)
     becomes
-    conv(x, W * s) -> BiasAdd(offset - mean * s)        s = scale / sqrt(variance + epsilon)
+    conv(x, W * s) -> BiasAdd(offset + (b - mean) * s)     s = scale / sqrt(variance + epsilon)
 
 which the remapper fuses with the activation after it in either dtype. The fold is done in
 float32 (numpy) on a copy of the graph before painting; the BiasAdd keeps the batch norm's
 name, so every reader of its output reads the BiasAdd. Folded only where nothing else can
 tell: the batch norm is in inference mode (is_training false, NHWC), its scale, offset, mean
-and variance and the convolution's filter are float32 constants (through Identity nodes, as
-a frozen Keras model reads them), the convolution is read only by the batch norm, nothing
-reads the batch norm's other outputs or waits on either node, and neither is fetched.
+and variance, the convolution's filter and the bias are float32 constants (through Identity
+nodes, as a frozen Keras model reads them), the convolution (and bias) are read only by the
+next node, nothing reads the batch norm's other outputs or waits on these nodes, and none
+is fetched.
 """
 
 import numpy as np
@@ -43,32 +44,47 @@ def _constant(view, i):
     return None
 
 
+def _private(view, i, reader, fetched):
+    """Node i is read only by node `reader`, nothing waits on it and it is not fetched."""
+    return (view.nodes[i].name not in fetched and not view.has_control_fanout[i]
+            and view.readers(i) == {reader})
+
+
+def _nhwc(node):
+    return node.attr["data_format"].s in (b"", b"NHWC")
+
+
 def _foldable(view, i, fetched):
-    """(conv index, filter, [scale, offset, mean, variance]) for a batch norm that may be
-    folded, else None."""
+    """(conv index, filter, bias or None, [scale, offset, mean, variance]) for a batch norm
+    that may be folded (after conv, or after conv -> BiasAdd), else None."""
     node = view.nodes[i]
     if node.op not in _BATCH_NORMS or node.name in fetched or view.has_control_fanout[i]:
         return None
-    if node.attr["is_training"].b or node.attr["data_format"].s not in (b"", b"NHWC"):
+    if node.attr["is_training"].b or not _nhwc(node):
         return None
     if set(view.fanout_of(i)) - {0} or len(view.fanin[i]) != 5:
         return None  # another output is read
-    conv, port = view.fanin[i][0]
-    conv_node = view.nodes[conv]
-    if (port != 0 or conv_node.op not in _CONVOLUTIONS or conv_node.name in fetched
-            or view.has_control_fanout[conv] or view.readers(conv) != {i}
-            or conv_node.attr["data_format"].s not in (b"", b"NHWC")
+    src, port = view.fanin[i][0]
+    bias, reader = None, i
+    if port == 0 and view.nodes[src].op == "BiasAdd" and _private(view, src, i, fetched):
+        bias = _constant(view, view.fanin[src][1][0])
+        if bias is None or bias.ndim != 1 or not _nhwc(view.nodes[src]):
+            return None
+        reader, (src, port) = src, view.fanin[src][0]
+    conv_node = view.nodes[src]
+    if (port != 0 or conv_node.op not in _CONVOLUTIONS or not _nhwc(conv_node)
+            or not _private(view, src, reader, fetched)
             or conv_node.attr["T"].type != _dtypes.DT_FLOAT):
         return None
-    weights = _constant(view, view.fanin[conv][1][0])
-    stats = [_constant(view, src) for src, _ in view.fanin[i][1:5]]
+    weights = _constant(view, view.fanin[src][1][0])
+    stats = [_constant(view, s) for s, _ in view.fanin[i][1:5]]
     if weights is None or weights.ndim != 4 or any(s is None or s.ndim != 1 for s in stats):
         return None
     channels = weights.shape[2] * weights.shape[3] if conv_node.op != "Conv2D" \
         else weights.shape[3]
-    if any(s.shape[0] != channels for s in stats):
+    if any(s.shape[0] != channels for s in stats + ([bias] if bias is not None else [])):
         return None
-    return conv, weights, stats
+    return src, weights, bias, stats
 
 
 def _const_node(graph_def, name, value):
@@ -89,7 +105,7 @@ def fold_batch_norms(graph_def, fetched):
     new = graph_pb2.GraphDef()
     new.CopyFrom(graph_def)
     names = {node.name for node in new.node}
-    for i, (conv, weights, (scale, offset, mean, variance)) in found:
+    for i, (conv, weights, bias, (scale, offset, mean, variance)) in found:
         batch_norm, conv_node = new.node[i], new.node[conv]
         factor = scale / np.sqrt(variance + batch_norm.attr["epsilon"].f)
         folded = weights * factor.reshape(weights.shape[2:]) \
@@ -97,9 +113,10 @@ def fold_batch_norms(graph_def, fetched):
         filter_name = _unique(names, f"{conv_node.name}/folded_filter")
         bias_name = _unique(names, f"{batch_norm.name}/folded_bias")
         _const_node(new, filter_name, folded).device = conv_node.device
-        _const_node(new, bias_name, offset - mean * factor).device = batch_norm.device
+        shift = offset + ((0.0 if bias is None else bias) - mean) * factor
+        _const_node(new, bias_name, shift).device = batch_norm.device
         conv_node.input[1] = filter_name
-        x = batch_norm.input[0]
+        x = conv_node.name  # a BiasAdd between them is folded in too (and left unread)
         controls = [t for t in batch_norm.input if t.startswith("^")]
         device, name = batch_norm.device, batch_norm.name
         batch_norm.Clear()
