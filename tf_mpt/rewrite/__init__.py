@@ -248,15 +248,15 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
     fetched = _fetch_node_names(fetches, view)
     original, folded = graph_def, 0
     if constants is not None:  # bfloat16 fuses conv + batch norm only once folded
-        graph_def, folded = _fold.fold_batch_norms(graph_def, fetched)
+        graph_def, folded = _fold.fold_batch_norms(graph_def, fetched, view)
         if folded:
             view = _graph_view.GraphView(graph_def)
-    argument_shapes = {}
+    argument_shapes, loop_bodies = {}, set()  # what the cost model weighs bodies by
     if constants is not None and graph_def.library.function:
         table = shapes() if shapes is not None else _cost.output_shapes_from_attrs(view)
         shapes = functools.partial(dict, table)
         argument_shapes = _cost.call_argument_shapes(graph_def, table)
-    loop_bodies = _cost.loop_bodies(graph_def)
+        loop_bodies = _cost.loop_bodies(graph_def)
     new_graph_def, report, modified, error = _rewrite_one(
         graph_def, view, fetched, half, lists, signatures, strict, constants, shapes)
     if error is not None:

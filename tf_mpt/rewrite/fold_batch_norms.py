@@ -94,10 +94,11 @@ def _const_node(graph_def, name, value):
     return node
 
 
-def fold_batch_norms(graph_def, fetched):
+def fold_batch_norms(graph_def, fetched, view=None):
     """(a new GraphDef with every foldable batch norm folded, how many were), or
-    (graph_def itself, 0) when there is none. `fetched`: names of fetched nodes."""
-    view = _graph_view.GraphView(graph_def)
+    (graph_def itself, 0) when there is none. `fetched`: names of fetched nodes; `view`: the
+    GraphView of graph_def when the caller has one."""
+    view = view or _graph_view.GraphView(graph_def)
     found = [(i, _foldable(view, i, fetched)) for i in range(len(view.nodes))]
     found = [(i, f) for i, f in found if f is not None]
     if not found:

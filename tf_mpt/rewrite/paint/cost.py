@@ -241,7 +241,8 @@ def fusion(view, i, depth=3):
             -> [Relu, Relu6, Elu, LeakyRelu]                  'float32' (unfused in half)
     """
     node = view.nodes[i]
-    if _swish_role(view, i) == "inside":
+    role = _swish_role(view, i)
+    if role == "inside":
         return "both"
     if not view.fanin[i] or depth == 0:
         return None
@@ -253,7 +254,7 @@ def fusion(view, i, depth=3):
         return "float32" if src_op in ("Conv2D", "DepthwiseConv2dNative") else None
     if src_op in CONTRACTIONS:
         return "both" if node.op == "BiasAdd" else None
-    if node.op in FUSED_AFTER_CONTRACTION or _swish_role(view, i) == "outer":
+    if node.op in FUSED_AFTER_CONTRACTION or role == "outer":
         before = fusion(view, src, depth - 1)
         if before == "float32" and node.op in ("Relu", "Relu6", "Elu", "LeakyRelu"):
             return "float32"
@@ -274,8 +275,7 @@ def _units(p, shapes, v, op):
             lambda port: _dims(shapes.output(i, port)),
             equation=node.attr["equation"].s.decode() if "equation" in node.attr else None)
     sizes = [shapes.elements(i, port) for port in range(len(p.types[i].out_keys))]
-    sizes += [None if _dims(shapes.input(i, port)) is None else math.prod(shapes.input(i, port))
-              for port in range(len(p.view.fanin[i]))]
+    sizes += [shapes.elements(*source) for source in p.view.fanin[i]]
     known = [s for s in sizes if s is not None]
     return max(known) if known else None
 

@@ -1,5 +1,8 @@
-"""Cast placement by minimum cut: where the clear ops between fixed float32 and fixed half
-ends may take either colour, choose the colouring whose Casts move the fewest bytes.
+"""Colouring by minimum cut, two passes on one max-flow: Cast placement (below), and the
+cost model (`choose_precision_by_measured_cost`: the same cut weighed in measured time).
+
+Cast placement: where the clear ops between fixed float32 and fixed half ends may take
+either colour, choose the colouring whose Casts move the fewest bytes.
 
 The painting rules colour clear ops greedily (a clear op next to a half op goes half), as
 Grappler does. That can cost a Cast it did not need:
@@ -300,9 +303,9 @@ def choose_precision_by_measured_cost(p):
     if saved * 1e-6 < noise_floor:
         return
     for region, gain, half, why in changes:
+        summary = (f"the region of {len(region)} op(s) then runs ~{gain:.1f} us faster "
+                   "than with the rules' colours")
         for v in region:
-            summary = (f"the region of {len(region)} op(s) then runs ~{gain:.1f} us faster "
-                       "than with the rules' colours")
             detail = f"{why[v]}; " if why.get(v) else ""
             if v in half and not p.allow[v]:
                 p.paint_allow(v, f"cost model: half here ({detail}{summary})")
@@ -338,7 +341,7 @@ def _measured_region(p, shapes, costs, region, fixed_half, node_seconds):
         for part in parts or ():
             if part is not None:
                 ties.extend((v, w) for w in p.node_vertex[part].values())
-    current = _cost_of(tensors, weights, lambda c: fixed_half(c), vertex_weights)
+    current = _cost_of(tensors, weights, fixed_half, vertex_weights)
     best, half = _minimum_cut(region, tensors, weights, fixed_half, vertex_weights, ties)
     if current == _INF or best == _INF:
         return None

@@ -111,7 +111,10 @@ class OpCosts:
 
     @classmethod
     def from_json(cls, text, source=None):
-        data = json.loads(text)
+        return cls.from_dict(json.loads(text), source)
+
+    @classmethod
+    def from_dict(cls, data, source=None):
         return cls(dtype=data["dtype"], source=source or data["source"],
                    float32={k: _points(v) for k, v in data["float32"].items()},
                    half={k: _points(v) for k, v in data["half"].items()},
@@ -131,9 +134,9 @@ def _interpolate(points, units):
     if units <= points[0][0]:
         return points[0][1]
     for (n0, t0), (n1, t1) in zip(points, points[1:]):
-        if units <= n1 or (n1, t1) == points[-1]:
-            return max(0.0, t0 + (t1 - t0) * (units - n0) / (n1 - n0))
-    return points[-1][1]
+        if units <= n1:
+            break  # else the last segment, extended
+    return max(0.0, t0 + (t1 - t0) * (units - n0) / (n1 - n0))
 
 
 # --- the table of this machine --------------------------------------------------------------
@@ -191,7 +194,7 @@ def _read(path, dtype):
     try:
         with open(path) as f:
             data = json.load(f)
-        tables = [OpCosts.from_json(json.dumps(table), source=f"the table in {path}")
+        tables = [OpCosts.from_dict(table, source=f"the table in {path}")
                   for table in (data if isinstance(data, list) else [data])]
         costs = next((t for t in tables if t.dtype == dtype), tables[0])
     except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
@@ -253,9 +256,10 @@ def _write_atomically(path, text):
 def _cached_or_measured(directory, dtype):
     """This machine's table from the cache, else measured and cached; None, with one
     warning, if it cannot be measured."""
-    path = os.path.join(directory, f"op_costs-{dtype}-{cache_key(dtype)}.json")
-    nodes = NodeTimes(os.path.join(directory, f"node_costs-{dtype}-{cache_key(dtype)}.json"),
-                      directory, dtype)
+    key = cache_key(dtype)
+    path = os.path.join(directory, f"op_costs-{dtype}-{key}.json")
+    nodes = NodeTimes(os.path.join(directory, f"node_costs-{dtype}-{key}.json"), directory,
+                      dtype)
     try:
         with open(path) as f:
             return dataclasses.replace(OpCosts.from_json(f.read()), nodes=nodes)
