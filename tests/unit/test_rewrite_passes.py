@@ -448,3 +448,16 @@ def test_gather_with_unknown_shapes_is_left_as_painted(half_dtype):
     result = tf_mpt.rewrite_graph_def(graph_def, dtype=half_dtype, fetches=["loss", "train"])
     assert "table/read" in _cast_sources(result.graph_def)
     assert type_attr(result.graph_def, "lookup", "Tparams") == half_dtype
+
+
+def test_a_nodes_vertices_come_in_port_order_whatever_the_hash_seed():
+    """Vertices are numbered in the order of a node's type keys; from a set they followed
+    PYTHONHASHSEED, so which of two tied attrs gave a node's reason (and the order the cuts
+    saw their regions in) changed from run to run."""
+    from tf_mpt.rewrite import type_attrs as ta  # pylint: disable=import-outside-toplevel
+    graph = tf.Graph()
+    with graph.as_default():
+        xs = [tf1.placeholder(tf.float32, [2], name=f"x{k}") for k in range(8)]
+        tf.raw_ops.IdentityN(input=xs, name="ids")
+    node = next(n for n in graph.as_graph_def().node if n.name == "ids")
+    assert list(ta.node_types(node, {}).dtypes) == [("T", k) for k in range(8)]

@@ -152,7 +152,7 @@ def node_types(node, library_signatures):
     nt.ref_keys = frozenset(ref_keys)
     nt.ref_out_ports = frozenset(p for p, (_, r) in enumerate(outs) if r)
     dtypes = {}
-    for key in set(nt.in_keys) | set(nt.out_keys):
+    for key in dict.fromkeys(nt.in_keys + nt.out_keys):  # port order: the same every run
         if key is None:
             continue
         if isinstance(key, tuple):
