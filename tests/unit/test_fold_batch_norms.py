@@ -77,3 +77,15 @@ def test_the_bfloat16_rewrite_folds_and_says_so():
     off = tf_mpt.rewrite_graph_def(_graph(), dtype="bfloat16", fetches=["out"],
                                    config=tf_mpt.Config.from_env({"TF_MPT_COST_MODEL": "0"}))
     assert node_map(off.graph_def)["bn"].op == "FusedBatchNormV3"  # only with the cost model
+
+
+def test_the_bias_keeps_the_batch_norms_output_shape():
+    """A GraphDef with `_output_shapes` (as_graph_def(add_shapes=True)) is what the cost
+    model sizes tensors by: the BiasAdd that replaces the batch norm keeps its output 0's."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(_graph(), name="")
+    folded, count = fold.fold_batch_norms(graph.as_graph_def(add_shapes=True), {"out"})
+    shapes = node_map(folded)["bn"].attr["_output_shapes"].list.shape
+    assert count == 1 and [[d.size for d in s.dim] for s in shapes] == [[2, 8, 8, 4]]
+

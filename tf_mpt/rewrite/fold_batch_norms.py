@@ -120,8 +120,12 @@ def fold_batch_norms(graph_def, fetched, view=None):
         x = conv_node.name  # a BiasAdd between them is folded in too (and left unread)
         controls = [t for t in batch_norm.input if t.startswith("^")]
         device, name = batch_norm.device, batch_norm.name
+        shapes = list(batch_norm.attr["_output_shapes"].list.shape[:1]) \
+            if "_output_shapes" in batch_norm.attr else None
         batch_norm.Clear()
         batch_norm.name, batch_norm.op, batch_norm.device = name, "BiasAdd", device
+        if shapes:  # its output 0's shape, for the cost model of a GraphDef with shapes
+            batch_norm.attr["_output_shapes"].list.shape.extend(shapes)
         batch_norm.input.extend([x, bias_name] + controls)
         batch_norm.attr["T"].type = _dtypes.DT_FLOAT
         batch_norm.attr["data_format"].s = b"NHWC"
