@@ -1,7 +1,7 @@
 """Real models, bfloat16 on CPU: float32 vs Grappler's oneDNN bfloat16 AMP vs tf_mpt, for
 inference and for one training step, interleaved in one process.
 
-    python benchmarks/real_models.py [--models ResNet50 LSTM ...] [--rounds 5] [--steps 2]
+    python benchmarks/real_models.py [--models ResNet50 LSTM ...] [--rounds 7] [--steps 2]
     python benchmarks/real_models.py --profile Transformer      # ms per op type, one step
     python benchmarks/real_models.py --quick                    # smoke run: small models
 
@@ -10,17 +10,19 @@ MobileNetV2, EfficientNetB0, DenseNet121, ConvNeXtTiny at 128x128x3 with 10 clas
 Transformer encoder (2 blocks, d_model 128, 4 heads, FFN 512 with gelu, sequence 32); an LSTM
 text classifier (embedding 64, 128 units, sequence 32). Each is built as a TF1 graph
 (tf.compat.v1, tf_keras layers): inference = the model's output with its variables frozen
-into constants; training = sparse softmax cross-entropy and a Momentum step.
+into constants (biases, norm offsets / scales and moving statistics set to seeded values of a
+trained model's kind first, not the initial zeros and ones Grappler would simplify away); training = sparse softmax cross-entropy and a Momentum step.
 
 Variants, each in its own Session of this process: float32 (the graph as built); Grappler
 (the same graph, `auto_mixed_precision_onednn_bfloat16` on in the Session's config: a silent
 no-op on CPUs without AVX512F); tf_mpt (`tf_mpt.rewrite_graph(graph, dtype="bfloat16")`);
 and where tf_mpt folds inference batch norms into their convolutions, that fold alone in
 float32 (the part of tf_mpt's gain that is not precision).
-Timing: warm-up, then `rounds` rounds of `steps` steps per variant, the order rotating every
-round; the median over rounds, speed-up = float32 ms / variant ms. The CPU and whether it
-computes bfloat16 natively are printed first; on a CPU without native bfloat16 the speed
-columns are not measurable and the full run says so and stops. --quick runs two small models
+Timing: warm-up (two steps, and one untimed round), then `rounds` rounds of `steps` steps per
+variant (more where a step is short, so that float32's round lasts at least --round-ms), the
+order rotating every round; the median over rounds, speed-up = float32 ms / variant ms. The
+CPU and whether it computes bfloat16 natively are printed first; on a CPU without native
+bfloat16 the speed columns are not measurable and the full run says so and stops. --quick runs two small models
 once (structure, no timing claims).
 """
 
@@ -96,6 +98,28 @@ def _feed(x):
     return rng.uniform(0, 1, size=shape).astype(np.float32)
 
 
+def _as_if_trained(session, model):
+    """Gives the weights a fresh model holds at exact zeros or ones (biases, batch-norm and
+    layer-norm offsets and scales, moving means and variances) seeded values of a trained
+    model's kind. Frozen at their initial values they are constants that Grappler simplifies
+    away (a BiasAdd of zeros is removed, and the convolution + bias + activation fusion a
+    trained model gets goes with it), which no trained model's graph shows."""
+    tf1 = _tf().compat.v1
+    rng = np.random.RandomState(1)
+    assigns = []
+    for weight in model.weights:
+        name = weight.name.split("/")[-1].split(":")[0]
+        shape = weight.shape.as_list()
+        if name in ("gamma", "moving_variance"):
+            value = rng.uniform(0.5, 1.5, size=shape)
+        elif name in ("bias", "beta", "moving_mean"):
+            value = rng.normal(0.0, 0.1, size=shape)
+        else:
+            continue
+        assigns.append(tf1.assign(weight, value.astype(weight.dtype.as_numpy_dtype)))
+    session.run(assigns)
+
+
 class Graphs:
     """The float32 inference and training graphs of one model, their fetches and feeds."""
 
@@ -127,6 +151,7 @@ class Graphs:
             tf.identity(model(x, training=False), name="output")
             with tf1.Session() as session:
                 session.run(tf1.global_variables_initializer())
+                _as_if_trained(session, model)
                 frozen = tf1.graph_util.convert_variables_to_constants(
                     session, graph.as_graph_def(), ["output"])
         inference = tf.Graph()
@@ -213,10 +238,21 @@ def runners_for(graphs, phase):
     return runners, report
 
 
-def time_runners(runners, rounds, steps, warmup=2):
+def time_runners(runners, rounds, steps, warmup=2, round_ms=0.0):
+    """{variant: median ms per step}. A round runs `steps` steps per variant, or more where a
+    step is short: enough for float32's round to last `round_ms` (a 2 ms step timed twice
+    moves by ~20% between rounds; timed over 100 steps it does not)."""
     for runner in runners:
         for _ in range(warmup):
             runner.step()
+    if round_ms > 0:
+        start = time.perf_counter()
+        runners[0].step()
+        step_ms = (time.perf_counter() - start) * 1e3
+        steps = max(steps, min(200, math.ceil(round_ms / max(step_ms, 1e-3))))
+        for runner in runners:  # one untimed round each: a short step's first hundred
+            for _ in range(steps):  # runs are slower (allocator, oneDNN primitive caches)
+                runner.step()
     for r in range(rounds):
         shift = r % len(runners)
         for runner in runners[shift:] + runners[:shift]:
@@ -227,8 +263,11 @@ def time_runners(runners, rounds, steps, warmup=2):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--round-ms", type=float, default=300.0,
+                        help="more steps per round where a step is short: float32's round "
+                             "lasts at least this long (default 300)")
     parser.add_argument("--phases", nargs="+", default=["inference", "training"],
                         choices=["inference", "training"])
     parser.add_argument("--profile", choices=MODELS)
@@ -255,7 +294,8 @@ def main(argv=None):
             runners, report = runners_for(graphs, phase)
             try:
                 ms = time_runners(runners, args.rounds, args.steps,
-                                  warmup=1 if args.quick else 2)
+                                  warmup=1 if args.quick else 2,
+                                  round_ms=0.0 if args.quick else args.round_ms)
             finally:
                 for runner in runners:
                     runner.session.close()
