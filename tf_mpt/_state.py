@@ -57,7 +57,7 @@ class State:
         self.source_maps = {}
         # warn_once: the keys of the warnings given (forgotten by disable())
         self.warned = set()
-        self.local = threading.local()  # per thread: .bypass
+        self.local = threading.local()  # per thread: .bypass, .fed_batch
 
 
 STATE = State()
@@ -87,3 +87,19 @@ def bypass():
 
 def bypassing():
     return getattr(STATE.local, "bypass", False)
+
+
+@contextlib.contextmanager
+def fed_batch(batch):
+    """While active (this thread): the batch size the running Session.run feeds (None:
+    unknown), for the cost model of a graph the Session optimises in that run."""
+    previous = getattr(STATE.local, "fed_batch", None)
+    STATE.local.fed_batch = batch
+    try:
+        yield
+    finally:
+        STATE.local.fed_batch = previous
+
+
+def current_fed_batch():
+    return getattr(STATE.local, "fed_batch", None)

@@ -35,6 +35,7 @@ TF_MPT_CPU_FLAGS = "TF_MPT_CPU_FLAGS"
 TF_MPT_SESSION_REWRITE = "TF_MPT_SESSION_REWRITE"
 TF_MPT_CACHE_DIR = "TF_MPT_CACHE_DIR"
 TF_MPT_OP_COSTS = "TF_MPT_OP_COSTS"
+TF_MPT_COST_BATCH = "TF_MPT_COST_BATCH"
 TF_MPT_ALLREDUCE_DTYPE = "TF_MPT_ALLREDUCE_DTYPE"
 TF_MPT_KERAS = "TF_MPT_KERAS"
 
@@ -69,6 +70,9 @@ ENV_VARS = (
     (TF_MPT_OP_COSTS, "(measured)", "A JSON table of op costs for the cost model (written by "
      "`python -m tf_mpt.rewrite.paint.probes --out FILE`) to use instead of measuring this "
      "CPU; tests inject one so their decisions do not depend on the machine."),
+    (TF_MPT_COST_BATCH, "32", "The batch size the cost model assumes where a graph leaves the "
+     "leading dimension unknown (a placeholder of shape [None, ...]; Keras's default batch "
+     "size); 0: assume none, and such parts keep the op lists' decisions."),
     (TF_MPT_CPU_FLAGS, "(/proc/cpuinfo)", "Space-separated CPU flags that `auto` decides from "
      "instead of the real CPU's, e.g. `avx2` or `avx512f avx512_bf16` (tests; what `auto` "
      "would pick on another CPU). Changes no kernel TensorFlow runs."),
@@ -105,6 +109,7 @@ def _parse_op_names(variable, value):
     return frozenset(names)
 
 
+DEFAULT_COST_BATCH = 32
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _DTYPES = ("float16", "bfloat16", "auto")
@@ -169,6 +174,17 @@ def _parse_cpu_flags(environ):
     return frozenset(flags)
 
 
+def _parse_cost_batch(environ):
+    value = environ.get(TF_MPT_COST_BATCH, "").strip()
+    if not value:
+        return DEFAULT_COST_BATCH
+    if not value.isdigit():
+        raise ValueError(f"{TF_MPT_COST_BATCH} must be a whole number >= 0 (the batch size the "
+                         "cost model assumes where a graph leaves it unknown; 0: assume none). "
+                         f"Received: {TF_MPT_COST_BATCH}={value!r}")
+    return int(value)
+
+
 def _parse_loss_scale(environ):
     value = environ.get(TF_MPT_LOSS_SCALE, "").strip()
     if not value or value.lower() == "dynamic":
@@ -202,6 +218,8 @@ class Config:
         session_rewrite: 'grappler' or 'copy' (TF_MPT_SESSION_REWRITE).
         cache_dir: TF_MPT_CACHE_DIR, or None (the default cache directory).
         op_costs: TF_MPT_OP_COSTS (a file of op costs), or None (measured on this CPU).
+        cost_batch: TF_MPT_COST_BATCH, the batch size the cost model assumes for a leading
+            dimension the graph leaves unknown (0: none; such sizes stay unknown).
         allreduce_dtype: 'float32', 'float16', 'bfloat16' or 'auto' (TF_MPT_ALLREDUCE_DTYPE).
         keras: 'rewrite' or 'policy' (TF_MPT_KERAS).
     """
@@ -218,6 +236,7 @@ class Config:
     session_rewrite: str = "grappler"
     cache_dir: typing.Optional[str] = None
     op_costs: typing.Optional[str] = None
+    cost_batch: int = DEFAULT_COST_BATCH
     allreduce_dtype: str = "float32"
     keras: str = "rewrite"
 
@@ -248,6 +267,7 @@ class Config:
                                                  _SESSION_REWRITES, "grappler"),
                    cache_dir=environ.get(TF_MPT_CACHE_DIR, "").strip() or None,
                    op_costs=environ.get(TF_MPT_OP_COSTS, "").strip() or None,
+                   cost_batch=_parse_cost_batch(environ),
                    allreduce_dtype=allreduce_dtype_from_env(environ),
                    keras=_parse_choice(environ, TF_MPT_KERAS, KERAS_MODES, "rewrite"))
 

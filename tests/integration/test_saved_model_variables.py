@@ -206,7 +206,9 @@ def test_convert_example_serves_digits_in_half_with_half_the_checkpoint():
     import sys
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
-    env.update(PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="2")
+    # the injected Zen 4 costs (conftest): the decisions do not depend on this machine
+    env.update(PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="2",
+               TF_MPT_OP_COSTS=os.environ["TF_MPT_OP_COSTS"])
     proc = subprocess.run([sys.executable, "examples/convert_saved_model_digits.py",
                            "--epochs", "3"], env=env, cwd=root, capture_output=True, text=True,
                           timeout=600)

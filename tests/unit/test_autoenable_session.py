@@ -290,3 +290,53 @@ def test_an_internal_rewrite_error_leaves_the_graph_float32_with_one_warning(
     assert warnings == ["could not rewrite a graph of this Session (RuntimeError: injected "
                         "failure); that graph runs in float32."]
     assert ran["y"] == tf.float32 and loss[0].dtype == np.float32
+
+
+def _layers_fed_any_batch(width, depth):
+    """x [None, width] -> depth x (MatMul by a constant -> Relu -> Exp): Exp (deny) puts a
+    Cast pair around every half MatMul, so the cost model weighs each layer."""
+    graph = tf.Graph()
+    rng = np.random.default_rng(0)
+    with graph.as_default():
+        h = x = tf1.placeholder(tf.float32, [None, width], name="x")
+        for k in range(depth):
+            w = tf.constant(rng.standard_normal((width, width)).astype(np.float32) / width)
+            h = tf.math.exp(tf.nn.relu(tf.matmul(h, w, name=f"matmul_{k}")) * 0.01)
+        y = tf.identity(h, name="y")
+    return graph, x, y
+
+
+def _converted_matmuls(batch, width, depth):
+    """The MatMuls the cost model converts in the same graph with the batch known."""
+    graph = tf.Graph()
+    with graph.as_default():
+        h = tf1.placeholder(tf.float32, [batch, width], name="x")
+        rng = np.random.default_rng(0)
+        for k in range(depth):
+            w = tf.constant(rng.standard_normal((width, width)).astype(np.float32) / width)
+            h = tf.math.exp(tf.nn.relu(tf.matmul(h, w, name=f"matmul_{k}")) * 0.01)
+        tf.identity(h, name="y")
+    report = tf_mpt.rewrite_graph_def(graph.as_graph_def(add_shapes=True), dtype="bfloat16",
+                                      fetches=["y"]).report
+    return {f"matmul_{k}" for k in range(depth) if report.decisions[f"matmul_{k}"].converted}
+
+
+@pytest.mark.parametrize("path", ["grappler"])
+def test_the_cost_model_weighs_a_session_graph_at_the_batch_its_first_run_feeds(
+        enabled, monkeypatch):
+    """A placeholder [None, 64]: the Session's rewrite (inside its first run) costs the batch
+    that run feeds, not TF_MPT_COST_BATCH's guess."""
+    width, depth = 64, 20
+    small, large = _converted_matmuls(16, width, depth), _converted_matmuls(4096, width, depth)
+    assert not small and len(large) == depth  # the batch decides (Zen 4 costs, conftest)
+    _autoenable.disable()
+    config = dataclasses.replace(enabled.config, cost_model="auto")
+    _autoenable.enable(config, gpu_visible=False, native_bfloat16=True)
+    for batch, expected in ((16, small), (4096, large)):
+        graph, x, y = _layers_fed_any_batch(width, depth)
+        feed = np.ones((batch, width), np.float32)
+        with tf1.Session(graph=graph) as sess:
+            out, ran = _ran_dtypes(sess, y, {x: feed})
+        assert out.dtype == np.float32 and out.shape == (batch, width)
+        assert {k for k in ran if k.startswith("matmul_") and ran[k] == tf.bfloat16} == \
+            expected, batch

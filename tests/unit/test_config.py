@@ -86,6 +86,8 @@ def test_explicit_sub_switch_wins_over_the_master(env, rewrite, scaling16, scali
     ("TF_MPT_LOSS_SCALE", "-4", "'dynamic' or a positive finite number"),
     ("TF_MPT_LOSS_SCALE", "inf", "'dynamic' or a positive finite number"),
     ("TF_MPT_LOSS_SCALE", "big", "'dynamic' or a positive finite number"),
+    ("TF_MPT_COST_BATCH", "-1", "a whole number >= 0"),
+    ("TF_MPT_COST_BATCH", "32.5", "a whole number >= 0"),
 ])
 def test_every_bad_value_names_variable_value_and_accepted(variable, value, accepted):
     with pytest.raises(ValueError) as info:
@@ -107,6 +109,12 @@ def test_dtype_and_loss_scale_values():
 def test_auto_dtype_resolution(dtype, gpu, native, expected):
     cfg = tf_mpt.Config.from_env({"TF_MPT_DTYPE": dtype})
     assert cfg.resolve_dtype(gpu_visible=gpu, native_bfloat16=native) == expected
+
+
+def test_cost_batch():
+    assert tf_mpt.Config().cost_batch == tf_mpt.Config.from_env({}).cost_batch == 32
+    assert tf_mpt.Config.from_env({"TF_MPT_COST_BATCH": " 0 "}).cost_batch == 0
+    assert tf_mpt.Config.from_env({"TF_MPT_COST_BATCH": "256"}).cost_batch == 256
 
 
 def test_session_rewrite_and_cache_dir():

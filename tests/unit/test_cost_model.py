@@ -153,16 +153,50 @@ def test_big_layers_stay_half(cost_model):
     assert _matmul_dtypes(rewritten) == {tf.bfloat16}
 
 
-def test_below_the_noise_floor_or_without_shapes_nothing_changes(cost_model):
+def test_below_the_noise_floor_or_without_shapes_nothing_changes(cost_model, monkeypatch):
     cost_model(None)
     one_layer = tf_mpt.rewrite_graph(_layers(16, 16, 1), dtype="bfloat16", fetches=["y"])
     assert _matmul_dtypes(one_layer) == {tf.bfloat16}  # saves ~4 us < the 50 us floor
+    monkeypatch.setenv(_config.TF_MPT_COST_BATCH, "0")  # no batch assumed for [None, 16]
     unknown = tf_mpt.rewrite_graph(_layers(16, 16, 30, known_batch=False), dtype="bfloat16",
                                    fetches=["y"])
     assert _matmul_dtypes(unknown) == {tf.bfloat16}
     plain_graph_def = _layers(16, 16, 30).as_graph_def()  # no `_output_shapes`
     result = tf_mpt.rewrite_graph_def(plain_graph_def, dtype="bfloat16", fetches=["y"])
     assert all(d.converted for d in result.report.decisions.values() if d.op == "MatMul")
+
+
+@pytest.mark.parametrize("width, depth", [(16, 30), (512, 3)])
+def test_an_unknown_batch_is_costed_as_the_assumed_batch(cost_model, monkeypatch, width,
+                                                         depth):
+    """A graph fed [None, width] gets the decisions of the same graph fed [32, width]
+    (TF_MPT_COST_BATCH's default), and the report says the batch was assumed."""
+    cost_model(None)
+    unknown = tf_mpt.rewrite_graph_def(
+        _layers(width, None, depth, known_batch=False).as_graph_def(add_shapes=True),
+        dtype="bfloat16", fetches=["y"])
+    known = tf_mpt.rewrite_graph_def(_layers(width, 32, depth).as_graph_def(add_shapes=True),
+                                     dtype="bfloat16", fetches=["y"])
+    converted = {name: d.converted for name, d in known.report.decisions.items()}
+    assert {name: d.converted for name, d in unknown.report.decisions.items()} == converted
+    assert unknown.report.casts_added == known.report.casts_added
+    by_cost = [d.reason for d in unknown.report.decisions.values()
+               if d.reason.startswith("cost model:")]
+    if width == 16:  # tiny layers: float32 at batch 32 as at batch 16
+        assert not any(converted[f"matmul_{k}"] for k in range(depth))
+        assert by_cost and all(r.endswith("; its batch dimension, unknown in the graph, "
+                                          "costed as 32 (TF_MPT_COST_BATCH))")
+                               for r in by_cost)
+    else:
+        assert all(converted[f"matmul_{k}"] for k in range(depth))
+    monkeypatch.setenv(_config.TF_MPT_COST_BATCH, "1024")
+    assumed = tf_mpt.rewrite_graph_def(
+        _layers(width, None, depth, known_batch=False).as_graph_def(add_shapes=True),
+        dtype="bfloat16", fetches=["y"])
+    known = tf_mpt.rewrite_graph_def(_layers(width, 1024, depth).as_graph_def(add_shapes=True),
+                                     dtype="bfloat16", fetches=["y"])
+    assert {name: d.converted for name, d in assumed.report.decisions.items()} == \
+        {name: d.converted for name, d in known.report.decisions.items()}
 
 
 def test_float16_is_off_unless_forced(cost_model, monkeypatch, tmp_path):

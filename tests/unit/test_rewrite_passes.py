@@ -443,7 +443,7 @@ def test_gather_stays_half_when_the_table_is_cast_anyway(half_dtype, no_cost_mod
     assert type_attr(result.graph_def, "lookup", "Tparams") == half_dtype
 
 
-def test_gather_with_unknown_shapes_is_left_as_painted(half_dtype):
+def test_gather_with_unknown_shapes_is_left_as_painted(half_dtype, no_cost_model):
     graph_def = _embedding_graph(batch=None).as_graph_def(add_shapes=True)
     result = tf_mpt.rewrite_graph_def(graph_def, dtype=half_dtype, fetches=["loss", "train"])
     assert "table/read" in _cast_sources(result.graph_def)

@@ -278,7 +278,8 @@ def _session_run(original, session, fetches, feed_dict=None, options=None, run_m
         _report_unclaimed(session)
         shadow = _shadow_or_none(session) if _copying() else None
         if shadow is None:
-            return original(session, fetches, feed_dict, options, run_metadata)
+            with _state.fed_batch(_fed_batch(feed_dict)):
+                return original(session, fetches, feed_dict, options, run_metadata)
         mapped_fetches = _map_fetches(shadow, fetches)
         mapped_feeds = _map_feeds(shadow, feed_dict) if feed_dict else None
         with _state.bypass():
@@ -286,6 +287,29 @@ def _session_run(original, session, fetches, feed_dict=None, options=None, run_m
                             run_metadata)
     finally:
         _session_rewrite.run_deferred_signals()
+
+
+def _fed_batch(feed_dict):
+    """The one leading size of the arrays fed to placeholders whose leading dimension the
+    graph leaves unknown (what the cost model of a graph optimised in this run costs such
+    dimensions at), or None. Reads only values with a `shape` (nothing is converted) and
+    never raises."""
+    if not feed_dict or not isinstance(feed_dict, dict):
+        return None
+    sizes = set()
+    try:
+        for key, value in feed_dict.items():
+            shape = getattr(key, "shape", None)
+            if not isinstance(key, tf.Tensor) or shape is None or shape.rank is None or \
+                    shape.rank < 1 or shape[0] is not None:
+                continue
+            fed = getattr(value, "shape", None)
+            if isinstance(fed, tuple) and len(fed) == shape.rank and \
+                    isinstance(fed[0], int) and fed[0] > 0:
+                sizes.add(fed[0])
+    except Exception:  # pylint: disable=broad-except
+        return None
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 def _session_make_callable(original, session, fetches, feed_list=None, accept_options=False):

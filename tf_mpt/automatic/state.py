@@ -7,10 +7,12 @@ import dataclasses
 import functools
 
 from tf_mpt import _patches
-from tf_mpt._state import STATE, bypass, bypassing, warn_once  # noqa: F401  (the one of each)
+from tf_mpt._state import (STATE, bypass, bypassing, current_fed_batch,  # noqa: F401
+                            fed_batch, warn_once)  # (the one of each)
 
 __all__ = ["Settings", "STATE", "is_enabled", "enabled_settings", "patch", "patch_function",
-           "tf_api_modules", "bypass", "bypassing", "warn_once"]
+           "tf_api_modules", "bypass", "bypassing", "warn_once", "fed_batch",
+           "current_fed_batch"]
 
 
 def is_enabled():

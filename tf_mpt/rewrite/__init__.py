@@ -258,7 +258,8 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
         argument_shapes = _cost.call_argument_shapes(graph_def, table)
         loop_bodies = _cost.loop_bodies(graph_def)
     new_graph_def, report, modified, error = _rewrite_one(
-        graph_def, view, fetched, half, lists, signatures, strict, constants, shapes)
+        graph_def, view, fetched, half, lists, signatures, strict, constants, shapes,
+        assumed_batch=config.cost_batch)
     if error is not None:
         unchanged = graph_pb2.GraphDef()
         unchanged.CopyFrom(original)
@@ -272,7 +273,7 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
         new_fdef, function_report = _rewrite_function_body(
             fdef, half, lists, signatures, strict, constants,
             (graph_def.library, argument_shapes.get(fdef.signature.name),
-             fdef.signature.name in loop_bodies))
+             fdef.signature.name in loop_bodies), config.cost_batch)
         if function_report is not None:
             function_reports[fdef.signature.name] = function_report
         if new_fdef is not None:
@@ -331,13 +332,14 @@ def _reachable_functions(graph_def, roots=()):
 
 
 def _rewrite_one(graph_def, view, fetched, half, lists, signatures, strict, constants,
-                 shapes, noise_floor=_cost.NOISE_FLOOR):
+                 shapes, noise_floor=_cost.NOISE_FLOOR, assumed_batch=0):
     """Paints one graph (no library). Returns (graph_def, report, modified, error or None).
 
     constants: the cost model's OpCosts, or None (cost model off).
     shapes: a callable giving {node name: output shapes}, or None for `_output_shapes` attrs;
         called at most once, only by a pass that needs shapes.
     noise_floor: seconds the cost model's changes must save in all (0 in a loop body).
+    assumed_batch: the size the cost model gives an unknown leading dimension (0: none).
     """
     # 1. index: (node, type-attr) vertices
     types = [ta.node_types(node, signatures) for node in view.nodes]
@@ -346,6 +348,7 @@ def _rewrite_one(graph_def, view, fetched, half, lists, signatures, strict, cons
                          ta.default_device_type())
     paint.shape_source = shapes or functools.partial(_cost.output_shapes_from_attrs, view)
     if constants is not None:
+        paint.shape_source = _cost.with_assumed_batch(paint.shape_source, assumed_batch)
         paint.cost = (constants, paint.static_shapes(), noise_floor)
     step = "build"
     try:
@@ -371,12 +374,14 @@ def _rewrite_one(graph_def, view, fetched, half, lists, signatures, strict, cons
     return new_graph_def, report, modified, None
 
 
-def _rewrite_function_body(fdef, half, lists, signatures, strict, constants, callers):
+def _rewrite_function_body(fdef, half, lists, signatures, strict, constants, callers,
+                           assumed_batch):
     """Rewrites one library function, its signature unchanged.
 
     callers: (the graph's FunctionDefLibrary, [shape or None per argument] from its callers
         or None, True if it is a While body): what the cost model infers the body's shapes
         from, and whether its savings repeat every iteration (no noise floor).
+    assumed_batch: the size the cost model gives an unknown leading dimension (0: none).
 
     Returns (new FunctionDef or None if unchanged, report or None if not rewritable).
     """
@@ -394,7 +399,7 @@ def _rewrite_function_body(fdef, half, lists, signatures, strict, constants, cal
                                    argument_shapes)
     new_body, report, modified, error = _rewrite_one(
         body, view, set(fetches), half, lists, signatures, strict, constants, shapes,
-        0.0 if loop_body else _cost.NOISE_FLOOR)
+        0.0 if loop_body else _cost.NOISE_FLOOR, assumed_batch)
     if error is not None or not modified:
         return None, report
     try:

@@ -42,7 +42,7 @@ import signal
 import sys
 import threading
 
-from tf_mpt._state import STATE, warn_once
+from tf_mpt._state import STATE, current_fed_batch, warn_once
 from tf_mpt.automatic.native import library as _native
 
 _log = logging.getLogger(__name__)
@@ -230,9 +230,12 @@ def _rewrite_or_leave(graph_data, graph_size, request_data, request_size, sink, 
         graph = STATE.graphs.get(key)
         graph_def = graph_pb2.GraphDef.FromString(ctypes.string_at(graph_data, graph_size))
         shapes = (lambda: _cost.shapes_of_graph(graph)) if graph is not None else None
+        config, batch = settings.config, current_fed_batch()
+        if batch is not None:  # this run feeds it: the cost model's batch is the real one
+            config = dataclasses.replace(config, cost_batch=batch)
         result = _rewrite_module.rewrite_with_library(
             graph_def, dtype=params.get("dtype", settings.dtype), fetches=preserved,
-            lists=None, strict=True, shapes=shapes, config=settings.config)
+            lists=None, strict=True, shapes=shapes, config=config)
         if not result.modified:
             return _UNCHANGED
         new_graph_def = _rename_changed_stateful_nodes(graph_def, result.graph_def, preserved)

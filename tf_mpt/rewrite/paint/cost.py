@@ -146,6 +146,32 @@ def function_body_shapes(body, fdef, library, caller_shapes):
     return shapes_of_graph(graph)
 
 
+class AssumedBatch(dict):
+    """A shape table whose unknown leading dimensions read as `batch`; `assumed`: the names
+    of the nodes with such an output."""
+
+    def __init__(self, table, batch):
+        super().__init__()
+        self.batch, self.assumed = batch, set()
+        for name, entry in table.items():
+            if entry and any(s is not None and len(s) > 1 and s[0] == -1 and
+                             all(d >= 0 for d in s[1:]) for s in entry):
+                entry = [(batch,) + tuple(s[1:]) if s is not None and len(s) > 1 and
+                         s[0] == -1 else s for s in entry]
+                self.assumed.add(name)
+            self[name] = entry
+
+
+def with_assumed_batch(shape_source, batch):
+    """A shape source (a callable giving a shape table) whose tables read an unknown leading
+    dimension as `batch` where only that dimension is unknown: a graph fed [None, ...]
+    batches are costed at that size (TF_MPT_COST_BATCH) rather than left to the op lists.
+    `batch` 0: the source itself."""
+    if not batch:
+        return shape_source
+    return lambda: AssumedBatch(shape_source(), batch)
+
+
 class Shapes:
     def __init__(self, view, shapes):
         self.view, self.shapes = view, shapes

@@ -302,9 +302,13 @@ def choose_precision_by_measured_cost(p):
             saved += found[0]
     if saved * 1e-6 < noise_floor:
         return
+    assumed = getattr(shape_table, "assumed", ())
     for region, gain, half, why in changes:
         summary = (f"the region of {len(region)} op(s) then runs ~{gain:.1f} us faster "
                    "than with the rules' colours")
+        if any(p.view.nodes[p.v_node[v]].name in assumed for v in region):
+            summary += (f"; its batch dimension, unknown in the graph, costed as "
+                        f"{shape_table.batch} (TF_MPT_COST_BATCH)")
         for v in region:
             detail = f"{why[v]}; " if why.get(v) else ""
             if v in half and not p.allow[v]:
