@@ -250,3 +250,29 @@ def test_ops_nothing_reads_are_weighed_too(cost_model):
     result = tf_mpt.rewrite_graph_def(graph.as_graph_def(add_shapes=True), dtype="bfloat16",
                                       fetches=["out"], strict=True)
     assert result.report.error is None and result.report.decisions["mm"].converted
+
+
+@pytest.mark.parametrize("batch, half", [(16, False), (4096, True)])
+def test_a_tf_function_traced_for_any_batch_is_weighed_at_its_first_calls_batch(
+        cost_model, batch, half):
+    """tf_mpt.function with input_signature [None, 64]: the rewrite at the first call costs
+    the batch that call passes (a Keras step's data), not TF_MPT_COST_BATCH's guess (32,
+    at which these 20 layers stay float32: see the Session test of the same layers)."""
+    cost_model(None)
+    rng = np.random.default_rng(0)
+    weights = [tf.constant(rng.standard_normal((64, 64)).astype(np.float32) / 64)
+               for _ in range(20)]
+
+    def layers(x):
+        for k, w in enumerate(weights):
+            x = tf.math.exp(tf.nn.relu(tf.matmul(x, w, name=f"matmul_{k}")) * 0.01)
+        return x
+    spec = tf.TensorSpec([None, 64], tf.float32)
+    mixed = tf_mpt.function(layers, dtype="bfloat16", input_signature=[spec])
+    out = mixed(tf.ones((batch, 64)))
+    assert out.dtype == tf.float32 and out.shape == (batch, 64)
+    dtypes = {op.get_attr("T") for op in mixed.get_concrete_function(spec).graph.get_operations()
+              if op.type == "MatMul"}
+    assert dtypes == ({tf.bfloat16} if half else {tf.float32})
+    np.testing.assert_allclose(out.numpy(), layers(tf.ones((batch, 64))).numpy(),
+                               rtol=0.02 if half else 0, atol=0.02 if half else 0)

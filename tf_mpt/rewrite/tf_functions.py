@@ -10,9 +10,11 @@ The captures are the original tensors (variable handles), so a rewritten trainin
 updates the real variables.
 """
 
+import dataclasses
 import functools
 import inspect
 import logging
+import os
 import threading
 import weakref
 
@@ -21,6 +23,7 @@ from tensorflow.python.ops import resource_variable_ops as _resource_variable_op
 
 from tf_mpt.rewrite import function_bodies as _function_library
 from tf_mpt import _dtypes
+from tf_mpt import config as _config
 from tf_mpt import rewrite as _rewrite
 
 _log = logging.getLogger(__name__)
@@ -216,6 +219,24 @@ def _pack_outputs(structure, tensors):
     return tf.nest.pack_sequence_as(structure, new_leaves, expand_composites=True)
 
 
+def _leading_size(structure):
+    """The one leading size of the tensors and arrays in `structure` (a call's arguments: a
+    batch of data), or None where there is none or more than one. Never raises."""
+    sizes = set()
+    try:
+        for value in tf.nest.flatten(structure):
+            shape = getattr(value, "shape", None)
+            if shape is None or isinstance(value, tf.Variable):
+                continue
+            dims = tuple(shape) if not isinstance(shape, tf.TensorShape) else \
+                tuple(shape.as_list()) if shape.rank is not None else ()
+            if dims and isinstance(dims[0], int) and dims[0] > 0:
+                sizes.add(dims[0])
+    except Exception:  # pylint: disable=broad-except
+        return None
+    return sizes.pop() if len(sizes) == 1 else None
+
+
 class Function:
     """A tf.function whose traced graphs are rewritten to mixed precision (see `function`)."""
 
@@ -255,19 +276,28 @@ class Function:
 
     def get_concrete_function(self, *args, **kwargs):
         """The rewritten ConcreteFunction for these arguments (traced on first use)."""
+        return self._concrete(args, kwargs, called=False)
+
+    def _concrete(self, args, kwargs, called):
+        """called: the arguments are a call's (values, not specs): a graph traced for any
+        batch is costed at their leading size (else at TF_MPT_COST_BATCH)."""
         original = self._tf_function.get_concrete_function(*args, **kwargs)
         with self._lock:
             rewritten = self._rewritten.get(original.name)
             if rewritten is None:
                 if self._on_trace is not None:
                     self._on_trace(original.graph)
-                rewritten = rewrite_function(original, dtype=self._dtype,
+                config, batch = None, _leading_size((args, kwargs)) if called else None
+                if batch is not None:
+                    config = dataclasses.replace(_config.Config.from_env(os.environ),
+                                                 cost_batch=batch)
+                rewritten = rewrite_function(original, dtype=self._dtype, config=config,
                                              jit_compile=self._jit_compile)
                 self._rewritten[original.name] = rewritten
         return rewritten
 
     def __call__(self, *args, **kwargs):
-        rewritten = self.get_concrete_function(*args, **kwargs)
+        rewritten = self._concrete(args, kwargs, called=True)
         try:
             return rewritten(*args, **kwargs)
         except TypeError as error:
