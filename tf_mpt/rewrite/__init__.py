@@ -348,7 +348,9 @@ def _rewrite_one(graph_def, view, fetched, half, lists, signatures, strict, cons
                          ta.default_device_type())
     paint.shape_source = shapes or functools.partial(_cost.output_shapes_from_attrs, view)
     if constants is not None:
-        paint.shape_source = _cost.with_assumed_batch(paint.shape_source, assumed_batch)
+        paint.shape_source = _cost.with_assumed_batch(
+            paint.shape_source, assumed_batch,
+            [node.name for node in view.nodes if node.op == "Placeholder"])
         paint.cost = (constants, paint.static_shapes(), noise_floor)
     step = "build"
     try:

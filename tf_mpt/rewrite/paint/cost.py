@@ -146,30 +146,39 @@ def function_body_shapes(body, fdef, library, caller_shapes):
     return shapes_of_graph(graph)
 
 
+def _batch_unknown(shape):
+    return shape is not None and len(shape) > 1 and shape[0] == -1 and \
+        all(d >= 0 for d in shape[1:])
+
+
 class AssumedBatch(dict):
     """A shape table whose unknown leading dimensions read as `batch`; `assumed`: the names
-    of the nodes with such an output."""
+    of the nodes with such an output. The table itself where no input (`inputs`: the names
+    of the graph's placeholders) has an unknown leading dimension: the graph's batch is then
+    known, and a leading dimension left unknown inside it is something else (a loop's
+    iteration count, a dynamic reshape)."""
 
-    def __init__(self, table, batch):
-        super().__init__()
+    def __init__(self, table, batch, inputs):
+        super().__init__(table)
         self.batch, self.assumed = batch, set()
+        if not any(_batch_unknown(s) for name in inputs for s in table.get(name) or ()):
+            return
         for name, entry in table.items():
-            if entry and any(s is not None and len(s) > 1 and s[0] == -1 and
-                             all(d >= 0 for d in s[1:]) for s in entry):
+            if entry and any(_batch_unknown(s) for s in entry):
                 entry = [(batch,) + tuple(s[1:]) if s is not None and len(s) > 1 and
                          s[0] == -1 else s for s in entry]
                 self.assumed.add(name)
             self[name] = entry
 
 
-def with_assumed_batch(shape_source, batch):
+def with_assumed_batch(shape_source, batch, inputs):
     """A shape source (a callable giving a shape table) whose tables read an unknown leading
-    dimension as `batch` where only that dimension is unknown: a graph fed [None, ...]
-    batches are costed at that size (TF_MPT_COST_BATCH) rather than left to the op lists.
-    `batch` 0: the source itself."""
+    dimension as `batch` where only that dimension is unknown and an input (a name in
+    `inputs`) is so too: a graph fed [None, ...] batches is costed at that size
+    (TF_MPT_COST_BATCH) rather than left to the op lists. `batch` 0: the source itself."""
     if not batch:
         return shape_source
-    return lambda: AssumedBatch(shape_source(), batch)
+    return lambda: AssumedBatch(shape_source(), batch, inputs)
 
 
 class Shapes:
