@@ -350,7 +350,8 @@ def _rewrite_one(graph_def, view, fetched, half, lists, signatures, strict, cons
     if constants is not None:
         paint.shape_source = _cost.with_assumed_batch(
             paint.shape_source, assumed_batch,
-            [node.name for node in view.nodes if node.op == "Placeholder"])
+            [node.name for i, node in enumerate(view.nodes)
+             if node.op == "Placeholder" and view.has_data_fanout(i)])
         paint.cost = (constants, paint.static_shapes(), noise_floor)
     step = "build"
     try:
