@@ -280,15 +280,16 @@ def test_a_tf_function_traced_for_any_batch_is_weighed_at_its_first_calls_batch(
 
 def _tiled_layers(unread_input):
     """x [16, 16] tiled n times (n fed at run time) -> 30 tiny layers; with `unread_input`
-    also a placeholder [None, 16] that nothing reads (as a tf_keras model called on a
-    placeholder of its own leaves its Input)."""
+    also a placeholder [None, 16] that no fetch reads (as a tf_keras model called on a
+    placeholder of the script's leaves its own Input and the layers built on it)."""
     graph = tf.Graph()
     rng = np.random.default_rng(0)
     with graph.as_default():
         x = tf.compat.v1.placeholder(tf.float32, [16, 16], name="x")
         n = tf.compat.v1.placeholder(tf.int32, [], name="n")
-        if unread_input:
-            tf.compat.v1.placeholder(tf.float32, [None, 16], name="unread_input")
+        if unread_input:  # and a layer built on it, which no fetch reads
+            unread = tf.compat.v1.placeholder(tf.float32, [None, 16], name="unread_input")
+            tf.nn.relu(tf.matmul(unread, tf.ones((16, 16))), name="unfetched")
         h = tf.tile(x, tf.stack([n, 1]))
         for k in range(30):
             w = tf.constant(rng.standard_normal((16, 16)).astype(np.float32) / 16)
@@ -302,7 +303,7 @@ def _tiled_layers(unread_input):
 def test_a_graph_whose_inputs_know_their_batch_assumes_none_inside(cost_model, unread_input):
     """The tiled [n, 16] is not a batch the inputs left open (a loop count, a tiling), so no
     batch is assumed there and the region keeps the lists' colours, as any unknown size does;
-    an unread placeholder [None, 16] does not make the graph's batch unknown."""
+    a placeholder [None, 16] that no fetch reads does not make the graph's batch unknown."""
     cost_model(None)
     report = tf_mpt.rewrite_graph_def(_tiled_layers(unread_input).as_graph_def(add_shapes=True),
                                       dtype="bfloat16", fetches=["y"]).report

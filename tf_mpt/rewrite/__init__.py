@@ -331,6 +331,23 @@ def _reachable_functions(graph_def, roots=()):
     return seen
 
 
+def _fed_inputs(view, fetched):
+    """Names of the placeholders the fetched nodes read, directly or not (all of them when
+    nothing is fetched): a tf_keras model called on a placeholder of the script's leaves the
+    layers it built on its own Input [None, ...] in the graph, unread by any fetch."""
+    stack = [view.index[name] for name in fetched if name in view.index]
+    if not stack:
+        return [node.name for node in view.nodes if node.op == "Placeholder"]
+    seen = set(stack)
+    while stack:
+        i = stack.pop()
+        for j in [src for src, _ in view.fanin[i]] + view.control_fanin[i]:
+            if j not in seen:
+                seen.add(j)
+                stack.append(j)
+    return [view.nodes[i].name for i in seen if view.nodes[i].op == "Placeholder"]
+
+
 def _rewrite_one(graph_def, view, fetched, half, lists, signatures, strict, constants,
                  shapes, noise_floor=_cost.NOISE_FLOOR, assumed_batch=0):
     """Paints one graph (no library). Returns (graph_def, report, modified, error or None).
@@ -348,10 +365,8 @@ def _rewrite_one(graph_def, view, fetched, half, lists, signatures, strict, cons
                          ta.default_device_type())
     paint.shape_source = shapes or functools.partial(_cost.output_shapes_from_attrs, view)
     if constants is not None:
-        paint.shape_source = _cost.with_assumed_batch(
-            paint.shape_source, assumed_batch,
-            [node.name for i, node in enumerate(view.nodes)
-             if node.op == "Placeholder" and view.has_data_fanout(i)])
+        paint.shape_source = _cost.with_assumed_batch(paint.shape_source, assumed_batch,
+                                                      _fed_inputs(view, fetched))
         paint.cost = (constants, paint.static_shapes(), noise_floor)
     step = "build"
     try:

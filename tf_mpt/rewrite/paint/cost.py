@@ -154,7 +154,7 @@ def _batch_unknown(shape):
 class AssumedBatch(dict):
     """A shape table whose unknown leading dimensions read as `batch`; `assumed`: the names
     of the nodes with such an output. The table itself where no input (`inputs`: the names
-    of the graph's placeholders that something reads) has an unknown leading dimension: the graph's batch is then
+    of the placeholders the fetches read) has an unknown leading dimension: the graph's batch is then
     known, and a leading dimension left unknown inside it is something else (a loop's
     iteration count, a dynamic reshape)."""
 
