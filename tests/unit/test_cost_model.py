@@ -309,3 +309,27 @@ def test_a_graph_whose_inputs_know_their_batch_assumes_none_inside(cost_model, u
                                       dtype="bfloat16", fetches=["y"]).report
     assert all(report.decisions[f"matmul_{k}"].converted for k in range(30))
     assert not [d for d in report.decisions.values() if "TF_MPT_COST_BATCH" in d.reason]
+
+
+def test_a_function_traced_for_any_batch_in_a_graph_fed_a_known_one_assumes_none(cost_model):
+    """A tf.function with input_signature [None, 16] called in a graph fed [16, 16] (as a
+    tf_keras layer's function traced on the model's own Input): its body's [None, 16]
+    arguments are not a batch the graph leaves open, so no batch is assumed in it either."""
+    cost_model(None)
+    rng = np.random.default_rng(0)
+    weights = [rng.standard_normal((16, 16)).astype(np.float32) / 16 for _ in range(30)]
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32)])
+    def layers(h):
+        for k, w in enumerate(weights):
+            h = tf.math.exp(tf.nn.relu(tf.matmul(h, w, name=f"matmul_{k}")) * 0.01)
+        return h
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [16, 16], name="x")
+        tf.identity(layers(x), name="y")
+    report = tf_mpt.rewrite_graph_def(graph.as_graph_def(add_shapes=True), dtype="bfloat16",
+                                      fetches=["y"]).report
+    matmuls = [d for d in report.decisions.values() if d.op == "MatMul"]
+    assert len(matmuls) == 30 and all(d.converted for d in matmuls)
+    assert not [d for d in report.decisions.values() if "TF_MPT_COST_BATCH" in d.reason]

@@ -257,9 +257,12 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
         shapes = functools.partial(dict, table)
         argument_shapes = _cost.call_argument_shapes(graph_def, table)
         loop_bodies = _cost.loop_bodies(graph_def)
+    # a graph fed batches of any size is costed at TF_MPT_COST_BATCH, bodies and all
+    assumed_batch = config.cost_batch if constants is not None and \
+        _cost.batch_left_open(view, _fed_inputs(view, fetched)) else 0
     new_graph_def, report, modified, error = _rewrite_one(
         graph_def, view, fetched, half, lists, signatures, strict, constants, shapes,
-        assumed_batch=config.cost_batch)
+        assumed_batch=assumed_batch)
     if error is not None:
         unchanged = graph_pb2.GraphDef()
         unchanged.CopyFrom(original)
@@ -273,7 +276,7 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
         new_fdef, function_report = _rewrite_function_body(
             fdef, half, lists, signatures, strict, constants,
             (graph_def.library, argument_shapes.get(fdef.signature.name),
-             fdef.signature.name in loop_bodies), config.cost_batch)
+             fdef.signature.name in loop_bodies), assumed_batch)
         if function_report is not None:
             function_reports[fdef.signature.name] = function_report
         if new_fdef is not None:
@@ -332,12 +335,12 @@ def _reachable_functions(graph_def, roots=()):
 
 
 def _fed_inputs(view, fetched):
-    """Names of the placeholders the fetched nodes read, directly or not (all of them when
-    nothing is fetched): a tf_keras model called on a placeholder of the script's leaves the
-    layers it built on its own Input [None, ...] in the graph, unread by any fetch."""
+    """Indices of the nodes the fetched nodes read, directly or not (all nodes when nothing
+    is fetched): a tf_keras model called on a placeholder of the script's leaves the layers
+    it built on its own Input [None, ...] in the graph, unread by any fetch."""
     stack = [view.index[name] for name in fetched if name in view.index]
     if not stack:
-        return [node.name for node in view.nodes if node.op == "Placeholder"]
+        return range(len(view.nodes))
     seen = set(stack)
     while stack:
         i = stack.pop()
@@ -345,7 +348,7 @@ def _fed_inputs(view, fetched):
             if j not in seen:
                 seen.add(j)
                 stack.append(j)
-    return [view.nodes[i].name for i in seen if view.nodes[i].op == "Placeholder"]
+    return seen
 
 
 def _rewrite_one(graph_def, view, fetched, half, lists, signatures, strict, constants,
@@ -365,8 +368,7 @@ def _rewrite_one(graph_def, view, fetched, half, lists, signatures, strict, cons
                          ta.default_device_type())
     paint.shape_source = shapes or functools.partial(_cost.output_shapes_from_attrs, view)
     if constants is not None:
-        paint.shape_source = _cost.with_assumed_batch(paint.shape_source, assumed_batch,
-                                                      _fed_inputs(view, fetched))
+        paint.shape_source = _cost.with_assumed_batch(paint.shape_source, assumed_batch)
         paint.cost = (constants, paint.static_shapes(), noise_floor)
     step = "build"
     try:

@@ -151,18 +151,28 @@ def _batch_unknown(shape):
         all(d >= 0 for d in shape[1:])
 
 
+def batch_left_open(view, inputs):
+    """Whether a placeholder among `inputs` (indices) is declared [None, d1, ...] with the
+    other dimensions known: the graph is fed batches of any size. Only then is a batch
+    assumed (a graph fed a known batch that leaves a leading dimension unknown inside, a
+    loop's iteration count, a tiling, a function traced first for any batch, has no batch
+    to assume there)."""
+    for i in inputs:
+        node = view.nodes[i]
+        if node.op == "Placeholder" and "shape" in node.attr and \
+                not node.attr["shape"].shape.unknown_rank and \
+                _batch_unknown(tuple(d.size for d in node.attr["shape"].shape.dim)):
+            return True
+    return False
+
+
 class AssumedBatch(dict):
     """A shape table whose unknown leading dimensions read as `batch`; `assumed`: the names
-    of the nodes with such an output. The table itself where no input (`inputs`: the names
-    of the placeholders the fetches read) has an unknown leading dimension: the graph's batch is then
-    known, and a leading dimension left unknown inside it is something else (a loop's
-    iteration count, a dynamic reshape)."""
+    of the nodes with such an output."""
 
-    def __init__(self, table, batch, inputs):
+    def __init__(self, table, batch):
         super().__init__(table)
         self.batch, self.assumed = batch, set()
-        if not any(_batch_unknown(s) for name in inputs for s in table.get(name) or ()):
-            return
         for name, entry in table.items():
             if entry and any(_batch_unknown(s) for s in entry):
                 entry = [(batch,) + tuple(s[1:]) if s is not None and len(s) > 1 and
@@ -171,14 +181,14 @@ class AssumedBatch(dict):
             self[name] = entry
 
 
-def with_assumed_batch(shape_source, batch, inputs):
+def with_assumed_batch(shape_source, batch):
     """A shape source (a callable giving a shape table) whose tables read an unknown leading
-    dimension as `batch` where only that dimension is unknown and an input (a name in
-    `inputs`) is so too: a graph fed [None, ...] batches is costed at that size
-    (TF_MPT_COST_BATCH) rather than left to the op lists. `batch` 0: the source itself."""
+    dimension as `batch` where only that dimension is unknown: a graph fed [None, ...]
+    batches (batch_left_open) is costed at that size (TF_MPT_COST_BATCH) rather than left to
+    the op lists. `batch` 0: the source itself."""
     if not batch:
         return shape_source
-    return lambda: AssumedBatch(shape_source(), batch, inputs)
+    return lambda: AssumedBatch(shape_source(), batch)
 
 
 class Shapes:
