@@ -73,32 +73,31 @@ def warn_once(key, message, *args, level=logging.WARNING):
 
 
 @contextlib.contextmanager
+def _thread_value(name, value, default):
+    """STATE.local.<name> = value while active (this thread), then what it was."""
+    previous = getattr(STATE.local, name, default)
+    setattr(STATE.local, name, value)
+    try:
+        yield
+    finally:
+        setattr(STATE.local, name, previous)
+
+
 def bypass():
     """While active (this thread), tf_mpt's patched methods do what TensorFlow/Keras would:
     tf_mpt calling TensorFlow itself (a shadow Session, a wrapped optimizer, Keras applying
     gradients tf_mpt already scaled)."""
-    previous = getattr(STATE.local, "bypass", False)
-    STATE.local.bypass = True
-    try:
-        yield
-    finally:
-        STATE.local.bypass = previous
+    return _thread_value("bypass", True, False)
 
 
 def bypassing():
     return getattr(STATE.local, "bypass", False)
 
 
-@contextlib.contextmanager
 def fed_batch(batch):
     """While active (this thread): the batch size the running Session.run feeds (None:
     unknown), for the cost model of a graph the Session optimises in that run."""
-    previous = getattr(STATE.local, "fed_batch", None)
-    STATE.local.fed_batch = batch
-    try:
-        yield
-    finally:
-        STATE.local.fed_batch = previous
+    return _thread_value("fed_batch", batch, None)
 
 
 def current_fed_batch():

@@ -175,10 +175,9 @@ class AssumedBatch(dict):
         self.batch, self.assumed = batch, set()
         for name, entry in table.items():
             if entry and any(_batch_unknown(s) for s in entry):
-                entry = [(batch,) + tuple(s[1:]) if s is not None and len(s) > 1 and
-                         s[0] == -1 else s for s in entry]
+                self[name] = [(batch,) + tuple(s[1:]) if _batch_unknown(s) else s
+                              for s in entry]
                 self.assumed.add(name)
-            self[name] = entry
 
 
 def with_assumed_batch(shape_source, batch):
