@@ -121,3 +121,35 @@ def test_a_failed_measurement_turns_the_model_off_with_one_warning(tmp_path, mon
     assert len(warnings) == 1
     assert "could not measure op costs on this CPU" in warnings[0].getMessage()
     assert "set TF_MPT_OP_COSTS to a table" in warnings[0].getMessage()
+
+
+def test_a_node_probe_runs_after_a_warm_copy_and_alternates_the_dtypes(monkeypatch):
+    from tf_mpt.rewrite.paint import probes  # pylint: disable=import-outside-toplevel
+    spec = {"op": "MatMul", "attrs": {}, "inputs": [["float", [8, 4], False],
+                                                   ["float", [4, 2], True]]}
+    graph_def = probes._node_graph(tf, spec, tf.bfloat16)
+    nodes = {n.name: n for n in graph_def.node}
+    assert nodes["warm"].input[:] == ["input_0", "input_1"]
+    assert nodes["probe"].input[:] == ["input_0", "input_1", "^warm"]
+    assert nodes["probe"].attr["T"].type == nodes["warm"].attr["T"].type == tf.bfloat16
+
+    order = []
+
+    class Recorded:
+        def __init__(self, tf1, graph_def):
+            del tf1
+            self.dtype = tf.as_dtype(next(n for n in graph_def.node
+                                          if n.name == "probe").attr["T"].type).name
+            self.session = self
+
+        def traced_seconds(self):
+            order.append(self.dtype)
+            return 2e-6 if self.dtype == "float32" else 1e-6
+
+        def close(self):
+            order.append("closed")
+
+    monkeypatch.setattr(probes, "_NodeRun", Recorded)
+    key = json.dumps(spec, sort_keys=True)
+    assert probes.time_nodes([key]) == {key: [2e-6, 1e-6]}
+    assert order == ["float32", "bfloat16"] * probes.NODE_RUNS + ["closed", "closed"]

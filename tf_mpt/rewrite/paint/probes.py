@@ -31,7 +31,7 @@ _log = logging.getLogger("tf_mpt")
 ROWS = 128  # elementwise probes are [n / ROWS, ROWS]
 ELEMENTS = (4096, 32768, 262144, 1048576)  # the sizes of an elementwise probe
 RUNS = 9
-NODE_RUNS = 5
+NODE_RUNS = 7
 
 # op -> (kind, input names) of the elementwise probes; kind: unary / binary (two inputs of
 # the same shape).
@@ -200,13 +200,17 @@ def _run_traced(tf1, graph, targets, names, feeds, runs):
             for _ in range(runs):
                 metadata = tf1.RunMetadata()
                 session.run(target, own, options=options, run_metadata=metadata)
-                for device in metadata.step_stats.dev_stats:
-                    for stats in device.node_stats:
-                        name = names.get(stats.node_name.split(":")[0])
-                        if name is not None:
-                            nanos = stats.all_end_rel_nanos or stats.all_end_rel_micros * 1000
-                            times[name].append(nanos * 1e-9)
+                for node, nanos in _kernel_nanos(metadata).items():
+                    if node in names:
+                        times[names[node]].append(nanos * 1e-9)
     return times
+
+
+def _kernel_nanos(metadata):
+    """{node name: nanoseconds its kernel took} in one traced run's step stats."""
+    return {stats.node_name.split(":")[0]:
+            stats.all_end_rel_nanos or stats.all_end_rel_micros * 1000
+            for device in metadata.step_stats.dev_stats for stats in device.node_stats}
 
 
 def measure(dtype="bfloat16"):
@@ -214,8 +218,8 @@ def measure(dtype="bfloat16"):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     half = tf.as_dtype(dtype)
     seconds = {}
-    for name, dt in (("float32", tf.float32), ("half", half)):
-        for size in range(len(ELEMENTS)):
+    for size in range(len(ELEMENTS)):  # the dtypes alternate: see time_nodes
+        for name, dt in (("float32", tf.float32), ("half", half)):
             with tf.Graph().as_default():
                 probes = _probes(tf, dt, size)
                 units = {op: u for op, (_, u) in probes.items()}
@@ -257,36 +261,70 @@ def _node_graph(tf, spec, dtype):
         value.ParseFromString(base64.b64decode(text))
         node.attr[key].CopyFrom(value)
     node.attr["T"].type = dtype.as_datatype_enum
+    # A copy runs first (the probe waits for it): in a graph the ops before a node keep
+    # both cores busy, and a probe run from idle found the second core asleep half the
+    # time (a float32 MatMul then took 650 us on one thread instead of 360 us on two).
+    warm = graph_def.node.add()
+    warm.CopyFrom(node)
+    warm.name = "warm"
+    node.input.append("^warm")
     return graph_def
 
 
 def time_nodes(specs, dtype="bfloat16"):
     """{spec key: [float32 seconds, half seconds]} of each NodeSpec key (JSON text) whose
-    kernel runs here."""
-    import numpy as np  # pylint: disable=import-outside-toplevel
+    kernel runs here.
+
+    The two dtypes' runs alternate (float32, half, float32, ...): this CPU's speed drifts
+    between runs (a float32 MatMul here takes 360 us or 650 us from one minute to the next,
+    its bfloat16 twin 310 us throughout), and timing one dtype's runs after the other's
+    turned such a drift into a 2x "speed-up"."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     tf1 = tf.compat.v1
     found = {}
     for key in specs:
         spec = json.loads(key)
-        seconds = []
-        for dt in (tf.float32, tf.as_dtype(dtype)):
-            try:
-                with tf.Graph().as_default() as graph:
-                    tf.graph_util.import_graph_def(_node_graph(tf, spec, dt), name="")
-                    probe = graph.get_operation_by_name("probe")
-                    feeds = {t: np.random.default_rng(1).uniform(
-                        0.1, 1.0, t.shape.as_list()).astype(t.dtype.as_numpy_dtype)
-                        for t in probe.inputs if t.op.type == "Placeholder"}
-                    times = _run_traced(tf1, graph, [probe], {probe.name: "probe"}, feeds,
-                                        NODE_RUNS)
-                seconds.append(statistics.median(times["probe"]))
-            except (tf.errors.OpError, ValueError, TypeError, KeyError) as error:
-                _log.debug("node probe %s does not run in %s: %s", spec["op"], dt.name, error)
-                break
-        if len(seconds) == 2:
-            found[key] = seconds
+        runs = []
+        try:
+            for dt in (tf.float32, tf.as_dtype(dtype)):
+                runs.append(_NodeRun(tf1, _node_graph(tf, spec, dt)))
+            seconds = [[], []]
+            for _ in range(NODE_RUNS):
+                for k, run in enumerate(runs):
+                    seconds[k].append(run.traced_seconds())
+            found[key] = [statistics.median(s) for s in seconds]
+        except (tf.errors.OpError, ValueError, TypeError, KeyError) as error:
+            _log.debug("node probe %s does not run here: %s", spec["op"], error)
+        finally:
+            for run in runs:
+                run.session.close()
     return found
+
+
+class _NodeRun:
+    """One probe node in its own Session, warmed up: traced_seconds() runs it once."""
+
+    def __init__(self, tf1, graph_def):
+        import numpy as np  # pylint: disable=import-outside-toplevel
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        with tf.Graph().as_default() as graph:
+            tf.graph_util.import_graph_def(graph_def, name="")
+        self.probe = graph.get_operation_by_name("probe")
+        self.feeds = {t: np.random.default_rng(1).uniform(
+            0.1, 1.0, t.shape.as_list()).astype(t.dtype.as_numpy_dtype)
+            for t in self.probe.inputs if t.op.type == "Placeholder"}
+        self._tf1 = tf1
+        self.session = tf1.Session(graph=graph, config=tf1.ConfigProto(
+            inter_op_parallelism_threads=1))
+        for _ in range(3):
+            self.session.run(self.probe, self.feeds)
+
+    def traced_seconds(self):
+        tf1 = self._tf1
+        metadata = tf1.RunMetadata()
+        self.session.run(self.probe, self.feeds, run_metadata=metadata,
+                         options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE))
+        return _kernel_nanos(metadata)["probe"] * 1e-9
 
 
 def _main(argv=None):
