@@ -10,8 +10,11 @@ Two kinds:
   (a NodeSpec): their half kernels are fast or 80x slow by shape (a bfloat16
   DepthwiseConv2dNativeBackpropInput with stride 2 on Zen 4), which no line captures.
 
-Every time is a kernel's own (RunMetadata step stats, median of RUNS traced runs after a
-warm-up, one op at a time: inter-op parallelism 1, intra-op as TensorFlow's default).
+Every time is a kernel's own (RunMetadata step stats, the fastest of RUNS traced runs after
+a warm-up, one op at a time: inter-op parallelism 1, intra-op as TensorFlow's default). The
+fastest, not the median: on a shared machine interference only adds time, and a median of
+runs taken while a neighbour was busy measured float32 Mul over 4096 elements at 6.1 us one
+time and 3.2 us the next, enough to flip the model's decisions.
 
     python -m tf_mpt.rewrite.paint.probes [--dtype bfloat16]          # print the table
     python -m tf_mpt.rewrite.paint.probes --out FILE                  # write it (JSON)
@@ -21,7 +24,6 @@ warm-up, one op at a time: inter-op parallelism 1, intra-op as TensorFlow's defa
 import base64
 import json
 import logging
-import statistics
 
 from tf_mpt import _cpu
 from tf_mpt.rewrite.paint import op_costs as _op_costs
@@ -157,7 +159,7 @@ def _contraction_probes(tf, ph, size):
 
 
 def _kernel_seconds(tf, probes):
-    """{op type: median seconds of its probe kernel} over RUNS traced runs; a probe whose
+    """{op type: fastest seconds of its probe kernel} over RUNS traced runs; a probe whose
     kernel does not run here (none registered for the dtype) is left out."""
     try:
         return _traced_seconds(tf, probes)
@@ -184,7 +186,7 @@ def _traced_seconds(tf, probes):
                 values = rng.uniform(0.1, 1.0, tensor.shape.as_list()).astype(np.float32)
                 feeds[tensor] = values.astype(tensor.dtype.as_numpy_dtype)
     times = _run_traced(tf1, targets[0].graph, targets, names, feeds, RUNS)
-    return {op: statistics.median(t) for op, t in times.items() if t}
+    return {op: min(t) for op, t in times.items() if t}
 
 
 def _run_traced(tf1, graph, targets, names, feeds, runs):
@@ -218,6 +220,8 @@ def measure(dtype="bfloat16"):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     half = tf.as_dtype(dtype)
     seconds = {}
+    with tf.Graph().as_default():  # the process's first kernels run slow: not timed
+        _kernel_seconds(tf, _probes(tf, half, 0))
     for size in range(len(ELEMENTS)):  # the dtypes alternate: see time_nodes
         for name, dt in (("float32", tf.float32), ("half", half)):
             with tf.Graph().as_default():
@@ -292,7 +296,7 @@ def time_nodes(specs, dtype="bfloat16"):
             for _ in range(NODE_RUNS):
                 for k, run in enumerate(runs):
                     seconds[k].append(run.traced_seconds())
-            found[key] = [statistics.median(s) for s in seconds]
+            found[key] = [min(s) for s in seconds]
         except (tf.errors.OpError, ValueError, TypeError, KeyError) as error:
             _log.debug("node probe %s does not run here: %s", spec["op"], error)
         finally:
