@@ -333,3 +333,20 @@ def test_a_function_traced_for_any_batch_in_a_graph_fed_a_known_one_assumes_none
     matmuls = [d for d in report.decisions.values() if d.op == "MatMul"]
     assert len(matmuls) == 30 and all(d.converted for d in matmuls)
     assert not [d for d in report.decisions.values() if "TF_MPT_COST_BATCH" in d.reason]
+
+
+def test_the_leading_size_of_a_batch_is_read_without_converting_or_raising():
+    from tf_mpt.rewrite.paint import cost  # pylint: disable=import-outside-toplevel
+
+    class Hostile:
+        @property
+        def shape(self):
+            raise RuntimeError("reading me fails")
+
+    batch = np.zeros((16, 4), np.float32)
+    assert cost.leading_size([batch, tf.zeros([16, 3]), tf.TensorSpec([None, 2])]) == 16
+    assert cost.leading_size({"x": batch, "rate": 0.5, "flags": [1, 2]}) == 16
+    assert cost.leading_size([batch, tf.Variable(tf.zeros([8, 4]))]) == 16  # not data
+    assert cost.leading_size([batch, np.zeros((8, 4))]) is None  # two sizes: no one batch
+    assert cost.leading_size([np.float32(1.0), tf.TensorSpec(None)]) is None
+    assert cost.leading_size([batch, Hostile()]) is None

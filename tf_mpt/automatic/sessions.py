@@ -15,6 +15,7 @@ import tensorflow as tf
 from tf_mpt.automatic import state as _state
 from tf_mpt.automatic.native import library as _native
 from tf_mpt.automatic.native import rewriter as _session_rewrite
+from tf_mpt.rewrite.paint import cost as _cost
 from tf_mpt.training import gradient_records as _records
 
 _log = logging.getLogger(__name__)
@@ -292,24 +293,12 @@ def _session_run(original, session, fetches, feed_dict=None, options=None, run_m
 def _fed_batch(feed_dict):
     """The one leading size of the arrays fed to placeholders whose leading dimension the
     graph leaves unknown (what the cost model of a graph optimised in this run costs such
-    dimensions at), or None. Reads only values with a `shape` (nothing is converted) and
-    never raises."""
+    dimensions at), or None. Never raises (cost.leading_size)."""
     if not feed_dict or not isinstance(feed_dict, dict):
         return None
-    sizes = set()
-    try:
-        for key, value in feed_dict.items():
-            shape = getattr(key, "shape", None)
-            if not isinstance(key, tf.Tensor) or shape is None or shape.rank is None or \
-                    shape.rank < 1 or shape[0] is not None:
-                continue
-            fed = getattr(value, "shape", None)
-            if isinstance(fed, tuple) and len(fed) == shape.rank and \
-                    isinstance(fed[0], int) and fed[0] > 0:
-                sizes.add(fed[0])
-    except Exception:  # pylint: disable=broad-except
-        return None
-    return sizes.pop() if len(sizes) == 1 else None
+    return _cost.leading_size([
+        value for key, value in feed_dict.items()
+        if isinstance(key, tf.Tensor) and key.shape.rank and key.shape[0] is None])
 
 
 def _session_make_callable(original, session, fetches, feed_list=None, accept_options=False):

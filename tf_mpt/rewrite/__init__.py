@@ -259,7 +259,7 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
         loop_bodies = _cost.loop_bodies(graph_def)
     # a graph fed batches of any size is costed at TF_MPT_COST_BATCH, bodies and all
     assumed_batch = config.cost_batch if constants is not None and \
-        _cost.batch_left_open(view, _fed_inputs(view, fetched)) else 0
+        _cost.batch_left_open(view, fetched) else 0
     new_graph_def, report, modified, error = _rewrite_one(
         graph_def, view, fetched, half, lists, signatures, strict, constants, shapes,
         assumed_batch=assumed_batch)
@@ -331,23 +331,6 @@ def _reachable_functions(graph_def, roots=()):
             seen.add(gradients[name])
             stack.append(gradients[name])
         visit(library[name].node_def)
-    return seen
-
-
-def _fed_inputs(view, fetched):
-    """Indices of the nodes the fetched nodes read, directly or not (all nodes when nothing
-    is fetched): a tf_keras model called on a placeholder of the script's leaves the layers
-    it built on its own Input [None, ...] in the graph, unread by any fetch."""
-    stack = [view.index[name] for name in fetched if name in view.index]
-    if not stack:
-        return range(len(view.nodes))
-    seen = set(stack)
-    while stack:
-        i = stack.pop()
-        for j in [src for src, _ in view.fanin[i]] + view.control_fanin[i]:
-            if j not in seen:
-                seen.add(j)
-                stack.append(j)
     return seen
 
 

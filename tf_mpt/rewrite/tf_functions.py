@@ -25,6 +25,7 @@ from tf_mpt.rewrite import function_bodies as _function_library
 from tf_mpt import _dtypes
 from tf_mpt import config as _config
 from tf_mpt import rewrite as _rewrite
+from tf_mpt.rewrite.paint import cost as _cost
 
 _log = logging.getLogger(__name__)
 
@@ -63,7 +64,6 @@ def rewrite_function(concrete_function, *, dtype="float16", config=None, jit_com
     graph_def = cf.graph.as_graph_def()
     fetches = ([t.op.name for t in cf.outputs] + [op.name for op in cf.graph.control_outputs]
                + [t.op.name for t in cf.inputs])
-    from tf_mpt.rewrite.paint import cost as _cost  # pylint: disable=g-import-not-at-top
     result = _rewrite.rewrite_with_library(graph_def, dtype=dtype_name, fetches=fetches,
                                            lists=None, strict=False,
                                            shapes=lambda: _cost.shapes_of_graph(cf.graph),
@@ -219,24 +219,6 @@ def _pack_outputs(structure, tensors):
     return tf.nest.pack_sequence_as(structure, new_leaves, expand_composites=True)
 
 
-def _leading_size(structure):
-    """The one leading size of the tensors and arrays in `structure` (a call's arguments: a
-    batch of data), or None where there is none or more than one. Never raises."""
-    sizes = set()
-    try:
-        for value in tf.nest.flatten(structure):
-            shape = getattr(value, "shape", None)
-            if shape is None or isinstance(value, tf.Variable):
-                continue
-            dims = tuple(shape) if not isinstance(shape, tf.TensorShape) else \
-                tuple(shape.as_list()) if shape.rank is not None else ()
-            if dims and isinstance(dims[0], int) and dims[0] > 0:
-                sizes.add(dims[0])
-    except Exception:  # pylint: disable=broad-except
-        return None
-    return sizes.pop() if len(sizes) == 1 else None
-
-
 class Function:
     """A tf.function whose traced graphs are rewritten to mixed precision (see `function`)."""
 
@@ -287,7 +269,7 @@ class Function:
             if rewritten is None:
                 if self._on_trace is not None:
                     self._on_trace(original.graph)
-                config, batch = None, _leading_size((args, kwargs)) if called else None
+                config, batch = None, _cost.leading_size((args, kwargs)) if called else None
                 if batch is not None:
                     config = dataclasses.replace(_config.Config.from_env(os.environ),
                                                  cost_batch=batch)

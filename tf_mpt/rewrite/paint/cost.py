@@ -151,19 +151,57 @@ def _batch_unknown(shape):
         all(d >= 0 for d in shape[1:])
 
 
-def batch_left_open(view, inputs):
-    """Whether a placeholder among `inputs` (indices) is declared [None, d1, ...] with the
-    other dimensions known: the graph is fed batches of any size. Only then is a batch
-    assumed (a graph fed a known batch that leaves a leading dimension unknown inside, a
-    loop's iteration count, a tiling, a function traced first for any batch, has no batch
-    to assume there)."""
-    for i in inputs:
-        node = view.nodes[i]
-        if node.op == "Placeholder" and "shape" in node.attr and \
-                not node.attr["shape"].shape.unknown_rank and \
-                _batch_unknown(tuple(d.size for d in node.attr["shape"].shape.dim)):
+def _declared_batch_open(node):
+    return node.op == "Placeholder" and "shape" in node.attr and \
+        not node.attr["shape"].shape.unknown_rank and \
+        _batch_unknown(tuple(d.size for d in node.attr["shape"].shape.dim))
+
+
+def batch_left_open(view, fetched):
+    """Whether a placeholder the `fetched` nodes (names; none: every node) read, directly or
+    not, is declared [None, d1, ...] with the other dimensions known: the graph is fed
+    batches of any size. Only then is a batch assumed (a graph fed a known batch that
+    leaves a leading dimension unknown inside, a loop's iteration count, a tiling, a
+    function traced first for any batch, has no batch to assume there). A placeholder no
+    fetch reads does not count: a tf_keras model called on a placeholder of the script's
+    leaves the layers it built on its own Input [None, ...] in the graph."""
+    open_placeholders = {i for i, node in enumerate(view.nodes) if _declared_batch_open(node)}
+    if not open_placeholders:
+        return False
+    stack = [view.index[name] for name in fetched if name in view.index]
+    if not stack:
+        return True
+    seen = set(stack)
+    while stack:
+        i = stack.pop()
+        if i in open_placeholders:
             return True
+        for j in [src for src, _ in view.fanin[i]] + view.control_fanin[i]:
+            if j not in seen:
+                seen.add(j)
+                stack.append(j)
     return False
+
+
+def leading_size(values):
+    """The one leading size of `values` (a call's arguments, the arrays a Session.run feeds:
+    a batch of data), or None where none has one or they disagree. Variables are not data.
+    Reads only `shape` (nothing is converted) and never raises."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    sizes = set()
+    try:
+        for value in tf.nest.flatten(values):
+            shape = getattr(value, "shape", None)
+            if shape is None or isinstance(value, tf.Variable):
+                continue
+            if isinstance(shape, tf.TensorShape):
+                shape = shape.as_list() if shape.rank is not None else ()
+            dims = tuple(shape)
+            if dims and isinstance(dims[0], int) and dims[0] > 0:
+                sizes.add(dims[0])
+    except Exception:  # pylint: disable=broad-except
+        return None
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 class AssumedBatch(dict):
