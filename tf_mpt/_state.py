@@ -55,6 +55,9 @@ class State:
         self.gradient_records = weakref.WeakKeyDictionary()
         # tf_mpt.automatic.gradients: autograph's generated file -> {line: the script's line}
         self.source_maps = {}
+        # tf_mpt.rewrite.paint.op_costs: the cost tables read or measured, by (source, path,
+        # dtype); kept by disable() (a machine's kernel times do not change)
+        self.op_cost_tables = {}
         # warn_once: the keys of the warnings given (forgotten by disable())
         self.warned = set()
         self.local = threading.local()  # per thread: .bypass, .fed_batch

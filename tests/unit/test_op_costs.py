@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tf_mpt import _state
 from tf_mpt import config as _config
 from tf_mpt.rewrite.paint import op_costs
 
@@ -83,7 +84,7 @@ def test_a_node_spec_holds_what_its_kernel_time_depends_on():
 
 def test_this_cpu_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch, caplog):
     config = _config.Config.from_env({_config.TF_MPT_CACHE_DIR: str(tmp_path)})
-    monkeypatch.setattr(op_costs, "_memo", {})
+    monkeypatch.setattr(_state.STATE, "op_cost_tables", {})
     with caplog.at_level(logging.INFO, logger="tf_mpt"):
         costs = op_costs.costs_for(config, "bfloat16")
     assert costs is not None and costs.source.startswith("measured on ")
@@ -103,7 +104,7 @@ def test_this_cpu_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatc
         raise AssertionError("measured again instead of reading the cache")
 
     monkeypatch.setattr(op_costs, "_in_child", no_child)
-    monkeypatch.setattr(op_costs, "_memo", {})
+    monkeypatch.setattr(_state.STATE, "op_cost_tables", {})
     again = op_costs.costs_for(config, "bfloat16")
     assert again == costs
     assert again.node_seconds({key}) == times
@@ -112,7 +113,7 @@ def test_this_cpu_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatc
 def test_a_failed_measurement_turns_the_model_off_with_one_warning(tmp_path, monkeypatch,
                                                                    caplog):
     config = _config.Config.from_env({_config.TF_MPT_CACHE_DIR: str(tmp_path)})
-    monkeypatch.setattr(op_costs, "_memo", {})
+    monkeypatch.setattr(_state.STATE, "op_cost_tables", {})
     monkeypatch.setattr(op_costs.sys, "executable", "false")
     with caplog.at_level(logging.WARNING, logger="tf_mpt"):
         assert op_costs.costs_for(config, "bfloat16") is None

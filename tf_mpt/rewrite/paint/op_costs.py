@@ -33,6 +33,7 @@ import tempfile
 import typing
 
 from tf_mpt import _cpu
+from tf_mpt import _state
 from tf_mpt import config as _config
 
 _log = logging.getLogger("tf_mpt")
@@ -172,8 +173,6 @@ def cache_key(dtype):
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-_memo = {}
-
 
 def costs_for(config, dtype):
     """The OpCosts for `dtype` (a name): the file TF_MPT_OP_COSTS names, else this machine's
@@ -184,9 +183,10 @@ def costs_for(config, dtype):
     else:
         key, load = ("measured", config.cache_dir or _config.default_cache_dir(), dtype), \
             _cached_or_measured
-    if key not in _memo:
-        _memo[key] = load(key[1], dtype)
-    return _memo[key]
+    tables = _state.STATE.op_cost_tables
+    if key not in tables:
+        tables[key] = load(key[1], dtype)
+    return tables[key]
 
 
 def _read(path, dtype):
