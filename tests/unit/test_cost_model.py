@@ -350,3 +350,26 @@ def test_the_leading_size_of_a_batch_is_read_without_converting_or_raising():
     assert cost.leading_size([batch, np.zeros((8, 4))]) is None  # two sizes: no one batch
     assert cost.leading_size([np.float32(1.0), tf.TensorSpec(None)]) is None
     assert cost.leading_size([batch, Hostile()]) is None
+
+
+@pytest.mark.parametrize("relu_reads_alone", [True, False])
+def test_a_relu_after_a_training_batch_norm_runs_inside_its_kernel(relu_reads_alone):
+    """FusedBatchNorm (training) -> Relu runs as one _FusedBatchNormEx kernel in float32
+    and bfloat16 (DenseNet121's training step runs no Relu kernel): the Relu costs nothing,
+    unless the batch norm's output has another reader (then nothing fuses)."""
+    from tf_mpt.rewrite import graph_view  # pylint: disable=import-outside-toplevel
+    from tf_mpt.rewrite.paint import cost  # pylint: disable=import-outside-toplevel
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [8, 16, 16, 32], name="x")
+        channels = tf.ones([32])
+        y = tf.compat.v1.nn.fused_batch_norm(x, channels, channels * 0.0, is_training=True,
+                                             name="bn")[0]
+        out = tf.nn.relu(y, name="relu")
+        if not relu_reads_alone:
+            out = out + y
+        tf.identity(out, name="out")
+    view = graph_view.GraphView(graph.as_graph_def())
+    bn = view.nodes[view.index["bn"]]
+    assert bn.op.startswith("FusedBatchNorm") and bn.attr["is_training"].b
+    assert cost.fusion(view, view.index["relu"]) == ("both" if relu_reads_alone else None)

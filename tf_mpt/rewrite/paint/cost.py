@@ -321,6 +321,9 @@ def fusion(view, i, depth=3):
         the Sigmoid (and beta * x) of x * sigmoid(beta * x)   'both'  (inside Swish)
         Conv2D / depthwise -> FusedBatchNorm (inference)
             -> [Relu, Relu6, Elu, LeakyRelu]                  'float32' (unfused in half)
+        FusedBatchNorm (training) -> Relu                     'both'  (_FusedBatchNormEx;
+            its other outputs may feed the gradient, its first only the Relu: DenseNet121's
+            training step runs no Relu kernel in float32, Grappler's bfloat16 or tf_mpt's)
     """
     node = view.nodes[i]
     role = _swish_role(view, i)
@@ -328,7 +331,11 @@ def fusion(view, i, depth=3):
         return "both"
     if not view.fanin[i] or depth == 0:
         return None
-    src, _ = view.fanin[i][0]
+    src, port = view.fanin[i][0]
+    if node.op == "Relu" and port == 0 and _cost_key(view.nodes[src]) == "FusedBatchNormV3" \
+            and [dst for dst, _ in view.fanout_of(src).get(0, ())] == [i] \
+            and not view.has_control_fanout[src]:
+        return "both"  # training batch norm + Relu: one _FusedBatchNormEx kernel
     if _only_reader(view, src) != i:
         return None
     src_op = view.nodes[src].op
