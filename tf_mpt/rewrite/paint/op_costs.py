@@ -173,7 +173,6 @@ def cache_key(dtype):
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-
 def costs_for(config, dtype):
     """The OpCosts for `dtype` (a name): the file TF_MPT_OP_COSTS names, else this machine's
     cached table, else measured now and cached; None if that failed (the cost model is then

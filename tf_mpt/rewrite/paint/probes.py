@@ -320,8 +320,12 @@ class _NodeRun:
         self._tf1 = tf1
         self.session = tf1.Session(graph=graph, config=tf1.ConfigProto(
             inter_op_parallelism_threads=1))
-        for _ in range(3):
-            self.session.run(self.probe, self.feeds)
+        try:
+            for _ in range(3):
+                self.session.run(self.probe, self.feeds)
+        except Exception:  # no kernel for this dtype: the caller never sees this Session
+            self.session.close()
+            raise
 
     def traced_seconds(self):
         tf1 = self._tf1
