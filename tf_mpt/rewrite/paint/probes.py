@@ -178,38 +178,44 @@ def _traced_seconds(tf, probes):
     tf1 = tf.compat.v1
     targets = [t.op if hasattr(t, "op") else t for t, _ in probes.values()]
     names = {target.name: op for op, target in zip(probes, targets)}
-    feeds = {}
-    rng = np.random.default_rng(0)
-    for target in targets:
-        for tensor in target.inputs:
-            if tensor.op.type == "Placeholder":
-                values = rng.uniform(0.1, 1.0, tensor.shape.as_list()).astype(np.float32)
-                feeds[tensor] = values.astype(tensor.dtype.as_numpy_dtype)
+    feeds = _random_feeds(targets, np.random.default_rng(0))
     times = _run_traced(tf1, targets[0].graph, targets, names, feeds, RUNS)
     return {op: min(t) for op, t in times.items() if t}
+
+
+def _random_feeds(ops, rng):
+    """{placeholder: values in [0.1, 1) of its dtype and shape} for the ops' inputs."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    return {tensor: rng.uniform(0.1, 1.0, tensor.shape.as_list()).astype(np.float32).astype(
+        tensor.dtype.as_numpy_dtype) for op in ops for tensor in op.inputs
+        if tensor.op.type == "Placeholder"}
+
+
+def _probe_session(tf1, graph):
+    """A Session that runs one op at a time (the probes time each kernel alone)."""
+    return tf1.Session(graph=graph, config=tf1.ConfigProto(inter_op_parallelism_threads=1))
 
 
 def _run_traced(tf1, graph, targets, names, feeds, runs):
     """{name: [seconds per traced run]} of the kernels of `targets` (names: node name ->
     the name to report it under)."""
-    config = tf1.ConfigProto(inter_op_parallelism_threads=1)
     times = {name: [] for name in names.values()}
-    options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
-    with tf1.Session(graph=graph, config=config) as session:
+    with _probe_session(tf1, graph) as session:
         session.run(targets, feeds)
         for target in targets:  # one op per run, as a graph's op runs between others
             own = {t: feeds[t] for t in target.inputs if t in feeds}
             for _ in range(runs):
-                metadata = tf1.RunMetadata()
-                session.run(target, own, options=options, run_metadata=metadata)
-                for node, nanos in _kernel_nanos(metadata).items():
+                for node, nanos in _traced_run(tf1, session, target, own).items():
                     if node in names:
                         times[names[node]].append(nanos * 1e-9)
     return times
 
 
-def _kernel_nanos(metadata):
-    """{node name: nanoseconds its kernel took} in one traced run's step stats."""
+def _traced_run(tf1, session, target, feeds):
+    """Runs `target` once, traced: {node name: nanoseconds its kernel took}."""
+    metadata = tf1.RunMetadata()
+    session.run(target, feeds, run_metadata=metadata,
+                options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE))
     return {stats.node_name.split(":")[0]:
             stats.all_end_rel_nanos or stats.all_end_rel_micros * 1000
             for device in metadata.step_stats.dev_stats for stats in device.node_stats}
@@ -314,12 +320,9 @@ class _NodeRun:
         with tf.Graph().as_default() as graph:
             tf.graph_util.import_graph_def(graph_def, name="")
         self.probe = graph.get_operation_by_name("probe")
-        self.feeds = {t: np.random.default_rng(1).uniform(
-            0.1, 1.0, t.shape.as_list()).astype(t.dtype.as_numpy_dtype)
-            for t in self.probe.inputs if t.op.type == "Placeholder"}
+        self.feeds = _random_feeds([self.probe], np.random.default_rng(1))
         self._tf1 = tf1
-        self.session = tf1.Session(graph=graph, config=tf1.ConfigProto(
-            inter_op_parallelism_threads=1))
+        self.session = _probe_session(tf1, graph)
         try:
             for _ in range(3):
                 self.session.run(self.probe, self.feeds)
@@ -328,11 +331,7 @@ class _NodeRun:
             raise
 
     def traced_seconds(self):
-        tf1 = self._tf1
-        metadata = tf1.RunMetadata()
-        self.session.run(self.probe, self.feeds, run_metadata=metadata,
-                         options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE))
-        return _kernel_nanos(metadata)["probe"] * 1e-9
+        return _traced_run(self._tf1, self.session, self.probe, self.feeds)["probe"] * 1e-9
 
 
 def _main(argv=None):
