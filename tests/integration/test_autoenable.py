@@ -97,16 +97,16 @@ def test_keras_fit_script_runs_its_traced_steps_in_mixed_precision(launch):
     float32 = _metrics(float32_run)
     # whether this CPU's kernels make the digits MLP's small steps pay in bfloat16 is the
     # cost model's call (test_cost_model.py); here: that the traced steps are rewritten
-    mixed = {"TF_MPT_DTYPE": "bfloat16", "TF_MPT_COST_MODEL": "0"}
+    mixed_env = {"TF_MPT_DTYPE": "bfloat16", "TF_MPT_COST_MODEL": "0"}
     if launch == "env":
-        proc = _run(args, {"TF_MPT_ENABLE": "1", **mixed})
+        proc = _run(args, {"TF_MPT_ENABLE": "1", **mixed_env})
     elif launch == "policy":
-        proc = _run(args, {"TF_MPT_ENABLE": "1", "TF_MPT_KERAS": "policy", **mixed})
+        proc = _run(args, {"TF_MPT_ENABLE": "1", "TF_MPT_KERAS": "policy", **mixed_env})
     elif launch == "module":
-        proc = _run(["-m", "tf_mpt", *args], mixed)
+        proc = _run(["-m", "tf_mpt", *args], mixed_env)
     else:  # what the `tf-mpt run` console command calls
         proc = _run(["-c", "import sys; from tf_mpt.cli import main; main(sys.argv[1:])",
-                     "run", *args], mixed)
+                     "run", *args], mixed_env)
     mixed = _metrics(proc)
     assert "policy=float32" in float32_run.stdout
     if launch == "policy":

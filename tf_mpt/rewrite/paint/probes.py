@@ -272,8 +272,9 @@ def _node_graph(tf, spec, dtype):
         node.attr[key].CopyFrom(value)
     node.attr["T"].type = dtype.as_datatype_enum
     # A copy runs first (the probe waits for it): in a graph the ops before a node keep
-    # both cores busy, and a probe run from idle found the second core asleep half the
-    # time (a float32 MatMul then took 650 us on one thread instead of 360 us on two).
+    # both cores busy; timed from an idle Session, a float32 MatMul often took 650 us, its
+    # time with one intra-op thread, instead of the 360 us it takes in a graph (why the
+    # second core does not help then is not established).
     warm = graph_def.node.add()
     warm.CopyFrom(node)
     warm.name = "warm"
@@ -286,7 +287,7 @@ def time_nodes(specs, dtype="bfloat16"):
     kernel runs here.
 
     The two dtypes' runs alternate (float32, half, float32, ...): this CPU's speed drifts
-    between runs (a float32 MatMul here takes 360 us or 650 us from one minute to the next,
+    between runs (a float32 MatMul here took 360 us or 650 us from one second to the next,
     its bfloat16 twin 310 us throughout), and timing one dtype's runs after the other's
     turned such a drift into a 2x "speed-up"."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
