@@ -1,7 +1,8 @@
 """The package's shape: no import circle, every module imports only downward.
 
 Layers, lowest first (a module may import its own layer or a lower one, never in a circle):
-    facts      _dtypes, _patches, _import_hooks, _cpu, lists, report, _opt_out, _state
+    facts      _dtypes, _patches, _import_hooks, _cpu, lists, report, _opt_out, _state,
+               _autograph
     config     config (reads TF_MPT_*)
     rewrite    rewrite/ (the orchestrator and its passes)
     training   training/ (storage getter, loss scales, optimizer, checkpoints)
@@ -16,7 +17,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "tf_mpt"
 
 LAYERS = (
     ("facts", ("tf_mpt._dtypes", "tf_mpt._patches", "tf_mpt._import_hooks", "tf_mpt._cpu",
-               "tf_mpt.lists", "tf_mpt.report", "tf_mpt._opt_out", "tf_mpt._state")),
+               "tf_mpt.lists", "tf_mpt.report", "tf_mpt._opt_out", "tf_mpt._state",
+               "tf_mpt._autograph")),
     ("config", ("tf_mpt.config",)),
     ("rewrite", ("tf_mpt.rewrite",)),
     ("training", ("tf_mpt.training",)),

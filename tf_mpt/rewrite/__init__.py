@@ -62,6 +62,7 @@ from tf_mpt.rewrite import reporting as _reporting
 from tf_mpt.rewrite.paint import tensor_lists as _list_paint
 from tf_mpt.rewrite.paint import rules as _paint
 from tf_mpt.rewrite import type_attrs as ta
+from tf_mpt import _autograph
 from tf_mpt import _dtypes
 from tf_mpt import _opt_out
 from tf_mpt import config as _config
@@ -69,6 +70,7 @@ from tf_mpt import lists as _lists
 from tf_mpt import report as _report
 
 _log = logging.getLogger(__name__)
+_autograph.leave_tf_mpt_unconverted()  # a user's tf.function calls into tf_mpt as written
 
 GraphDefError = _graph_view.GraphDefError
 

@@ -8,3 +8,7 @@
     optimizer.py    LossScaleOptimizer (TF1), scale_loss / apply_scaled_gradients (TF2)
     checkpoints.py  float32 checkpoints restore into a graph with loss-scale variables
 """
+
+from tf_mpt import _autograph
+
+_autograph.leave_tf_mpt_unconverted()  # a user's tf.function calls into tf_mpt as written
