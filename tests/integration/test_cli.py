@@ -1,5 +1,5 @@
 """`tf-mpt convert` and `tf-mpt inspect`: frozen graphs through the console entry point in
-subprocesses, bad inputs through cli.main in this process, and inspect on both kinds (SavedModel conversion, validation and
+subprocesses, options and bad inputs through cli.main in this process, and inspect on both kinds (SavedModel conversion, validation and
 the inspect options: test_cli_saved_model.py)."""
 
 import json
@@ -78,24 +78,23 @@ def test_convert_frozen_graph_keeps_io_types_and_numbers(models, tmp_path, dtype
     np.testing.assert_allclose(actual, expected, **TOLERANCES[dtype])
 
 
-def test_convert_options_deny_keep_fp32_and_force(models, tmp_path):
-    root, _ = models
+def test_convert_options_deny_keep_fp32_and_force(models, tmp_path, capsys):
+    root, _ = models  # in-process (cli.main): the options, not the console start-up, are tested
     denied = tmp_path / "denied.pb"
-    assert _cli("convert", str(root / "frozen.pb"), str(denied), "--deny", "MatMul").returncode == 0
+    assert cli_main(capsys, "convert", root / "frozen.pb", denied, "--deny", "MatMul")[0] == 0
     graph_def = tf.compat.v1.GraphDef()
     graph_def.ParseFromString(denied.read_bytes())
     assert all(n.attr["T"].type == tf.float32.as_datatype_enum
                for n in graph_def.node if n.op == "MatMul")
     matmul = [n.name for n in graph_def.node if n.op == "MatMul"][0]
     kept = tmp_path / "kept.pb"
-    assert _cli("convert", str(root / "frozen.pb"), str(kept), "--keep-fp32",
-                matmul).returncode == 0
+    assert cli_main(capsys, "convert", root / "frozen.pb", kept, "--keep-fp32", matmul)[0] == 0
     half = tmp_path / "half.pb"
-    assert _cli("convert", str(root / "frozen.pb"), str(half)).returncode == 0
-    again = _cli("convert", str(half), str(tmp_path / "again.pb"))
-    assert again.returncode == 2 and "already converted" in again.stderr
+    assert cli_main(capsys, "convert", root / "frozen.pb", half)[0] == 0
+    code, _, err = cli_main(capsys, "convert", half, tmp_path / "again.pb")
+    assert code == 2 and "already converted" in err
     assert not (tmp_path / "again.pb").exists()
-    assert _cli("convert", str(half), str(tmp_path / "again.pb"), "--force").returncode == 0
+    assert cli_main(capsys, "convert", half, tmp_path / "again.pb", "--force")[0] == 0
 
 
 @pytest.mark.parametrize("source, message", [
