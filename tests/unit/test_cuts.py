@@ -11,6 +11,7 @@ from support.helpers import added_casts, half_tag, node_map, run, tf1
 from support.tolerances import TOLERANCES
 
 HALF = "bfloat16"
+_NO_COST_MODEL = tf_mpt.Config.from_env({"TF_MPT_COST_MODEL": "0"})
 
 
 def _graph(build):
@@ -21,9 +22,11 @@ def _graph(build):
 
 
 def _rewrite(graph, fetches):
-    # add_shapes: the static shapes the cut weighs Casts by (`_output_shapes` attrs)
+    # add_shapes: the static shapes the cut weighs Casts by (`_output_shapes` attrs). The
+    # cost model off: it keeps these tiny graphs float32 (test_cost_model.py); here the
+    # Cast-count cut is under test.
     return tf_mpt.rewrite_graph_def(graph.as_graph_def(add_shapes=True), dtype=HALF,
-                                    fetches=fetches, strict=True)
+                                    fetches=fetches, strict=True, config=_NO_COST_MODEL)
 
 
 def test_a_clear_op_that_grows_its_input_is_kept_float32_and_the_small_tensor_cast():

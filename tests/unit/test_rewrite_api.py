@@ -194,7 +194,8 @@ def test_explicit_lists_replace_the_defaults():
         rewrite(_mlp_graph(), "float16", lists={"allow": ["MatMul"]})
 
 
-def test_rewrite_graph_returns_a_new_graph_with_every_node_name(half_dtype):
+def test_rewrite_graph_returns_a_new_graph_with_every_node_name(half_dtype, monkeypatch):
+    monkeypatch.setenv("TF_MPT_COST_MODEL", "0")  # it keeps this tiny graph float32
     graph = _mlp_graph()
     new_graph = tf_mpt.rewrite_graph(graph, dtype=half_dtype)
     assert new_graph is not graph
@@ -258,7 +259,8 @@ def test_explicit_config_reaches_rewrite_function(monkeypatch):
     cf = f.get_concrete_function(tf.TensorSpec([4, 8]), tf.TensorSpec([8, 8]))
     deny = tf_mpt.Config.from_env({"TF_MPT_DENYLIST_ADD": "MatMul"})
     assert tf_mpt.rewrite_function(cf, dtype="bfloat16", config=deny) is cf  # nothing to do
-    half = tf_mpt.rewrite_function(cf, dtype="bfloat16", config=tf_mpt.Config())
+    half = tf_mpt.rewrite_function(  # the cost model would keep this tiny graph float32
+        cf, dtype="bfloat16", config=tf_mpt.Config.from_env({"TF_MPT_COST_MODEL": "0"}))
     assert half is not cf
     ops = {op.type: op for op in half.graph.get_operations()}
     assert ops["MatMul"].get_attr("T") == tf.bfloat16

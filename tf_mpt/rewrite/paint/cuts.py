@@ -273,9 +273,13 @@ def choose_precision_by_measured_cost(p):
 
     In microseconds per run: a half vertex pays its kernel's half-minus-float32 time (an
     allow op whose size is unknown is pinned half), each Cast its measured time. A region
-    with a tensor of unknown size keeps its colours; the graph changes only if the regions'
-    savings add up to its noise floor (cost.NOISE_FLOOR; 0 in a loop body, whose savings
-    repeat every iteration).
+    with a tensor of unknown size keeps its colours. Over the regions it can weigh, the
+    model compares three colourings: the cheapest (B), the rules' (R) and all float32 (F).
+    The graph keeps R when B would save less than its noise floor over R (cost.NOISE_FLOOR;
+    0 in a loop body, whose savings repeat every iteration) and R is not slower than F;
+    takes F when R is slower than F and B would save less than the floor over F (the
+    rules' half colours never cost more than float32 by the model, and a half region that
+    saves less than the floor is not worth its Casts); else B.
 
     Kind: paint and un-paint. Needs: the rules' final paint, the Cast-count cut before it,
     and p.cost (OpCosts, shapes, noise floor in seconds).
@@ -292,20 +296,29 @@ def choose_precision_by_measured_cost(p):
     specs = {v: _cost.node_spec(p, shapes, v) for v in movable}
     measured = costs.node_seconds({s for s in specs.values() if s is not None})
     node_seconds = {v: measured[s] for v, s in specs.items() if s in measured}
-    changes, saved = [], 0.0
+    weighed = []  # (region, B's gain over R, B's half vertices, why, B's gain over F)
     for region in (sorted(r) for r in _cost.connected_components(p, movable)):
         if len(region) > MAX_REGION:
             continue
         found = _measured_region(p, shapes, costs, region, fixed_half, node_seconds)
-        if found is not None and found[0] > 1e-9:
-            changes.append((region,) + found)
-            saved += found[0]
-    if saved * 1e-6 < noise_floor:
-        return
+        if found is not None:
+            weighed.append((region,) + found)
+    plan = [(region, gain, half, why) for region, gain, half, why, _ in weighed
+            if gain > 1e-9]
+    saved = sum(entry[1] for entry in plan)  # B over R
+    over_float32 = sum(entry[4] for entry in weighed)  # B over F
+    rules_slower = sum(gain for _, gain, _, _, _ in weighed) > over_float32 + 1e-9  # R > F
+    if saved * 1e-6 < noise_floor and not rules_slower:
+        return  # R: within the floor of B, and not slower than F
+    if rules_slower and over_float32 * 1e-6 < noise_floor:  # F: B's half within the floor
+        plan = [(region, gain - float32_gain, set(), why)
+                for region, gain, _, why, float32_gain in weighed]
     assumed = getattr(shape_table, "assumed", ())
-    for region, gain, half, why in changes:
+    for region, gain, half, why in plan:
         summary = (f"the region of {len(region)} op(s) then runs ~{gain:.1f} us faster "
-                   "than with the rules' colours")
+                   "than with the rules' colours" if gain > 1e-9 else
+                   f"float32 like the rest: half would save ~{over_float32:.1f} us per run "
+                   f"over float32 in all, under the noise floor of {noise_floor * 1e6:.0f} us")
         if any(p.view.nodes[p.v_node[v]].name in assumed for v in region):
             summary += (f"; its batch dimension, unknown in the graph, costed as "
                         f"{shape_table.batch} (TF_MPT_COST_BATCH)")
@@ -318,8 +331,9 @@ def choose_precision_by_measured_cost(p):
 
 
 def _measured_region(p, shapes, costs, region, fixed_half, node_seconds):
-    """(microseconds saved, the vertices half in the best colouring, {v: what was
-    measured}) of one region, or None when a size is unknown."""
+    """(microseconds the best colouring saves over the current one, the vertices half in
+    it, {v: what was measured}, microseconds it saves over all float32) of one region, or
+    None when a size is unknown."""
     tensors = _tensors(p, region)
     weights = []
     for u, _, i, port in tensors:
@@ -349,4 +363,7 @@ def _measured_region(p, shapes, costs, region, fixed_half, node_seconds):
     best, half = _minimum_cut(region, tensors, weights, fixed_half, vertex_weights, ties)
     if current == _INF or best == _INF:
         return None
-    return current - best, half, why
+    members = set(region)
+    float32 = _cost_of(tensors, weights, lambda c: c not in members and fixed_half(c),
+                       vertex_weights)
+    return current - best, half, why, float32 - best
