@@ -1,7 +1,7 @@
 """Real models, bfloat16 on CPU: float32 vs Grappler's oneDNN bfloat16 AMP vs tf_mpt, for
 inference and for one training step, interleaved in one process.
 
-    python benchmarks/real_models.py [--models ResNet50 LSTM ...] [--rounds 7] [--steps 2]
+    python benchmarks/real_models.py [--models ResNet50 LSTM ...] [--rounds 11] [--steps 2]
     python benchmarks/real_models.py --profile Transformer      # ms per op type, one step
     python benchmarks/real_models.py --quick                    # smoke run: small models
 
@@ -249,7 +249,7 @@ def time_runners(runners, rounds, steps, warmup=2, round_ms=0.0):
         start = time.perf_counter()
         runners[0].step()
         step_ms = (time.perf_counter() - start) * 1e3
-        steps = max(steps, min(200, math.ceil(round_ms / max(step_ms, 1e-3))))
+        steps = max(steps, min(500, math.ceil(round_ms / max(step_ms, 1e-3))))
         for runner in runners:  # one untimed round each: a short step's first hundred
             for _ in range(steps):  # runs are slower (allocator, oneDNN primitive caches)
                 runner.step()
@@ -263,11 +263,11 @@ def time_runners(runners, rounds, steps, warmup=2, round_ms=0.0):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--round-ms", type=float, default=300.0,
+    parser.add_argument("--round-ms", type=float, default=500.0,
                         help="more steps per round where a step is short: float32's round "
-                             "lasts at least this long (default 300)")
+                             "lasts at least this long (default 500)")
     parser.add_argument("--phases", nargs="+", default=["inference", "training"],
                         choices=["inference", "training"])
     parser.add_argument("--profile", choices=MODELS)

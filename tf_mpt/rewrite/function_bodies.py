@@ -103,10 +103,7 @@ def function_to_graph_def(fdef, signatures):
         return parts[0] if port == 0 else f"{parts[0]}:{port}"
 
     for node in fdef.node_def:
-        new = graph_def.node.add()
-        new.CopyFrom(node)
-        del new.input[:]
-        new.input.extend(convert(t) for t in node.input)
+        _copy_node(graph_def.node.add(), node, convert)
     fetches = list(args)
     for out in fdef.signature.output_arg:
         if out.name not in fdef.ret or not out.type:
@@ -144,11 +141,16 @@ def graph_def_to_function(graph_def, fdef, signatures):
     new.CopyFrom(fdef)
     del new.node_def[:]
     for node in body:
-        copy = new.node_def.add()
-        copy.CopyFrom(node)
-        del copy.input[:]
-        copy.input.extend(convert(t) for t in node.input)
+        _copy_node(new.node_def.add(), node, convert)
     rets = {n.name[len(RET_PREFIX):]: n for n in graph_def.node if n.name.startswith(RET_PREFIX)}
     for name, ret_node in rets.items():
         new.ret[name] = convert(ret_node.input[0])
     return new
+
+
+def _copy_node(new, node, convert):
+    """`new` (a fresh NodeDef) becomes `node` with each input name mapped by `convert`
+    (between a FunctionDef's 'node:output:index' form and a GraphDef's 'node:port')."""
+    new.CopyFrom(node)
+    del new.input[:]
+    new.input.extend(convert(t) for t in node.input)
