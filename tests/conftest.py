@@ -20,6 +20,14 @@ def half_dtype(request):
     return request.param
 
 
+@pytest.fixture
+def lists_decide(monkeypatch):
+    """The cost model off (TF_MPT_COST_MODEL=0) for a test of machinery on a model of a few
+    narrow layers, which the model keeps float32 in bfloat16 (bfloat16 would not be faster:
+    tests/unit/test_cost_model.py): the op lists decide, so the machinery has half ops."""
+    monkeypatch.setenv("TF_MPT_COST_MODEL", "0")
+
+
 def pytest_sessionfinish(session, exitstatus):
     """A run in which no test passed is a failure, never a pass."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

@@ -1,6 +1,6 @@
 """`tf-mpt convert` and `tf-mpt inspect`: frozen graphs through the console entry point in
-subprocesses, options and bad inputs through cli.main in this process, and inspect on both kinds (SavedModel conversion, validation and
-the inspect options: test_cli_saved_model.py)."""
+subprocesses, options and bad inputs through cli.main in this process, and inspect on both
+kinds (SavedModel conversion, validation and the inspect options: test_cli_saved_model.py)."""
 
 import json
 import os
@@ -125,7 +125,7 @@ def test_existing_destination_is_never_overwritten(models, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("source", ["frozen.pb", "sm"])
-def test_inspect_prints_a_table_and_json(models, source):
+def test_inspect_prints_a_table_and_json(models, source, lists_decide):
     root, _ = models
     proc = _cli("inspect", str(root / source), "--dtype", "bfloat16")
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -79,8 +79,9 @@ def test_a_ref_variable_passed_to_a_tf_function_runs_as_without_tf_mpt(dtype, tm
     script = tmp_path / "ref_argument.py"
     script.write_text(REF_ARGUMENT)
     losses = {}
-    for label, extra in (("float32", {}), ("mixed", dict(TF_MPT_ENABLE="1", TF_MPT_DTYPE=dtype,
-                                                         TF_MPT_LOSS_SCALING="0"))):
+    for label, extra in (("float32", {}), ("mixed", dict(  # the lists decide (cost model off)
+            TF_MPT_ENABLE="1", TF_MPT_DTYPE=dtype, TF_MPT_LOSS_SCALING="0",
+            TF_MPT_COST_MODEL="0"))):
         env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
         env.update(extra, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
         proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,

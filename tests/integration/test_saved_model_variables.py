@@ -82,7 +82,8 @@ def _tf1_serve(path, x):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_variables_read_only_by_half_ops_are_stored_in_half(saved, tmp_path, capsys, dtype):
+def test_variables_read_only_by_half_ops_are_stored_in_half(
+        saved, tmp_path, capsys, dtype, lists_decide):
     kept, half = tmp_path / "kept", tmp_path / "half"
     code, _, err = cli_main(capsys, "convert", saved / "mixed", kept, "--dtype", dtype)
     assert code == 0, err
@@ -138,7 +139,7 @@ def test_converted_saved_model_has_no_empty_attr_values(saved, tmp_path, capsys)
     assert _tf1_serve(tmp_path / "half", _x()).shape == (5, 4)
 
 
-def test_variable_a_signature_assigns_stays_float32(saved, tmp_path, capsys):
+def test_variable_a_signature_assigns_stays_float32(saved, tmp_path, capsys, lists_decide):
     code, out, err = cli_main(capsys, "convert", saved / "trained", tmp_path / "half", "--dtype",
                            "bfloat16", "--convert-variables")
     assert code == 0, err
@@ -152,7 +153,7 @@ def test_variable_a_signature_assigns_stays_float32(saved, tmp_path, capsys):
     np.testing.assert_allclose(loaded.w2.numpy(), before + delta)
 
 
-def test_keras_model_stores_dense_weights_in_half(tmp_path, capsys):
+def test_keras_model_stores_dense_weights_in_half(tmp_path, capsys, lists_decide):
     import keras
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),
@@ -223,7 +224,8 @@ def test_convert_example_serves_digits_in_half_with_half_the_checkpoint():
     assert 45 <= int(percent) <= 55, proc.stdout
 
 
-def test_inspect_says_which_variables_convert_variables_would_store_in_half(saved, capsys):
+def test_inspect_says_which_variables_convert_variables_would_store_in_half(
+        saved, capsys, lists_decide):
     import json
     code, out, err = cli_main(capsys, "inspect", saved / "mixed", "--dtype", "bfloat16")
     assert code == 0, err
@@ -238,7 +240,8 @@ def test_inspect_says_which_variables_convert_variables_would_store_in_half(save
     assert sorted(variables["kept_float32"]) == ["scale", "shared"]
 
 
-def test_checkpoint_that_fails_validation_is_not_written(saved, tmp_path, capsys, monkeypatch):
+def test_checkpoint_that_fails_validation_is_not_written(
+        saved, tmp_path, capsys, monkeypatch, lists_decide):
     """The model with half variables is validated again before it is written: a checkpoint
     whose converted values were wrong (here tripled) fails, and DST is not created."""
     from tf_mpt.models import saved_model_variables as _variables
