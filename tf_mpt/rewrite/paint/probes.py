@@ -34,7 +34,6 @@ ROWS = 128  # elementwise probes are [n / ROWS, ROWS]
 ELEMENTS = (4096, 32768, 262144, 1048576)  # the sizes of an elementwise probe
 RUNS = 9
 NODE_RUNS = 7
-NODE_CHUNK = 64  # nodes whose runs go round together (each holds two Sessions)
 
 # op -> (kind, input names) of the elementwise probes; kind: unary / binary (two inputs of
 # the same shape).
@@ -285,54 +284,32 @@ def _node_graph(tf, spec, dtype):
 
 def time_nodes(specs, dtype="bfloat16"):
     """{spec key: [float32 seconds, half seconds]} of each NodeSpec key (JSON text) whose
-    kernel runs here; each kernel's fastest run counts.
+    kernel runs here.
 
-    The runs go round the nodes (NODE_CHUNK at a time), and the two dtypes' runs alternate
-    (float32, half, float32, ...): this CPU's speed drifts for seconds at a time (a float32
-    MatMul [512x512] x [512x128] took ~350 us or ~660 us, its one-thread time, from one
-    second to the next, its bfloat16 twin ~310 us throughout). A node's seven runs back to
-    back fell in one such period (661, 606 and 361 us in three probes of one process);
-    spread over the whole measurement, the fastest of them is its two-core time. Timing
-    one dtype's runs after the other's had turned a drift into a 2x "speed-up"."""
+    The two dtypes' runs alternate (float32, half, float32, ...): this CPU's speed drifts
+    between runs (a float32 MatMul here took 360 us or 650 us from one second to the next,
+    its bfloat16 twin 310 us throughout), and timing one dtype's runs after the other's
+    turned such a drift into a 2x "speed-up"."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    keys = list(specs)
-    found = {}
-    for start in range(0, len(keys), NODE_CHUNK):
-        found.update(_time_chunk(tf, keys[start:start + NODE_CHUNK], dtype))
-    return found
-
-
-def _time_chunk(tf, keys, dtype):
     tf1 = tf.compat.v1
-    errors = (tf.errors.OpError, ValueError, TypeError, KeyError)
-    nodes = {}  # key -> ([float32 run, half run], [[float32 seconds], [half seconds]])
-    try:
-        for key in keys:
-            spec, runs = json.loads(key), []
-            try:
-                for dt in (tf.float32, tf.as_dtype(dtype)):
-                    runs.append(_NodeRun(tf1, _node_graph(tf, spec, dt)))
-            except errors as error:
-                _log.debug("node probe %s does not run here: %s", spec["op"], error)
-                for run in runs:
-                    run.session.close()
-                continue
-            nodes[key] = (runs, [[], []])
-        for _ in range(NODE_RUNS):
-            for key in list(nodes):
-                runs, seconds = nodes[key]
-                try:
-                    for k, run in enumerate(runs):
-                        seconds[k].append(run.traced_seconds())
-                except errors as error:
-                    _log.debug("node probe %s failed: %s", key, error)
-                    for run in nodes.pop(key)[0]:
-                        run.session.close()
-        return {key: [min(s) for s in seconds] for key, (_, seconds) in nodes.items()}
-    finally:
-        for runs, _ in nodes.values():
+    found = {}
+    for key in specs:
+        spec = json.loads(key)
+        runs = []
+        try:
+            for dt in (tf.float32, tf.as_dtype(dtype)):
+                runs.append(_NodeRun(tf1, _node_graph(tf, spec, dt)))
+            seconds = [[], []]
+            for _ in range(NODE_RUNS):
+                for k, run in enumerate(runs):
+                    seconds[k].append(run.traced_seconds())
+            found[key] = [min(s) for s in seconds]
+        except (tf.errors.OpError, ValueError, TypeError, KeyError) as error:
+            _log.debug("node probe %s does not run here: %s", spec["op"], error)
+        finally:
             for run in runs:
                 run.session.close()
+    return found
 
 
 class _NodeRun:
