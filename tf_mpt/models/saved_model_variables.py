@@ -306,11 +306,8 @@ class _Plan:
         done = set()  # (graph, node): variables sharing a handle share its reads and assigns
         for object_id in sorted(converted):
             for graph, read in self.reads[object_id]:
-                if (graph.name, read.name) in done:
+                if not self._set_half_once(done, graph, read):
                     continue
-                done.add((graph.name, read.name))
-                graph.mark_changed()
-                read.attr["dtype"].type = self.half
                 chain = []
                 readers = list(self._value_readers(graph, (read.name, 0), chain))
                 for node in chain:
@@ -332,11 +329,8 @@ class _Plan:
                     elif graph.name is MAIN:
                         later.append((node, position, self.half, _FLOAT))
             for graph, assign, source in self.assigns[object_id]:
-                if (graph.name, assign.name) in done:
+                if not self._set_half_once(done, graph, assign):
                     continue
-                done.add((graph.name, assign.name))
-                graph.mark_changed()
-                assign.attr["dtype"].type = self.half
                 if source is not None:
                     restore, index, chain = source
                     restore.attr["dtypes"].list.type[index] = self.half
@@ -356,6 +350,16 @@ class _Plan:
         for graph in self.graphs.values():
             graph.write_back()
         return names
+
+    def _set_half_once(self, done, graph, node):
+        """Sets a variable op's dtype half the first time (graph, node) is met (variables
+        sharing a handle share its reads and assigns): True then, False after."""
+        if (graph.name, node.name) in done:
+            return False
+        done.add((graph.name, node.name))
+        graph.mark_changed()
+        node.attr["dtype"].type = self.half
+        return True
 
     @staticmethod
     def _bypass(graph, cast, read):
