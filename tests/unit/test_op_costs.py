@@ -1,6 +1,7 @@
 """Measured op costs: the table's interpolation, a bad table's error, node specs, and the
 measurement itself (a child process, cached; a failure turns the model off with a warning)."""
 
+import base64
 import json
 import logging
 
@@ -126,6 +127,8 @@ def test_a_failed_measurement_turns_the_model_off_with_one_warning(tmp_path, mon
 
 def test_a_node_probe_runs_after_a_warm_copy_alternates_the_dtypes_keeps_the_fastest(
         monkeypatch):
+    """...a convolution's runs back to back, the runs of matrix products going round them
+    (each node's runs spread over the measurement)."""
     from tf_mpt.rewrite.paint import probes  # pylint: disable=import-outside-toplevel
     spec = {"op": "MatMul", "attrs": {}, "inputs": [["float", [8, 4], False],
                                                    ["float", [4, 2], True]]}
@@ -140,19 +143,29 @@ def test_a_node_probe_runs_after_a_warm_copy_alternates_the_dtypes_keeps_the_fas
     class Recorded:
         def __init__(self, tf1, graph_def):
             del tf1
-            self.dtype = tf.as_dtype(next(n for n in graph_def.node
-                                          if n.name == "probe").attr["T"].type).name
+            probe = next(n for n in graph_def.node if n.name == "probe")
+            transposed = "transpose_a" in probe.attr and probe.attr["transpose_a"].b
+            self.label = (tf.as_dtype(probe.attr["T"].type).name, probe.op, transposed)
             self.session = self
 
         def traced_seconds(self):  # each run slower than the one before: the first counts
-            order.append(self.dtype)
-            runs = order.count(self.dtype)
-            return (2e-6 if self.dtype == "float32" else 1e-6) * runs
+            order.append(self.label)
+            runs = order.count(self.label)
+            return (2e-6 if self.label[0] == "float32" else 1e-6) * runs
 
         def close(self):
             order.append("closed")
 
     monkeypatch.setattr(probes, "_NodeRun", Recorded)
     key = json.dumps(spec, sort_keys=True)
-    assert probes.time_nodes([key]) == {key: [2e-6, 1e-6]}
-    assert order == ["float32", "bfloat16"] * probes.NODE_RUNS + ["closed", "closed"]
+    other = json.dumps(dict(spec, attrs={"transpose_a": base64.b64encode(
+        tf.compat.v1.AttrValue(b=True).SerializeToString()).decode()}), sort_keys=True)
+    conv = json.dumps({"op": "Conv2D", "attrs": {}, "inputs": [
+        ["float", [1, 4, 4, 2], False], ["float", [1, 1, 2, 2], True]]}, sort_keys=True)
+    assert probes.time_nodes([key, conv, other]) == {
+        key: [2e-6, 1e-6], other: [2e-6, 1e-6], conv: [2e-6, 1e-6]}
+    matmuls = [("float32", "MatMul", False), ("bfloat16", "MatMul", False),
+               ("float32", "MatMul", True), ("bfloat16", "MatMul", True)]
+    assert order == ([("float32", "Conv2D", False), ("bfloat16", "Conv2D", False)]
+                     * probes.NODE_RUNS + ["closed"] * 2
+                     + matmuls * probes.NODE_RUNS + ["closed"] * 4)

@@ -34,6 +34,10 @@ ROWS = 128  # elementwise probes are [n / ROWS, ROWS]
 ELEMENTS = (4096, 32768, 262144, 1048576)  # the sizes of an elementwise probe
 RUNS = 9
 NODE_RUNS = 7
+# Matrix products whose runs go round each other (see time_nodes), SPREAD_CHUNK at a time
+# (each holds two Sessions).
+SPREAD_OPS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum")
+SPREAD_CHUNK = 64
 
 # op -> (kind, input names) of the elementwise probes; kind: unary / binary (two inputs of
 # the same shape).
@@ -284,32 +288,63 @@ def _node_graph(tf, spec, dtype):
 
 def time_nodes(specs, dtype="bfloat16"):
     """{spec key: [float32 seconds, half seconds]} of each NodeSpec key (JSON text) whose
-    kernel runs here.
+    kernel runs here; each kernel's fastest run counts.
 
     The two dtypes' runs alternate (float32, half, float32, ...): this CPU's speed drifts
-    between runs (a float32 MatMul here took 360 us or 650 us from one second to the next,
-    its bfloat16 twin 310 us throughout), and timing one dtype's runs after the other's
-    turned such a drift into a 2x "speed-up"."""
+    between runs, and timing one dtype's runs after the other's turned a drift into a 2x
+    "speed-up". A float32 matrix product here flips between its two-core time and its
+    one-core time for seconds at a time ([512x512] x [512x128]: ~350 us or ~660 us; its
+    bfloat16 twin ~310 us throughout), and in a graph it runs at the two-core time (314-360
+    us in the Transformer's steps): seven runs back to back fell in one slow period (661,
+    606, 361 us in three probes of one process), so the runs of matrix products go round
+    those nodes (SPREAD_CHUNK at a time) and the fastest of them is found. Convolutions keep
+    their runs back to back: timed apart, their float32 times fall the same way, but a
+    graph's chain of bfloat16 convolutions also skips layout reorders the lone probe pays,
+    and with two-core float32 times ResNet50's inference kept 88 Casts' worth of
+    convolutions float32 and ran 1.51x float32 instead of 1.98x."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    tf1 = tf.compat.v1
+    spread = [key for key in specs if json.loads(key)["op"] in SPREAD_OPS]
     found = {}
     for key in specs:
-        spec = json.loads(key)
-        runs = []
-        try:
-            for dt in (tf.float32, tf.as_dtype(dtype)):
-                runs.append(_NodeRun(tf1, _node_graph(tf, spec, dt)))
-            seconds = [[], []]
-            for _ in range(NODE_RUNS):
-                for k, run in enumerate(runs):
-                    seconds[k].append(run.traced_seconds())
-            found[key] = [min(s) for s in seconds]
-        except (tf.errors.OpError, ValueError, TypeError, KeyError) as error:
-            _log.debug("node probe %s does not run here: %s", spec["op"], error)
-        finally:
+        if key not in spread:
+            found.update(_time_together(tf, [key], dtype))
+    for start in range(0, len(spread), SPREAD_CHUNK):
+        found.update(_time_together(tf, spread[start:start + SPREAD_CHUNK], dtype))
+    return found
+
+
+def _time_together(tf, keys, dtype):
+    """time_nodes of `keys`, their runs going round them."""
+    tf1 = tf.compat.v1
+    errors = (tf.errors.OpError, ValueError, TypeError, KeyError)
+    nodes = {}  # key -> ([float32 run, half run], [[float32 seconds], [half seconds]])
+    try:
+        for key in keys:
+            spec, runs = json.loads(key), []
+            try:
+                for dt in (tf.float32, tf.as_dtype(dtype)):
+                    runs.append(_NodeRun(tf1, _node_graph(tf, spec, dt)))
+            except errors as error:
+                _log.debug("node probe %s does not run here: %s", spec["op"], error)
+                for run in runs:
+                    run.session.close()
+                continue
+            nodes[key] = (runs, [[], []])
+        for _ in range(NODE_RUNS):
+            for key in list(nodes):
+                runs, seconds = nodes[key]
+                try:
+                    for k, run in enumerate(runs):
+                        seconds[k].append(run.traced_seconds())
+                except errors as error:
+                    _log.debug("node probe %s failed: %s", key, error)
+                    for run in nodes.pop(key)[0]:
+                        run.session.close()
+        return {key: [min(s) for s in seconds] for key, (_, seconds) in nodes.items()}
+    finally:
+        for runs, _ in nodes.values():
             for run in runs:
                 run.session.close()
-    return found
 
 
 class _NodeRun:
