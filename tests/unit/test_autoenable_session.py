@@ -3,6 +3,7 @@ optimisation (grappler, the default) or as a shadow copy (copy, the fallback); o
 scale the loss. Half ops are checked in what the runtime ran (RunMetadata partition graphs)."""
 
 import dataclasses
+import os
 import re
 
 import numpy as np
@@ -330,7 +331,9 @@ def test_the_cost_model_weighs_a_session_graph_at_the_batch_its_first_run_feeds(
     small, large = _converted_matmuls(16, width, depth), _converted_matmuls(4096, width, depth)
     assert not small and len(large) == depth  # the batch decides (Zen 4 costs, conftest)
     _autoenable.disable()
-    config = dataclasses.replace(enabled.config, cost_model="auto")
+    # the injected Zen 4 table, as _converted_matmuls uses (not this machine's probes)
+    config = dataclasses.replace(enabled.config, cost_model="auto",
+                                 op_costs=os.environ["TF_MPT_OP_COSTS"])
     _autoenable.enable(config, gpu_visible=False, native_bfloat16=True)
     for batch, expected in ((16, small), (4096, large)):
         graph, x, y = _layers_fed_any_batch(width, depth)
