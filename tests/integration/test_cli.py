@@ -125,7 +125,7 @@ def test_existing_destination_is_never_overwritten(models, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("source", ["frozen.pb", "sm"])
-def test_inspect_prints_a_table_and_json(models, source, lists_decide):
+def test_inspect_prints_a_table_and_json(models, source, no_cost_model):
     root, _ = models
     proc = _cli("inspect", str(root / source), "--dtype", "bfloat16")
     assert proc.returncode == 0, proc.stderr[-2000:]

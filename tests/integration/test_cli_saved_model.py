@@ -72,7 +72,7 @@ def _x(rows=5, seed=0):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_converted_tf_module_loads_with_same_signature_and_numbers(saved, tmp_path, capsys,
-                                                                   dtype, lists_decide):
+                                                                   dtype, no_cost_model):
     dst = tmp_path / "half"
     code, out, err = cli_main(capsys, "convert", saved / "dense", dst, "--dtype", dtype)
     assert code == 0, err
@@ -94,7 +94,7 @@ def test_converted_tf_module_loads_with_same_signature_and_numbers(saved, tmp_pa
     assert after.w1.dtype == tf.float32
 
 
-def test_converted_keras_model_serves_in_half(tmp_path, capsys, lists_decide):
+def test_converted_keras_model_serves_in_half(tmp_path, capsys, no_cost_model):
     import keras
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),

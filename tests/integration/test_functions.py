@@ -17,12 +17,10 @@ ACCURACY_POINTS = 0.01
 MATRIX_OPS = ("MatMul", "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter")
 
 
-@pytest.fixture(autouse=True)
-def no_cost_model(monkeypatch):
-    """The loops and calls here are tiny: on a CPU the cost model keeps their bodies float32
-    (tests/unit/test_cost_model.py tests that); these tests check the function, loop and
-    call passes, so every op the lists convert goes half."""
-    monkeypatch.setenv("TF_MPT_COST_MODEL", "0")
+# The loops and calls here are tiny: on a CPU the cost model keeps their bodies float32;
+# these tests check the function, loop and call passes, so every op the lists convert goes
+# half.
+pytestmark = pytest.mark.usefixtures("no_cost_model")
 
 
 def _matrix_ops(concrete_function):

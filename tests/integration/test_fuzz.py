@@ -946,11 +946,10 @@ def test_all_ops_graph_is_rewritten_not_just_copied():
 
 @pytest.mark.parametrize("traced", [False, True], ids=["control_flow_v1", "traced"])
 def test_nested_control_flow_graph_has_its_structure_and_is_rewritten_inside(traced,
-                                                                           monkeypatch):
+                                                                           no_cost_model):
     """Guards the control-flow fuzz test against vacuity: the blocks build the control flow
     they stand for, and the rewrite converts ops inside loops, conds and called functions
     (by the lists: the cost model, off here, keeps these tiny bodies float32 on a CPU)."""
-    monkeypatch.setenv("TF_MPT_COST_MODEL", "0")
     graph_def = build_graph(nested_recipe(traced)).graph_def
     main_ops = {node.op for node in graph_def.node}
     function_ops = {node.op for f in graph_def.library.function for node in f.node_def}

@@ -83,7 +83,7 @@ def _tf1_serve(path, x):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_variables_read_only_by_half_ops_are_stored_in_half(
-        saved, tmp_path, capsys, dtype, lists_decide):
+        saved, tmp_path, capsys, dtype, no_cost_model):
     kept, half = tmp_path / "kept", tmp_path / "half"
     code, _, err = cli_main(capsys, "convert", saved / "mixed", kept, "--dtype", dtype)
     assert code == 0, err
@@ -139,7 +139,7 @@ def test_converted_saved_model_has_no_empty_attr_values(saved, tmp_path, capsys)
     assert _tf1_serve(tmp_path / "half", _x()).shape == (5, 4)
 
 
-def test_variable_a_signature_assigns_stays_float32(saved, tmp_path, capsys, lists_decide):
+def test_variable_a_signature_assigns_stays_float32(saved, tmp_path, capsys, no_cost_model):
     code, out, err = cli_main(capsys, "convert", saved / "trained", tmp_path / "half", "--dtype",
                            "bfloat16", "--convert-variables")
     assert code == 0, err
@@ -153,7 +153,7 @@ def test_variable_a_signature_assigns_stays_float32(saved, tmp_path, capsys, lis
     np.testing.assert_allclose(loaded.w2.numpy(), before + delta)
 
 
-def test_keras_model_stores_dense_weights_in_half(tmp_path, capsys, lists_decide):
+def test_keras_model_stores_dense_weights_in_half(tmp_path, capsys, no_cost_model):
     import keras
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),
@@ -225,7 +225,7 @@ def test_convert_example_serves_digits_in_half_with_half_the_checkpoint():
 
 
 def test_inspect_says_which_variables_convert_variables_would_store_in_half(
-        saved, capsys, lists_decide):
+        saved, capsys, no_cost_model):
     import json
     code, out, err = cli_main(capsys, "inspect", saved / "mixed", "--dtype", "bfloat16")
     assert code == 0, err
@@ -241,7 +241,7 @@ def test_inspect_says_which_variables_convert_variables_would_store_in_half(
 
 
 def test_checkpoint_that_fails_validation_is_not_written(
-        saved, tmp_path, capsys, monkeypatch, lists_decide):
+        saved, tmp_path, capsys, monkeypatch, no_cost_model):
     """The model with half variables is validated again before it is written: a checkpoint
     whose converted values were wrong (here tripled) fails, and DST is not created."""
     from tf_mpt.models import saved_model_variables as _variables

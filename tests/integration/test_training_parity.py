@@ -47,10 +47,9 @@ def test_half_model_with_float32_master_weights_matches_float32(kind, half_dtype
 @pytest.mark.parametrize("kind", ["mlp", "conv"])
 def test_rewritten_float32_model_with_loss_scaling_matches_float32(kind, half_dtype, data,
                                                                    float32_results,
-                                                                   monkeypatch):
+                                                                   no_cost_model):
     # every MatMul half (the lists' decisions): parity of the half model is under test, and
     # the cost model keeps the conv net's small MatMuls float32 at batch 32
-    monkeypatch.setenv("TF_MPT_COST_MODEL", "0")
     graph = digits.build(kind, loss_scale="dynamic")
     mixed = tf_mpt.rewrite_graph(graph, dtype=half_dtype, fetches=digits.FETCHES)
     matmul = [op for op in mixed.get_operations() if op.type == "MatMul"]

@@ -194,8 +194,7 @@ def test_explicit_lists_replace_the_defaults():
         rewrite(_mlp_graph(), "float16", lists={"allow": ["MatMul"]})
 
 
-def test_rewrite_graph_returns_a_new_graph_with_every_node_name(half_dtype, monkeypatch):
-    monkeypatch.setenv("TF_MPT_COST_MODEL", "0")  # it keeps this tiny graph float32
+def test_rewrite_graph_returns_a_new_graph_with_every_node_name(half_dtype, no_cost_model):
     graph = _mlp_graph()
     new_graph = tf_mpt.rewrite_graph(graph, dtype=half_dtype)
     assert new_graph is not graph

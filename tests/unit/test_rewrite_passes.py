@@ -4,7 +4,6 @@ Structure first (per-node dtypes, the exact Casts added), then numbers against f
 """
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 import tf_mpt
@@ -407,11 +406,8 @@ def _cast_sources(graph_def):
     return sorted(nodes[c].input[0] for c in added_casts(graph_def))
 
 
-@pytest.fixture
-def no_cost_model(monkeypatch):
-    """The gather passes under test, not the cost model (which keeps this 900x20 embedding
-    and its 16-row batch float32 on a CPU: tests/unit/test_cost_model.py)."""
-    monkeypatch.setenv("TF_MPT_COST_MODEL", "0")
+# The gather passes under test take no_cost_model (conftest): the cost model keeps this
+# 900x20 embedding and its 16-row batch float32 on a CPU.
 
 
 def test_gather_casts_its_rows_not_the_whole_table(half_dtype, no_cost_model):
