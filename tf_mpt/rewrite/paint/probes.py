@@ -303,11 +303,12 @@ def time_nodes(specs, dtype="bfloat16"):
     and with two-core float32 times ResNet50's inference kept 88 Casts' worth of
     convolutions float32 and ran 1.51x float32 instead of 1.98x."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    spread = [key for key in specs if json.loads(key)["op"] in SPREAD_OPS]
-    found = {}
+    alone, spread = [], []
     for key in specs:
-        if key not in spread:
-            found.update(_time_together(tf, [key], dtype))
+        (spread if json.loads(key)["op"] in SPREAD_OPS else alone).append(key)
+    found = {}
+    for key in alone:
+        found.update(_time_together(tf, [key], dtype))
     for start in range(0, len(spread), SPREAD_CHUNK):
         found.update(_time_together(tf, spread[start:start + SPREAD_CHUNK], dtype))
     return found
