@@ -7,6 +7,8 @@ import tensorflow as tf
 
 import tf_mpt
 from tf_mpt.rewrite import fold_batch_norms as fold
+from tf_mpt.rewrite.graph_view import GraphView
+from tf_mpt.rewrite.paint import cost
 from support.helpers import node_map, run, tf1
 
 # float32 folding reorders a multiply: a few ulps
@@ -55,6 +57,7 @@ def test_a_frozen_batch_norm_becomes_a_bias_with_the_same_numbers(depthwise, bia
     nodes = node_map(folded)
     assert nodes["bn"].op == "BiasAdd" and nodes["conv"].input[1].endswith("/folded_filter")
     assert nodes["bn"].input[0] == "conv"  # a bias between them is folded in too
+    assert "bias" not in nodes and ("bias" in node_map(graph_def)) == bias  # and removed
     x = np.random.default_rng(1).standard_normal((2, 8, 8, 3)).astype(np.float32)
     expected = run(graph_def, ["out:0"], {"x:0": x})[0]
     got = run(folded, ["out:0"], {"x:0": x})[0]
@@ -77,6 +80,19 @@ def test_the_bfloat16_rewrite_folds_and_says_so():
     off = tf_mpt.rewrite_graph_def(_graph(), dtype="bfloat16", fetches=["out"],
                                    config=tf_mpt.Config.from_env({"TF_MPT_COST_MODEL": "0"}))
     assert node_map(off.graph_def)["bn"].op == "FusedBatchNormV3"  # only with the cost model
+
+
+def test_a_folded_bias_leaves_the_convolution_one_reader_the_remapper_fuses():
+    """conv -> BiasAdd -> batch norm: the folded conv bias is gone, so the cost model sees
+    the convolution read by the batch norm's BiasAdd alone, fused into its kernel in either
+    dtype (left unread in the graph, the bias was a second reader: ResNet50's inference
+    costed each of its BiasAdds and Relus as kernels of their own and kept them float32
+    with 88 Casts around its bfloat16 convolutions)."""
+    folded, count = fold.fold_batch_norms(_graph(bias=True), {"out"})
+    view = GraphView(folded)
+    assert count == 1 and view.readers(view.index["conv"]) == {view.index["bn"]}
+    assert cost.fusion(view, view.index["bn"]) == "both"
+    assert cost.fusion(view, view.index["act"]) == "both"
 
 
 def test_the_bias_keeps_the_batch_norms_output_shape():

@@ -16,7 +16,9 @@ tell: the batch norm is in inference mode (is_training false, NHWC), its scale, 
 and variance, the convolution's filter and the bias are float32 constants (through Identity
 nodes, as a frozen Keras model reads them), the convolution (and bias) are read only by the
 next node, nothing reads the batch norm's other outputs or waits on these nodes, and none
-is fetched.
+is fetched. A bias folded in is removed: nothing could read it (it read the convolution, whose
+filter has changed), and left in the graph it would be a second reader of the convolution,
+which the cost model takes for a convolution the remapper cannot fuse.
 """
 
 import numpy as np
@@ -106,6 +108,7 @@ def fold_batch_norms(graph_def, fetched, view=None):
     new = graph_pb2.GraphDef()
     new.CopyFrom(graph_def)
     names = {node.name for node in new.node}
+    folded_biases = set()
     for i, (conv, weights, bias, (scale, offset, mean, variance)) in found:
         batch_norm, conv_node = new.node[i], new.node[conv]
         factor = scale / np.sqrt(variance + batch_norm.attr["epsilon"].f)
@@ -117,7 +120,9 @@ def fold_batch_norms(graph_def, fetched, view=None):
         shift = offset + ((0.0 if bias is None else bias) - mean) * factor
         _const_node(new, bias_name, shift).device = batch_norm.device
         conv_node.input[1] = filter_name
-        x = conv_node.name  # a BiasAdd between them is folded in too (and left unread)
+        x = conv_node.name  # a BiasAdd between them is folded in too (and removed)
+        if bias is not None:
+            folded_biases.add(new.node[i].input[0].split(":")[0])
         controls = [t for t in batch_norm.input if t.startswith("^")]
         device, name = batch_norm.device, batch_norm.name
         shapes = list(batch_norm.attr["_output_shapes"].list.shape[:1]) \
@@ -129,6 +134,10 @@ def fold_batch_norms(graph_def, fetched, view=None):
         batch_norm.input.extend([x, bias_name] + controls)
         batch_norm.attr["T"].type = _dtypes.DT_FLOAT
         batch_norm.attr["data_format"].s = b"NHWC"
+    if folded_biases:
+        kept = [node for node in new.node if node.name not in folded_biases]
+        del new.node[:]
+        new.node.extend(kept)
     return new, len(found)
 
 
