@@ -1,7 +1,7 @@
 """Real models, bfloat16 on CPU: float32 vs Grappler's oneDNN bfloat16 AMP vs tf_mpt, for
 inference and for one training step, interleaved in one process.
 
-    python benchmarks/real_models.py [--models ResNet50 LSTM ...] [--rounds 11] [--steps 2]
+    python benchmarks/real_models.py [--models ResNet50 LSTM ...] [--sessions 3] [--rounds 5]
     python benchmarks/real_models.py --profile Transformer      # ms per op type, one step
     python benchmarks/real_models.py --quick                    # smoke run: small models
 
@@ -18,9 +18,14 @@ Variants, each in its own Session of this process: float32 (the graph as built);
 no-op on CPUs without AVX512F); tf_mpt (`tf_mpt.rewrite_graph(graph, dtype="bfloat16")`);
 and where tf_mpt folds inference batch norms into their convolutions, that fold alone in
 float32 (the part of tf_mpt's gain that is not precision).
-Timing: warm-up (two steps, and one untimed round), then `rounds` rounds of `steps` steps per
+Timing: `sessions` times (default 3) a fresh Session per variant, opened in a rotated order;
+each: warm-up (two steps, and one untimed round), then `rounds` rounds of `steps` steps per
 variant (more where a step is short, so that float32's round lasts at least --round-ms), the
-order rotating every round; the median over rounds, speed-up = float32 ms / variant ms. The
+order rotating every round. Speed-up = the median over rounds of float32's ms / the variant's
+ms in the same round, over the rounds of all Sessions (paired: a slow period of a shared
+machine slows both sides of a ratio; fresh Sessions: one Session can run its graph slower than
+another of the same graph for its whole life); ms = the median over rounds. "float32 again" is a second Session of the float32 graph timed
+like the others: its speed-up is 1.00x but for noise, the noise of the run. The
 CPU and whether it computes bfloat16 natively are printed first; on a CPU without native
 bfloat16 the speed columns are not measurable and the full run says so and stops. --quick runs two small models
 once (structure, no timing claims).
@@ -210,32 +215,48 @@ def _config(grappler):
     return config
 
 
-def runners_for(graphs, phase):
-    """(runners, tf_mpt report) of float32 / Grappler / tf_mpt for 'inference' or 'training'."""
+def variants_for(graphs, phase):
+    """([(variant, graph, Session config)], tf_mpt's report) of float32 / Grappler / tf_mpt /
+    float32 again (/ the fold alone) for 'inference' or 'training'."""
     import tf_mpt  # pylint: disable=import-outside-toplevel
     if phase == "inference":
-        graph, fetches, init = graphs.infer_graph, graphs.infer_fetches, None
-        keep = [f.split(":")[0] for f in fetches]
+        graph, keep = graphs.infer_graph, [f.split(":")[0] for f in graphs.infer_fetches]
     else:
-        graph, fetches, init = graphs.train_graph, graphs.train_fetches, graphs.init
-        keep = ["loss", "train", init]
+        graph, keep = graphs.train_graph, ["loss", "train", graphs.init]
     mixed = tf_mpt.rewrite_graph(graph, dtype="bfloat16", fetches=keep)
     report = tf_mpt.rewrite_graph_def(graph.as_graph_def(add_shapes=True), dtype="bfloat16",
                                       fetches=keep).report
-    runners = [Runner("float32", graph, fetches, graphs.feed_name, graphs.feed_value,
-                      _config(False), init),
-               Runner("grappler", graph, fetches, graphs.feed_name, graphs.feed_value,
-                      _config(True), init),
-               Runner("tf_mpt", mixed, fetches, graphs.feed_name, graphs.feed_value,
-                      _config(False), init)]
+    variants = [("float32", graph, _config(False)), ("grappler", graph, _config(True)),
+                ("tf_mpt", mixed, _config(False)), ("float32 again", graph, _config(False))]
     folded_def, folded = _fold.fold_batch_norms(graph.as_graph_def(), set(keep))
     if folded:  # tf_mpt's batch-norm fold alone, float32: the part of its gain that is not
         folded_graph = _tf().Graph()  # precision
         with folded_graph.as_default():
             _tf().graph_util.import_graph_def(folded_def, name="")
-        runners.append(Runner("folded", folded_graph, fetches, graphs.feed_name,
-                              graphs.feed_value, _config(False), init))
-    return runners, report
+        variants.append(("folded", folded_graph, _config(False)))
+    return variants, report
+
+
+def open_runners(graphs, phase, variants, first=0):
+    """A Runner per variant (Sessions opened from the `first`-th variant on, round the list;
+    the list's order is kept)."""
+    if phase == "inference":
+        fetches, init = graphs.infer_fetches, None
+    else:
+        fetches, init = graphs.train_fetches, graphs.init
+    order = list(range(len(variants)))
+    runners = {}
+    for k in order[first:] + order[:first]:
+        name, graph, config = variants[k]
+        runners[k] = Runner(name, graph, fetches, graphs.feed_name, graphs.feed_value,
+                            config, init)
+    return [runners[k] for k in order]
+
+
+def runners_for(graphs, phase):
+    """(runners, tf_mpt report): open_runners of variants_for."""
+    variants, report = variants_for(graphs, phase)
+    return open_runners(graphs, phase, variants), report
 
 
 def time_runners(runners, rounds, steps, warmup=2, round_ms=0.0):
@@ -260,10 +281,44 @@ def time_runners(runners, rounds, steps, warmup=2, round_ms=0.0):
     return {runner.name: statistics.median(runner.round_ms) for runner in runners}
 
 
+def paired_ratios(runners):
+    """{variant: [float32's ms / the variant's ms in each round]} (runners[0] is float32)."""
+    base = runners[0].round_ms
+    return {runner.name: [b / r for b, r in zip(base, runner.round_ms)]
+            for runner in runners[1:]}
+
+
+def measure(graphs, phase, sessions, rounds, steps, warmup, round_ms):
+    """({variant: median ms}, {variant: speed-up}, tf_mpt's report): `sessions` times a
+    fresh Session per variant (opened in a rotated order), `rounds` rounds each; the
+    speed-up is the median of every round's paired ratio. Fresh Sessions, because a Session
+    of this machine can run its graph ~15% slower than another Session of the very same
+    graph for as long as it lives (the LSTM's training step, four float32 Sessions
+    interleaved over 110 rounds: one at 0.83x of the first throughout, the others 1.02-1.04x)."""
+    variants, report = variants_for(graphs, phase)
+    ratios, ms = collections.defaultdict(list), collections.defaultdict(list)
+    for k in range(sessions):
+        runners = open_runners(graphs, phase, variants, first=k % len(variants))
+        try:
+            time_runners(runners, rounds, steps, warmup=warmup, round_ms=round_ms)
+        finally:
+            for runner in runners:
+                runner.session.close()
+        for name, found in paired_ratios(runners).items():
+            ratios[name].extend(found)
+        for runner in runners:
+            ms[runner.name].extend(runner.round_ms)
+    return ({name: statistics.median(t) for name, t in ms.items()},
+            {name: statistics.median(r) for name, r in ratios.items()}, report)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--sessions", type=int, default=3,
+                        help="fresh Sessions per variant, one after another (default 3)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="interleaved rounds per Session (default 5)")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--round-ms", type=float, default=500.0,
                         help="more steps per round where a step is short: float32's round "
@@ -277,7 +332,7 @@ def main(argv=None):
     print(f"CPU: {_cpu.cpu_model()}; native bfloat16: {'yes' if native else 'no'}; "
           f"{os.cpu_count()} logical cores; batch {BATCH}")
     if args.quick:
-        args.models, args.rounds, args.steps = ["MobileNetV2", "LSTM"], 1, 1
+        args.models, args.sessions, args.rounds, args.steps = ["MobileNetV2", "LSTM"], 1, 1, 1
     elif not native:
         print("bfloat16 speed: not measurable here (no native bfloat16 on this CPU; "
               "Grappler's bfloat16 pass is a no-op without AVX512F).")
@@ -285,31 +340,27 @@ def main(argv=None):
     if args.profile:
         return profile(args.profile, args.phases[0])
     print("| model | step | float32 ms | Grappler / float32 | tf_mpt / float32 | "
-          "batch norms folded, float32 / float32 | tf_mpt Casts | tf_mpt summary |")
-    print("|---|---|---|---|---|---|---|---|")
+          "batch norms folded, float32 / float32 | float32 again / float32 (noise) | "
+          "tf_mpt Casts | tf_mpt summary |")
+    print("|---|---|---|---|---|---|---|---|---|")
     speedups = collections.defaultdict(list)
     for name in args.models:
         graphs = Graphs(name, args.quick)
         for phase in args.phases:
-            runners, report = runners_for(graphs, phase)
-            try:
-                ms = time_runners(runners, args.rounds, args.steps,
-                                  warmup=1 if args.quick else 2,
-                                  round_ms=0.0 if args.quick else args.round_ms)
-            finally:
-                for runner in runners:
-                    runner.session.close()
+            ms, up, report = measure(graphs, phase, args.sessions, args.rounds, args.steps,
+                                     warmup=1 if args.quick else 2,
+                                     round_ms=0.0 if args.quick else args.round_ms)
             for variant in ("grappler", "tf_mpt"):
-                speedups[phase, variant].append(ms["float32"] / ms[variant])
-            folded = f"{ms['float32'] / ms['folded']:.2f}x" if "folded" in ms else "-"
-            print(f"| {name} | {phase} | {ms['float32']:.1f} | "
-                  f"{ms['float32'] / ms['grappler']:.2f}x | {ms['float32'] / ms['tf_mpt']:.2f}x | "
-                  f"{folded} | {report.casts_added} | {report.summary()} |", flush=True)
+                speedups[phase, variant].append(up[variant])
+            folded = f"{up['folded']:.2f}x" if "folded" in up else "-"
+            print(f"| {name} | {phase} | {ms['float32']:.1f} | {up['grappler']:.2f}x | "
+                  f"{up['tf_mpt']:.2f}x | {folded} | {up['float32 again']:.2f}x | "
+                  f"{report.casts_added} | {report.summary()} |", flush=True)
     for phase in args.phases:
         means = {v: math.exp(statistics.mean(math.log(s) for s in speedups[phase, v]))
                  for v in ("grappler", "tf_mpt")}
         print(f"| geometric mean | {phase} | | {means['grappler']:.2f}x | "
-              f"{means['tf_mpt']:.2f}x | | | |")
+              f"{means['tf_mpt']:.2f}x | | | | |")
     return 0
 
 

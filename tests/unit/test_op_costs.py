@@ -125,7 +125,22 @@ def test_a_failed_measurement_turns_the_model_off_with_one_warning(tmp_path, mon
     assert "set TF_MPT_OP_COSTS to a table" in warnings[0].getMessage()
 
 
-def test_a_node_probe_runs_after_a_warm_copy_alternates_the_dtypes_keeps_the_fastest(
+def test_every_copy_of_a_node_probe_chain_runs_as_its_own_kernel():
+    """The probe Session runs without Grappler, whose optimizers would merge the chain's
+    identical copies into one kernel and drop its control edges (they did: one MatMul ran)."""
+    from tf_mpt.rewrite.paint import probes  # pylint: disable=import-outside-toplevel
+    spec = {"op": "MatMul", "attrs": {}, "inputs": [["float", [64, 32], False],
+                                                   ["float", [32, 16], True]]}
+    run = probes._NodeRun(tf.compat.v1, probes._node_graph(tf, spec, tf.float32))
+    try:
+        kernels = probes._traced_run(tf.compat.v1, run.session, run.probe, run.feeds)
+        assert {f"probe_{k}" for k in range(probes.CHAIN)} <= set(kernels)
+        assert run.traced_seconds() > 0
+    finally:
+        run.session.close()
+
+
+def test_a_node_probe_times_a_chain_of_copies_alternates_the_dtypes_keeps_the_fastest(
         monkeypatch):
     """...a convolution's runs back to back, the runs of matrix products going round them
     (each node's runs spread over the measurement)."""
@@ -134,16 +149,18 @@ def test_a_node_probe_runs_after_a_warm_copy_alternates_the_dtypes_keeps_the_fas
                                                    ["float", [4, 2], True]]}
     graph_def = probes._node_graph(tf, spec, tf.bfloat16)
     nodes = {n.name: n for n in graph_def.node}
-    assert nodes["warm"].input[:] == ["input_0", "input_1"]
-    assert nodes["probe"].input[:] == ["input_0", "input_1", "^warm"]
-    assert nodes["probe"].attr["T"].type == nodes["warm"].attr["T"].type == tf.bfloat16
+    assert probes.CHAIN >= 2 and nodes["probe_0"].input[:] == ["input_0", "input_1"]
+    for k in range(1, probes.CHAIN):  # each copy waits for the one before
+        assert nodes[f"probe_{k}"].input[:] == ["input_0", "input_1", f"^probe_{k - 1}"]
+    assert {nodes[f"probe_{k}"].attr["T"].type for k in range(probes.CHAIN)} == {tf.bfloat16}
+    assert sorted(nodes) == ["input_0", "input_1"] + [f"probe_{k}" for k in range(probes.CHAIN)]
 
     order = []
 
     class Recorded:
         def __init__(self, tf1, graph_def):
             del tf1
-            probe = next(n for n in graph_def.node if n.name == "probe")
+            probe = next(n for n in graph_def.node if n.name == "probe_0")
             transposed = "transpose_a" in probe.attr and probe.attr["transpose_a"].b
             self.label = (tf.as_dtype(probe.attr["T"].type).name, probe.op, transposed)
             self.session = self

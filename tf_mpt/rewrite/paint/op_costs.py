@@ -38,7 +38,7 @@ from tf_mpt import config as _config
 
 _log = logging.getLogger("tf_mpt")
 
-MEASURE_VERSION = 8
+MEASURE_VERSION = 9
 MEASURE_TIMEOUT = 600  # seconds for one child process (a table takes ~5, a node ~0.1)
 
 PER_FLOP = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "Conv2D",

@@ -24,6 +24,7 @@ time and 3.2 us the next, enough to flip the model's decisions.
 import base64
 import json
 import logging
+import statistics
 
 from tf_mpt import _cpu
 from tf_mpt.rewrite.paint import op_costs as _op_costs
@@ -34,6 +35,7 @@ ROWS = 128  # elementwise probes are [n / ROWS, ROWS]
 ELEMENTS = (4096, 32768, 262144, 1048576)  # the sizes of an elementwise probe
 RUNS = 9
 NODE_RUNS = 7
+CHAIN = 4  # copies of a node probe run in a chain (see _node_graph)
 # Matrix products whose runs go round each other (see time_nodes), SPREAD_CHUNK at a time
 # (each holds two Sessions).
 SPREAD_OPS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum")
@@ -195,9 +197,15 @@ def _random_feeds(ops, rng):
         if tensor.op.type == "Placeholder"}
 
 
-def _probe_session(tf1, graph):
-    """A Session that runs one op at a time (the probes time each kernel alone)."""
-    return tf1.Session(graph=graph, config=tf1.ConfigProto(inter_op_parallelism_threads=1))
+def _probe_session(tf1, graph, optimize=True):
+    """A Session that runs one op at a time (the probes time each kernel alone); `optimize`
+    False: without Grappler, whose optimizers merge a node probe's identical copies and drop
+    its control edges (TensorFlow's own rewrites, e.g. to oneDNN kernels, still run)."""
+    config = tf1.ConfigProto(inter_op_parallelism_threads=1)
+    if not optimize:
+        config.graph_options.rewrite_options.disable_meta_optimizer = True
+        config.graph_options.optimizer_options.opt_level = tf1.OptimizerOptions.L0
+    return tf1.Session(graph=graph, config=config)
 
 
 def _run_traced(tf1, graph, targets, names, feeds, runs):
@@ -256,7 +264,7 @@ def _node_graph(tf, spec, dtype):
     from tensorflow.core.framework import attr_value_pb2  # pylint: disable=import-outside-toplevel
     graph_def = tf.compat.v1.GraphDef()
     rng = np.random.default_rng(0)
-    node = graph_def.node.add(name="probe", op=spec["op"])
+    node = graph_def.node.add(name="probe_0", op=spec["op"])
     for j, (kind, value, constant) in enumerate(spec["inputs"]):
         name = f"input_{j}"
         if kind == "float" and not constant:
@@ -275,14 +283,16 @@ def _node_graph(tf, spec, dtype):
         value.ParseFromString(base64.b64decode(text))
         node.attr[key].CopyFrom(value)
     node.attr["T"].type = dtype.as_datatype_enum
-    # A copy runs first (the probe waits for it): in a graph the ops before a node keep
-    # both cores busy; timed from an idle Session, a float32 MatMul often took 650 us, its
-    # time with one intra-op thread, instead of the 360 us it takes in a graph (why the
-    # second core does not help then is not established).
-    warm = graph_def.node.add()
-    warm.CopyFrom(node)
-    warm.name = "warm"
-    node.input.append("^warm")
+    # CHAIN copies run one after the other (each waits for the one before), and the copies
+    # after the first are timed: in a graph the kernels before a node keep both cores'
+    # threads awake. Timed alone, a float32 [512x128] x [128x512] MatMul took 560-680 us in
+    # most probes (one core's time), the first of a chain ~400 us, the rest 325-370 us, as
+    # in the Transformer's steps (303-358 us); its bfloat16 twin ~300-310 us either way.
+    for k in range(1, CHAIN):
+        copy = graph_def.node.add()
+        copy.CopyFrom(node)
+        copy.name = f"probe_{k}"
+        copy.input.append(f"^probe_{k - 1}")
     return graph_def
 
 
@@ -290,18 +300,11 @@ def time_nodes(specs, dtype="bfloat16"):
     """{spec key: [float32 seconds, half seconds]} of each NodeSpec key (JSON text) whose
     kernel runs here; each kernel's fastest run counts.
 
-    The two dtypes' runs alternate (float32, half, float32, ...): this CPU's speed drifts
-    between runs, and timing one dtype's runs after the other's turned a drift into a 2x
-    "speed-up". A float32 matrix product here flips between its two-core time and its
-    one-core time for seconds at a time ([512x512] x [512x128]: ~350 us or ~660 us; its
-    bfloat16 twin ~310 us throughout), and in a graph it runs at the two-core time (314-360
-    us in the Transformer's steps): seven runs back to back fell in one slow period (661,
-    606, 361 us in three probes of one process), so the runs of matrix products go round
-    those nodes (SPREAD_CHUNK at a time) and the fastest of them is found. Convolutions keep
-    their runs back to back: timed apart, their float32 times fall the same way, but a
-    graph's chain of bfloat16 convolutions also skips layout reorders the lone probe pays,
-    and with two-core float32 times ResNet50's inference kept 88 Casts' worth of
-    convolutions float32 and ran 1.51x float32 instead of 1.98x."""
+    Each run times a chain of CHAIN copies of the node (see _node_graph). The two dtypes'
+    runs alternate (float32, half, float32, ...): this CPU's speed drifts between runs, and
+    timing one dtype's runs after the other's turned a drift into a 2x "speed-up". The runs
+    of matrix products also go round those nodes (SPREAD_CHUNK at a time), so that each
+    node's runs spread over the measurement; convolutions keep their runs back to back."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     alone, spread = [], []
     for key in specs:
@@ -349,17 +352,17 @@ def _time_together(tf, keys, dtype):
 
 
 class _NodeRun:
-    """One probe node in its own Session, warmed up: traced_seconds() runs it once."""
+    """One probe chain in its own Session, warmed up: traced_seconds() runs it once."""
 
     def __init__(self, tf1, graph_def):
         import numpy as np  # pylint: disable=import-outside-toplevel
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         with tf.Graph().as_default() as graph:
             tf.graph_util.import_graph_def(graph_def, name="")
-        self.probe = graph.get_operation_by_name("probe")
+        self.probe = graph.get_operation_by_name(f"probe_{CHAIN - 1}")
         self.feeds = _random_feeds([self.probe], np.random.default_rng(1))
         self._tf1 = tf1
-        self.session = _probe_session(tf1, graph)
+        self.session = _probe_session(tf1, graph, optimize=False)
         try:
             for _ in range(3):
                 self.session.run(self.probe, self.feeds)
@@ -368,7 +371,9 @@ class _NodeRun:
             raise
 
     def traced_seconds(self):
-        return _traced_run(self._tf1, self.session, self.probe, self.feeds)["probe"] * 1e-9
+        """The median kernel time of the chain's copies after the first, one traced run."""
+        nanos = _traced_run(self._tf1, self.session, self.probe, self.feeds)
+        return statistics.median(nanos[f"probe_{k}"] for k in range(1, CHAIN)) * 1e-9
 
 
 def _main(argv=None):
