@@ -19,7 +19,8 @@ no-op on CPUs without AVX512F); tf_mpt (`tf_mpt.rewrite_graph(graph, dtype="bflo
 and where tf_mpt folds inference batch norms into their convolutions, that fold alone in
 float32 (the part of tf_mpt's gain that is not precision).
 Timing: `sessions` times (default 3) a fresh Session per variant, opened in a rotated order;
-each: warm-up (two steps, and one untimed round), then `rounds` rounds of `steps` steps per
+each: warm-up (two steps, and one untimed round where a step is shorter than --round-ms),
+then `rounds` rounds of `steps` steps per
 variant (more where a step is short, so that float32's round lasts at least --round-ms), the
 order rotating every round. Speed-up = the median over rounds of float32's ms / the variant's
 ms in the same round, over the rounds of all Sessions (paired: a slow period of a shared
@@ -271,9 +272,9 @@ def time_runners(runners, rounds, steps, warmup=2, round_ms=0.0):
         runners[0].step()
         step_ms = (time.perf_counter() - start) * 1e3
         steps = max(steps, min(500, math.ceil(round_ms / max(step_ms, 1e-3))))
-        for runner in runners:  # one untimed round each: a short step's first hundred
-            for _ in range(steps):  # runs are slower (allocator, oneDNN primitive caches)
-                runner.step()
+        for runner in runners if steps > 1 else ():  # one untimed round each: a short
+            for _ in range(steps):  # step's first hundred runs are slower (allocator,
+                runner.step()  # oneDNN primitive caches)
     for r in range(rounds):
         shift = r % len(runners)
         for runner in runners[shift:] + runners[:shift]:
@@ -319,7 +320,7 @@ def main(argv=None):
                         help="fresh Sessions per variant, one after another (default 3)")
     parser.add_argument("--rounds", type=int, default=5,
                         help="interleaved rounds per Session (default 5)")
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--round-ms", type=float, default=500.0,
                         help="more steps per round where a step is short: float32's round "
                              "lasts at least this long (default 500)")

@@ -179,6 +179,35 @@ def test_below_the_noise_floor_the_rules_stay_unless_slower_than_float32(cost_mo
     assert all(d.converted for d in result.report.decisions.values() if d.op == "MatMul")
 
 
+def test_where_the_rules_are_slower_a_half_region_under_the_floor_goes_float32_too(cost_model):
+    """30 tiny layers (the rules' bfloat16 ~4.5 us slower each) beside one [256x256] layer at
+    batch 64 (bfloat16 ~20 us faster): the rules' colours are slower than float32, and the one
+    region half would help saves less than the noise floor, so the graph runs float32 as a
+    whole, the wide layer saying why."""
+    cost_model(None)
+    graph = tf.Graph()
+    rng = np.random.default_rng(0)
+    with graph.as_default():
+        for name, (width, batch, depth) in {"narrow": (16, 16, 30), "wide": (256, 64, 1)}.items():
+            h = tf.compat.v1.placeholder(tf.float32, [batch, width], name=f"{name}_x")
+            for k in range(depth):
+                w = tf.constant(rng.standard_normal((width, width)).astype(np.float32) / width)
+                h = tf.math.exp(tf.nn.relu(tf.matmul(h, w, name=f"{name}_{k}")) * 0.01)
+            tf.identity(h, name=f"{name}_y")
+    result = tf_mpt.rewrite_graph_def(graph.as_graph_def(add_shapes=True), dtype="bfloat16",
+                                      fetches=["narrow_y", "wide_y"])
+    decisions = result.report.decisions
+    assert result.report.casts_added == 0
+    assert not any(d.converted for d in decisions.values() if d.op == "MatMul")
+    assert re.fullmatch(r"cost model: float32 here \(bfloat16 MatMul over \d+(\.\d+)? MFLOP "
+                        r"measured \d\.\d\dx faster than float32 here; float32 like the rest: "
+                        r"half would save ~\d+\.\d us per run over float32 in all, under the "
+                        r"noise floor of 50 us\)", decisions["wide_0"].reason), \
+        decisions["wide_0"].reason
+    alone = tf_mpt.rewrite_graph(_layers(256, 64, 1), dtype="bfloat16", fetches=["y"])
+    assert _matmul_dtypes(alone) == {tf.bfloat16}  # without the narrow layers it stays half
+
+
 @pytest.mark.parametrize("width, depth", [(16, 30), (512, 3)])
 def test_an_unknown_batch_is_costed_as_the_assumed_batch(cost_model, monkeypatch, width,
                                                          depth):
