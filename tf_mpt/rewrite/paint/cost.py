@@ -31,6 +31,12 @@ from tf_mpt.rewrite import type_attrs as ta
 # below it the difference drowns in Session.run overhead and timing noise (tens of
 # microseconds), and a tiny graph keeps the name-based decisions.
 NOISE_FLOOR = 50e-6
+# ... and at least this share of the float32 time of the kernels it weighs: its kernel times
+# are probes' (each op alone, or a node in a chain of its copies), and a change predicted to
+# save less than the error they carry into a big graph is a guess. ResNet50's training step
+# (~700 ms of float32 kernels): the model predicted 4 ms (0.6%) from keeping 181 nodes
+# float32 (51 BiasAddGrads among them) and the step ran 3% slower than all-bfloat16.
+RELATIVE_FLOOR = 0.02
 
 # What TensorFlow's remapper fuses into a preceding matrix product or convolution (in
 # float32 and bfloat16 alike): BiasAdd, then Add (a residual) and an activation (see fusion).
@@ -399,8 +405,8 @@ def _shape_text(shapes, i, ports):
 
 def vertex_cost(p, shapes, costs, v, node_seconds=None):
     """(seconds v's half kernel takes more than float32's, or None if unknown, a phrase
-    saying what was measured), e.g. (1.2e-05, 'bfloat16 Sigmoid over 8192 elements measured
-    2.41x slower than float32 here').
+    saying what was measured, seconds its float32 kernel takes), e.g. (1.2e-05, 'bfloat16
+    Sigmoid over 8192 elements measured 2.41x slower than float32 here', 8.6e-06).
 
     node_seconds: (float32, half) seconds measured for this very node (a matrix product or
     convolution at its shapes), used instead of the op's line when given.
@@ -413,24 +419,25 @@ def vertex_cost(p, shapes, costs, v, node_seconds=None):
         ports = [port for port in range(len(p.view.fanin[i]))
                  if (node.op, port) not in _op_costs.SIZE_INPUTS]
         what = f"{costs.dtype} {node.op} {_shape_text(shapes, i, ports)}"
-        return half - single, f"{what} {_ratio(single, half)}"
+        return half - single, f"{what} {_ratio(single, half)}", single
     fused = fusion(p.view, i)
     if key in _op_costs.FREE_OPS or fused == "both":
-        return 0.0, ""
+        return 0.0, "", 0.0
     if _swish_role(p.view, i) == "outer":
         key = "Swish"
     if not costs.knows(key):
-        return None, ""
+        return None, "", None
     units = _units(p, shapes, v, key)
     if units is None:
-        return None, ""
+        return None, "", None
     half, single = costs.time(key, units, True), costs.time(key, units, False)
     if fused == "float32":
         return half, (f"{costs.dtype} {node.op} over {units} elements runs as its own kernel "
-                      "here, while float32 fuses it into the convolution before it")
+                      "here, while float32 fuses it into the convolution before it"), 0.0
     what = (f"{units / 1e6:.2g} MFLOP" if key in _op_costs.PER_FLOP
             else f"{units} elements")
-    return half - single, f"{costs.dtype} {node.op} over {what} {_ratio(single, half)}"
+    return (half - single, f"{costs.dtype} {node.op} over {what} {_ratio(single, half)}",
+            single)
 
 
 def _ratio(single, half):

@@ -275,8 +275,9 @@ def choose_precision_by_measured_cost(p):
     allow op whose size is unknown is pinned half), each Cast its measured time. A region
     with a tensor of unknown size keeps its colours. Over the regions it can weigh, the
     model compares three colourings: the cheapest (B), the rules' (R) and all float32 (F).
-    The graph keeps R when B would save less than its noise floor over R (cost.NOISE_FLOOR;
-    0 in a loop body, whose savings repeat every iteration) and R is not slower than F;
+    The graph keeps R when B would save less than its floor over R (the larger of
+    cost.NOISE_FLOOR, 0 in a loop body, whose savings repeat every iteration, and
+    cost.RELATIVE_FLOOR of the weighed kernels' float32 time) and R is not slower than F;
     takes F when R is slower than F and B would save less than the floor over F (the
     rules' half colours never cost more than float32 by the model, and a half region that
     saves less than the floor is not worth its Casts); else B.
@@ -297,20 +298,23 @@ def choose_precision_by_measured_cost(p):
     measured = costs.node_seconds({s for s in specs.values() if s is not None})
     node_seconds = {v: measured[s] for v, s in specs.items() if s in measured}
     weighed = []  # (region, B's gain over R, B's half vertices, why, B's gain over F)
+    float32_time = 0.0  # microseconds, the weighed kernels in float32
     for region in (sorted(r) for r in _cost.connected_components(p, movable)):
         if len(region) > MAX_REGION:
             continue
         found = _measured_region(p, shapes, costs, region, fixed_half, node_seconds)
         if found is not None:
-            weighed.append((region,) + found)
+            weighed.append((region,) + found[:4])
+            float32_time += found[4]
     plan = [(region, gain, half, why) for region, gain, half, why, _ in weighed
             if gain > 1e-9]
     saved = sum(entry[1] for entry in plan)  # B over R
     over_float32 = sum(entry[4] for entry in weighed)  # B over F
     rules_slower = sum(gain for _, gain, _, _, _ in weighed) > over_float32 + 1e-9  # R > F
-    if saved * 1e-6 < noise_floor and not rules_slower:
+    floor = max(noise_floor * 1e6, _cost.RELATIVE_FLOOR * float32_time)  # microseconds
+    if saved < floor and not rules_slower:
         return  # R: within the floor of B, and not slower than F
-    if rules_slower and over_float32 * 1e-6 < noise_floor:  # F: B's half within the floor
+    if rules_slower and over_float32 < floor:  # F: B's half within the floor
         plan = [(region, gain - float32_gain, set(), why)
                 for region, gain, _, why, float32_gain in weighed]
     assumed = getattr(shape_table, "assumed", ())
@@ -318,7 +322,7 @@ def choose_precision_by_measured_cost(p):
         summary = (f"the region of {len(region)} op(s) then runs ~{gain:.1f} us faster "
                    "than with the rules' colours" if gain > 1e-9 else
                    f"float32 like the rest: half would save ~{over_float32:.1f} us per run "
-                   f"over float32 in all, under the noise floor of {noise_floor * 1e6:.0f} us")
+                   f"over float32 in all, under the noise floor of {floor:.0f} us")
         if any(p.view.nodes[p.v_node[v]].name in assumed for v in region):
             summary += (f"; its batch dimension, unknown in the graph, costed as "
                         f"{shape_table.batch} (TF_MPT_COST_BATCH)")
@@ -332,8 +336,8 @@ def choose_precision_by_measured_cost(p):
 
 def _measured_region(p, shapes, costs, region, fixed_half, node_seconds):
     """(microseconds the best colouring saves over the current one, the vertices half in
-    it, {v: what was measured}, microseconds it saves over all float32) of one region, or
-    None when a size is unknown."""
+    it, {v: what was measured}, microseconds it saves over all float32, microseconds its
+    weighed kernels take in float32) of one region, or None when a size is unknown."""
     tensors = _tensors(p, region)
     weights = []
     for u, _, i, port in tensors:
@@ -344,9 +348,10 @@ def _measured_region(p, shapes, costs, region, fixed_half, node_seconds):
         if elements is None:
             return None
         weights.append(costs.cast_time(elements) * 1e6)
-    vertex_weights, why = {}, {}
+    vertex_weights, why, float32_time = {}, {}, 0.0
     for v in region:
-        extra, what = _cost.vertex_cost(p, shapes, costs, v, node_seconds.get(v))
+        extra, what, single = _cost.vertex_cost(p, shapes, costs, v, node_seconds.get(v))
+        float32_time += single or 0.0
         if extra is None:
             if p.v_list[v] == "allow" and p.converted[v]:
                 vertex_weights[v] = (0.0, _INF)  # its saving is unknown: stays half
@@ -366,4 +371,4 @@ def _measured_region(p, shapes, costs, region, fixed_half, node_seconds):
     members = set(region)
     float32 = _cost_of(tensors, weights, lambda c: c not in members and fixed_half(c),
                        vertex_weights)
-    return current - best, half, why, float32 - best
+    return current - best, half, why, float32 - best, float32_time * 1e6
