@@ -20,16 +20,16 @@ and where tf_mpt folds inference batch norms into their convolutions, that fold 
 float32 (the part of tf_mpt's gain that is not precision).
 Timing: `sessions` times (default 3) a fresh Session per variant, opened in a rotated order;
 each: warm-up (two steps, and one untimed round where a step is shorter than --round-ms),
-then `rounds` rounds of `steps` steps per
-variant (more where a step is short, so that float32's round lasts at least --round-ms), the
-order rotating every round. Speed-up = the median over rounds of float32's ms / the variant's
-ms in the same round, over the rounds of all Sessions (paired: a slow period of a shared
-machine slows both sides of a ratio; fresh Sessions: one Session can run its graph slower than
-another of the same graph for its whole life); ms = the median over rounds. "float32 again" is a second Session of the float32 graph timed
-like the others: its speed-up is 1.00x but for noise, the noise of the run. The
+then `rounds` rounds of `steps` steps per variant (more where a step is short, so that
+float32's round lasts at least --round-ms), the order rotating every round. Speed-up = the
+median over rounds of float32's ms / the variant's ms in the same round, over the rounds of
+all Sessions (paired: a slow period of a shared machine slows both sides of a ratio; fresh
+Sessions: one Session can run its graph slower than another of the same graph for its whole
+life); ms = the median over rounds. "float32 again" is a second Session of the float32
+graph timed like the others: its speed-up is 1.00x but for noise, the noise of the run. The
 CPU and whether it computes bfloat16 natively are printed first; on a CPU without native
-bfloat16 the speed columns are not measurable and the full run says so and stops. --quick runs two small models
-once (structure, no timing claims).
+bfloat16 the speed columns are not measurable and the full run says so and stops. --quick
+runs two small models once (structure, no timing claims).
 """
 
 import argparse
@@ -254,16 +254,11 @@ def open_runners(graphs, phase, variants, first=0):
     return [runners[k] for k in order]
 
 
-def runners_for(graphs, phase):
-    """(runners, tf_mpt report): open_runners of variants_for."""
-    variants, report = variants_for(graphs, phase)
-    return open_runners(graphs, phase, variants), report
-
-
 def time_runners(runners, rounds, steps, warmup=2, round_ms=0.0):
-    """{variant: median ms per step}. A round runs `steps` steps per variant, or more where a
-    step is short: enough for float32's round to last `round_ms` (a 2 ms step timed twice
-    moves by ~20% between rounds; timed over 100 steps it does not)."""
+    """Times `rounds` interleaved rounds into each runner's round_ms. A round runs `steps`
+    steps per variant, or more where a step is short: enough for float32's round to last
+    `round_ms` (a 2 ms step timed twice moves by ~20% between rounds; timed over 100 steps it
+    does not)."""
     for runner in runners:
         for _ in range(warmup):
             runner.step()
@@ -279,7 +274,6 @@ def time_runners(runners, rounds, steps, warmup=2, round_ms=0.0):
         shift = r % len(runners)
         for runner in runners[shift:] + runners[:shift]:
             runner.timed_round(steps)
-    return {runner.name: statistics.median(runner.round_ms) for runner in runners}
 
 
 def paired_ratios(runners):
@@ -368,7 +362,8 @@ def main(argv=None):
 def profile(name, phase):
     """ms per op type for one step of float32 and tf_mpt (after warm-up)."""
     graphs = Graphs(name, quick=False)
-    runners, _ = runners_for(graphs, phase)
+    variants, _ = variants_for(graphs, phase)
+    runners = open_runners(graphs, phase, [v for v in variants if v[0] in VARIANTS])
     fetches = graphs.infer_fetches if phase == "inference" else graphs.train_fetches
     totals = {}
     for runner in runners:

@@ -122,7 +122,7 @@ def fold_batch_norms(graph_def, fetched, view=None):
         conv_node.input[1] = filter_name
         x = conv_node.name  # a BiasAdd between them is folded in too (and removed)
         if bias is not None:
-            folded_biases.add(new.node[i].input[0].split(":")[0])
+            folded_biases.add(view.nodes[view.fanin[i][0][0]].name)
         controls = [t for t in batch_norm.input if t.startswith("^")]
         device, name = batch_norm.device, batch_norm.name
         shapes = list(batch_norm.attr["_output_shapes"].list.shape[:1]) \
