@@ -1,12 +1,13 @@
 """Command line: `tf-mpt run script.py [args...]` and `python -m tf_mpt script.py [args...]`;
-`tf-mpt convert`, `tf-mpt inspect` (models) and `tf-mpt cpu` (this machine's half-precision
-facts).
+`tf-mpt convert`, `tf-mpt inspect` (models), `tf-mpt measure` (a cost table of this machine,
+for `--target FILE` elsewhere) and `tf-mpt cpu` (this machine's half-precision facts).
 
 Both run the script as __main__ with tf_mpt enabled, as TF_MPT_ENABLE=1 would (the other
 TF_MPT_* variables still apply; an explicitly set sub-switch still wins).
 """
 
 import argparse
+import contextlib
 import os
 import runpy
 import sys
@@ -43,8 +44,66 @@ def _cpu_command():
         sys.stderr.write(f"tf-mpt cpu: {error}\n")
         raise SystemExit(2) from None
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from tf_mpt import targets as _targets  # pylint: disable=g-import-not-at-top
     gpu_visible = bool(tf.config.list_physical_devices("GPU"))
     print("\n".join(_cpu.facts(config, gpu_visible)))
+    requested = config.target if config.target in _targets.NAMES else "FILE"
+    for dtype in ("bfloat16", "float16"):
+        target = _targets.resolve(config, dtype, gpu_visible)
+        why = f" ({target.why})" if target.why else ""
+        print(f"target for {dtype} (TF_MPT_TARGET={requested}): {target.label}{why}")
+
+
+def _measure_command(options):
+    """Times the probe ops on this CPU in float32 and each half type; writes the cost table
+    that `--target FILE` / TF_MPT_TARGET=FILE read on any machine."""
+    import json  # pylint: disable=g-import-not-at-top
+    from tf_mpt.rewrite.paint import probes as _probes  # pylint: disable=g-import-not-at-top
+    dtypes = ("bfloat16", "float16") if options.dtype == "both" else (options.dtype,)
+    tables = []
+    for dtype in dtypes:
+        sys.stderr.write(f"tf-mpt measure: timing float32 and {dtype} kernels on this CPU ...\n")
+        tables.append(json.loads(_probes.measure(dtype).to_json()))
+    try:
+        with open(options.out, "w") as f:
+            json.dump(tables, f, indent=1, sort_keys=True)
+            f.write("\n")
+    except OSError as error:
+        sys.stderr.write(f"tf-mpt measure: cannot write {options.out!r} ({error}); pass a "
+                         "writable path with --out.\n")
+        raise SystemExit(2) from None
+    print(f"wrote {options.out}: {', '.join(dtypes)} costs {tables[0]['source']}; use it with "
+          f"--target {options.out} (TF_MPT_TARGET={options.out}) on any machine")
+
+
+@contextlib.contextmanager
+def _target_of(options):
+    """--target for the command: every rewrite convert / inspect makes reads it (as the
+    environment's TF_MPT_TARGET, restored after), so the decisions shown and written are the
+    same ones. Prints the target and, for auto, why."""
+    from tf_mpt import config as _config  # pylint: disable=g-import-not-at-top
+    from tf_mpt import rewrite  # pylint: disable=g-import-not-at-top
+    from tf_mpt.models import model_io as _model_io  # pylint: disable=g-import-not-at-top
+    names = (_config.TF_MPT_TARGET, _config.TF_MPT_COST_MODEL)
+    saved = {name: os.environ.get(name) for name in names}
+    try:
+        if options.target is not None:
+            os.environ[_config.TF_MPT_TARGET] = options.target
+            os.environ.pop(_config.TF_MPT_COST_MODEL, None)  # the older name of the same thing
+        try:
+            target = rewrite.target_for(_config.Config.from_env(os.environ), options.dtype)
+        except ValueError as error:
+            raise _model_io.ModelError(str(error)) from None
+        why = f" ({target.why})" if target.why else ""
+        if not getattr(options, "json", False):  # --json: each report holds its target
+            print(f"target: {target.label}{why}")
+        yield target
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _split(text):
@@ -169,9 +228,9 @@ def _inspect_command(options):
     model = _sources.open_model(options.src)
     lists = _lists(options)
     conversion = model.convert(options.dtype, lists)
-    frozen = model.frozen()
-    shares = {label: _inspect.flop_share(graph_def, options.dtype, lists)
-              for label, (graph_def, _) in frozen.items()}
+    # the share of the model `convert` would write: its own frozen graph, same decisions
+    shares = {label: _inspect.flop_share(graph_def, options.dtype)
+              for label, (graph_def, _) in model.frozen(conversion).items()}
     variables = None  # what `convert --variables half` would store in half
     if isinstance(model, _sources.SavedModelDir) and len(model.proto.meta_graphs) == 1:
         variables = model.store_variables_in_half(conversion, options.dtype).variables
@@ -204,7 +263,7 @@ def _inspect_command(options):
         specs = model.input_specs()
         feeds = _validation.sample_feeds(specs, options.samples, seed=options.seed,
                                       inputs_file=options.inputs)
-        for label, (graph_def, placeholders) in frozen.items():
+        for label, (graph_def, placeholders) in model.frozen().items():
             converted = _inspect.half_node_names(graph_def, options.dtype, lists)
             label_feeds = [{placeholders[k]: v for k, v in sample[label].items()}
                            for sample in feeds]
@@ -238,8 +297,19 @@ def main(argv=None):
                           "tensors outside the half type's range")
     inspect_.add_argument("--samples", type=int, default=8, metavar="N",
                           help="random samples for --numerics (default 8)")
+    measure = commands.add_parser("measure", help="time float32 and half kernels on this CPU "
+                                  "and write a cost table for --target FILE on any machine")
+    measure.add_argument("--out", required=True, metavar="FILE", help="the table to write")
+    measure.add_argument("--dtype", choices=("both", "bfloat16", "float16"), default="both",
+                         help="the half type(s) to time (default both)")
     for sub in (convert, inspect_):
         sub.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
+        sub.add_argument("--target", metavar="here|rules|auto|FILE",
+                         help="the machine the decisions are for: rules (the op lists: a GPU "
+                         "or any machine nobody measured), here (this CPU, measured), FILE (a "
+                         "table from `tf-mpt measure` on the target machine); default "
+                         "TF_MPT_TARGET, else auto (here for bfloat16 on a CPU with native "
+                         "bfloat16, else rules)")
         sub.add_argument("--deny", default="", help="comma-separated op types kept float32")
         sub.add_argument("--inputs", metavar="FILE.npz",
                          help="sample inputs: one array per input name, fed as they are")
@@ -275,11 +345,15 @@ def main(argv=None):
     if options.command == "cpu":
         _cpu_command()
         return
+    if options.command == "measure":
+        _measure_command(options)
+        return
     from tf_mpt.models import model_io as _model_io  # pylint: disable=g-import-not-at-top
     from tf_mpt import rewrite  # pylint: disable=g-import-not-at-top
     from tf_mpt.rewrite.graph_view import GraphDefError  # pylint: disable=g-import-not-at-top
     try:
-        (_convert_command if options.command == "convert" else _inspect_command)(options)
+        with _target_of(options):
+            (_convert_command if options.command == "convert" else _inspect_command)(options)
     except _model_io.ModelError as error:
         sys.stderr.write(f"tf-mpt {options.command}: {error}\n")
         raise SystemExit(2) from None

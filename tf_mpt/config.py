@@ -15,6 +15,7 @@ import re
 import typing
 
 from tf_mpt import lists as _lists
+from tf_mpt import targets as _targets
 
 TF_MPT_ALLOWLIST_ADD = "TF_MPT_ALLOWLIST_ADD"
 TF_MPT_ALLOWLIST_REMOVE = "TF_MPT_ALLOWLIST_REMOVE"
@@ -30,6 +31,7 @@ TF_MPT_GRAPH_REWRITE = "TF_MPT_GRAPH_REWRITE"
 TF_MPT_LOSS_SCALING = "TF_MPT_LOSS_SCALING"
 TF_MPT_DTYPE = "TF_MPT_DTYPE"
 TF_MPT_LOSS_SCALE = "TF_MPT_LOSS_SCALE"
+TF_MPT_TARGET = "TF_MPT_TARGET"
 TF_MPT_COST_MODEL = "TF_MPT_COST_MODEL"
 TF_MPT_CPU_FLAGS = "TF_MPT_CPU_FLAGS"
 TF_MPT_SESSION_REWRITE = "TF_MPT_SESSION_REWRITE"
@@ -63,13 +65,20 @@ ENV_VARS = (
     (TF_MPT_DENYLIST_REMOVE, "", "Comma-separated op names to take off the deny list."),
     (TF_MPT_CLEARLIST_ADD, "", "Comma-separated op names to put on the clear list."),
     (TF_MPT_CLEARLIST_REMOVE, "", "Comma-separated op names to take off the clear list."),
-    (TF_MPT_COST_MODEL, "auto", "Cost model: keep ops float32 where their half kernels, with "
-     "the Casts around them, would be slower (kernel times measured on this CPU at first use; "
-     "static shapes needed). auto: on for bfloat16, off for float16 (its speed target is the "
-     "GPU); 1: on for both; 0: off."),
-    (TF_MPT_OP_COSTS, "(measured)", "A JSON table of op costs for the cost model (written by "
-     "`python -m tf_mpt.rewrite.paint.probes --out FILE`) to use instead of measuring this "
-     "CPU; tests inject one so their decisions do not depend on the machine."),
+    (TF_MPT_TARGET, "auto", "The machine precision decisions are made for. rules: the op lists "
+     "alone (a GPU, or any machine nobody measured; nothing measured, the same output on "
+     "every machine); here: this CPU, measured at first use (the cost model keeps ops float32 "
+     "where their half kernels, Casts included, would be slower; static shapes needed); a "
+     "file: a cost table written by `tf-mpt measure --out FILE` on the target machine "
+     "(nothing measured); auto: here for bfloat16 on a CPU with native bfloat16 and no GPU, "
+     "otherwise rules (float16's speed target is the GPU)."),
+    (TF_MPT_COST_MODEL, "auto", "Older name, kept as an alias of TF_MPT_TARGET: 0 is "
+     "TF_MPT_TARGET=rules, 1 is TF_MPT_TARGET=here (for float16 too), auto is auto. Setting "
+     "both to different targets is an error."),
+    (TF_MPT_OP_COSTS, "(measured)", "A cost table (JSON, written by `tf-mpt measure --out "
+     "FILE`) standing in for this CPU's measurements: `auto` uses it for bfloat16 and `here` "
+     "reads it instead of measuring; tests inject one so their decisions do not depend on "
+     "the machine."),
     (TF_MPT_COST_BATCH, "32", "The batch size the cost model assumes where a graph leaves the "
      "leading dimension unknown (a placeholder of shape [None, ...]; Keras's default batch "
      "size); 0: assume none, and such parts keep the op lists' decisions."),
@@ -159,6 +168,22 @@ def _parse_cost_model(environ):
 _CPU_FLAG = re.compile(r"^[a-z0-9_]+$")
 
 
+def _parse_target(environ):
+    """TF_MPT_TARGET ('auto' when unset), with TF_MPT_COST_MODEL checked against it."""
+    value = environ.get(TF_MPT_TARGET, "")
+    if not value.strip():
+        return _targets.AUTO
+    target = _targets.parse(value, TF_MPT_TARGET)
+    cost_model = _parse_cost_model(environ)
+    implied = {"0": _targets.RULES, "1": _targets.HERE}.get(cost_model)
+    if implied is not None and implied != target:
+        raise ValueError(
+            f"{TF_MPT_TARGET}={value!r} and {TF_MPT_COST_MODEL}={environ[TF_MPT_COST_MODEL]!r} "
+            f"ask for different targets ({TF_MPT_COST_MODEL} is the older name: "
+            f"{cost_model} means {TF_MPT_TARGET}={implied}). Unset {TF_MPT_COST_MODEL}.")
+    return target
+
+
 def _parse_cpu_flags(environ):
     """None when unset (read the real CPU), else the frozenset of flags given."""
     value = environ.get(TF_MPT_CPU_FLAGS)
@@ -213,7 +238,9 @@ class Config:
             `loss_scaling_for`).
         dtype: 'float16', 'bfloat16' or 'auto'.
         loss_scale: 'dynamic' or a positive float.
-        cost_model: 'auto', '1' or '0' (TF_MPT_COST_MODEL).
+        target: 'auto', 'here', 'rules' or the absolute path of a cost table (TF_MPT_TARGET;
+            see tf_mpt.targets).
+        cost_model: 'auto', '1' or '0' (TF_MPT_COST_MODEL, an alias of the target).
         cpu_flags: frozenset of CPU flags from TF_MPT_CPU_FLAGS, or None (the real CPU's).
         session_rewrite: 'grappler' or 'copy' (TF_MPT_SESSION_REWRITE).
         cache_dir: TF_MPT_CACHE_DIR, or None (the default cache directory).
@@ -231,6 +258,7 @@ class Config:
     loss_scaling: typing.Optional[bool] = None
     dtype: str = "auto"
     loss_scale: typing.Union[str, float] = "dynamic"
+    target: str = "auto"
     cost_model: str = "auto"
     cpu_flags: typing.Optional[frozenset] = None
     session_rewrite: str = "grappler"
@@ -261,6 +289,7 @@ class Config:
                    loss_scaling=loss_scaling,
                    dtype=_parse_choice(environ, TF_MPT_DTYPE, _DTYPES, "auto"),
                    loss_scale=_parse_loss_scale(environ),
+                   target=_parse_target(environ),
                    cost_model=_parse_cost_model(environ),
                    cpu_flags=_parse_cpu_flags(environ),
                    session_rewrite=_parse_choice(environ, TF_MPT_SESSION_REWRITE,
@@ -280,6 +309,9 @@ class Config:
         if self.loss_scaling is not None:
             return self.loss_scaling
         return self.enable and dtype == "float16"
+
+    def __post_init__(self):
+            object.__setattr__(self, "target", _targets.parse(self.target, "Config.target"))
 
     def resolve_dtype(self, gpu_visible, native_bfloat16):
         """The half dtype to use, or None (auto found no fast half type: stay float32)."""

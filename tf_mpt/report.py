@@ -77,21 +77,25 @@ class RewriteReport:
     tensor_lists_kept_half: int = 0
     already_half_nodes: int = 0  # nodes that computed in the half type before the rewrite
     batch_norms_folded: int = 0  # inference batch norms folded into their convolutions
+    target: typing.Optional[str] = None  # the target decided for: 'rules', 'here' or a table
 
     def summary(self):
         """One line: 'Converted 18/40 nodes to bfloat16 using 6 cast(s)', and when the graph
         already computed in half (a Keras model under a mixed policy) how much:
         'Converted 0/1864 nodes to float16 using 0 cast(s); 412 more were float16 already',
-        and how many the cost model kept float32."""
+        how many the cost model kept float32, and the target decided for (' for target rules')."""
         line = (f"Converted {self.converted_nodes}/{self.total_nodes} nodes to {self.dtype} "
                 f"using {self.casts_added} cast(s)")
+        if self.target is not None:
+            line += f" for target {self.target}"
         if self.already_half_nodes:
             line += f"; {self.already_half_nodes} more were {self.dtype} already"
         by_cost = sum(1 for d in self.decisions.values()
                       if not d.converted and d.reason.startswith("cost model:"))
         if by_cost:
+            where = "here" if self.target in (None, "here") else "on the target"
             line += (f"; {by_cost} kept float32 by the cost model ({self.dtype} would be slower "
-                     "here, Casts included)")
+                     f"{where}, Casts included)")
         if self.batch_norms_folded:
             line += (f"; {self.batch_norms_folded} batch norm(s) folded into their "
                      "convolutions")
@@ -116,6 +120,7 @@ class RewriteReport:
             "call_values_kept_half": self.call_values_kept_half,
             "tensor_lists_kept_half": self.tensor_lists_kept_half,
             "already_half_nodes": self.already_half_nodes,
+            "target": self.target,
             "summary": self.summary(),
             "nodes": {
                 name: {

@@ -13,10 +13,10 @@ STEPS = "40"
 MIN_ACCURACY = 0.5
 
 
-def _run(*args, **env):
+def _run(*args, steps=STEPS, **env):
     full = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
     full.update(env, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "examples/rewrite_conv_net.py", "--steps", STEPS,
+    proc = subprocess.run([sys.executable, "examples/rewrite_conv_net.py", "--steps", steps,
                            *args], env=full, capture_output=True, text=True, timeout=600,
                           cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -39,3 +39,19 @@ def test_main_job_on_a_cpu_without_native_bfloat16_says_so_and_stays_float32():
     assert "native bfloat16: no" in out and "keeps this script in float32" in out
     assert "Converted" not in out and "speed-up" not in out
     assert re.search(r"^float32: first loss [\d.]+, last loss [\d.]+, accuracy", out, re.M)
+
+
+def test_main_job_asked_for_bfloat16_on_a_cpu_without_it_writes_the_bfloat16_graph():
+    """An explicit --dtype is honoured on every CPU: the target is then the op lists (this
+    CPU's emulated kernels say nothing about the machine that will run the model), never a
+    float32/bfloat16 hybrid slower than both."""
+    out = _run("--dtype", "bfloat16", steps="3", TF_MPT_CPU_FLAGS="avx2 avx512f avx512_vnni")
+    assert re.search(r"^Converted \d+/\d+ nodes to bfloat16 using \d+ cast\(s\) for target "
+                     r"rules$", out, re.M), out
+    rows = {op: (int(allow), int(deny), int(fp32)) for op, allow, deny, fp32 in
+            re.findall(r"^(\w+) +(\d+) +(\d+) +(\d+)$", out, re.M)}
+    # the three convolutions, their gradients and the dense layer: all bfloat16
+    assert rows["Conv2D"] == (3, 0, 0) and rows["MatMul"][1:] == (0, 0), out
+    assert rows["Conv2DBackpropFilter"] == (3, 0, 0), out
+    assert re.search(r"^speed-up of tf_mpt bfloat16 over float32: \d+\.\d\dx, measured above "
+                     r"\(no native kernels for it on this CPU: expected slower\)$", out, re.M), out

@@ -49,9 +49,11 @@ def test_a_bad_table_names_the_variable_the_file_and_the_fix(tmp_path, text, mes
     path = tmp_path / "table.json"
     path.write_text(text)
     config = _config.Config.from_env({_config.TF_MPT_OP_COSTS: str(path)})
-    with pytest.raises(ValueError, match=f"TF_MPT_OP_COSTS='{path}' {message}"):
+    with pytest.raises(ValueError, match=rf"the cost table '{path}' \(TF_MPT_TARGET or "
+                       rf"TF_MPT_OP_COSTS\) {message}"):
         op_costs.costs_for(config, "bfloat16")
-    with pytest.raises(ValueError, match="python -m tf_mpt.rewrite.paint.probes --out FILE"):
+    with pytest.raises(ValueError, match="write one with `tf-mpt measure --out FILE` on the "
+                       "target machine"):
         op_costs.costs_for(config, "bfloat16")
 
 

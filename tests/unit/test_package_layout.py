@@ -19,7 +19,7 @@ LAYERS = (
     ("facts", ("tf_mpt._dtypes", "tf_mpt._patches", "tf_mpt._import_hooks", "tf_mpt._cpu",
                "tf_mpt.lists", "tf_mpt.report", "tf_mpt._opt_out", "tf_mpt._state",
                "tf_mpt._autograph")),
-    ("config", ("tf_mpt.config",)),
+    ("config", ("tf_mpt.config", "tf_mpt.targets")),
     ("rewrite", ("tf_mpt.rewrite",)),
     ("training", ("tf_mpt.training",)),
     ("uses", ("tf_mpt.automatic", "tf_mpt.models")),

@@ -64,15 +64,12 @@ def _import(graph_def):
     return graph
 
 
-def flop_share(frozen_graph_def, dtype, lists):
-    """(share of MatMul/Conv FLOPs in half after conversion or None, ops with unknown shapes).
-
-    Counted on the inlined float32 graph rewritten the same way, with unknown dimensions 1.
-    """
-    from tf_mpt import rewrite  # pylint: disable=g-import-not-at-top
-    graph_def = _with_known_batch(frozen_graph_def)
-    converted = rewrite.rewrite_graph_def(graph_def, dtype=dtype, lists=lists).graph_def
-    return _flops.half_flop_share(_import(converted), dtype)
+def flop_share(converted_frozen_graph_def, dtype):
+    """(share of MatMul/Conv FLOPs in half or None, ops with unknown shapes) of a converted
+    model's frozen graph: counted on the ops as the conversion wrote them (each op's T), with
+    unknown dimensions 1, so the share is that of the decisions `convert` makes."""
+    graph_def = _with_known_batch(converted_frozen_graph_def)
+    return _flops.half_flop_share(_import(graph_def), dtype)
 
 
 def half_node_names(graph_def, dtype, lists):

@@ -144,14 +144,16 @@ class FrozenGraph:
         return _GraphRunner(self.graph_def if conversion is None else conversion.payload,
                             self.outputs())
 
-    def frozen(self):
-        """{label: (GraphDef with every call inlined, {input name: placeholder name})}."""
-        return {"graph": (self.graph_def, {s.name: s.name for s in self.input_specs()["graph"]})}
+    def frozen(self, conversion=None):
+        """{label: (GraphDef with every call inlined, {input name: placeholder name})} of the
+        model, or of `conversion` (the converted graph itself)."""
+        graph_def = self.graph_def if conversion is None else conversion.payload
+        return {"graph": (graph_def, {s.name: s.name for s in self.input_specs()["graph"]})}
 
     def write(self, conversion, dst):
         def write(path):
             with open(path, "wb") as f:
-                f.write(conversion.payload.SerializeToString())
+                f.write(conversion.payload.SerializeToString(deterministic=True))
         _model_io.write_atomically(dst, write)
 
 
@@ -308,7 +310,7 @@ class SavedModelDir:
             else:
                 shutil.copy2(source, target)
         with open(os.path.join(directory, "saved_model.pb"), "wb") as f:
-            f.write(proto.SerializeToString())
+            f.write(proto.SerializeToString(deterministic=True))
         from tensorflow.python.saved_model import fingerprinting_utils  # pylint: disable=g-import-not-at-top
         fingerprinting_utils.write_fingerprint(directory)
 
@@ -319,11 +321,23 @@ class SavedModelDir:
     def runner(self, conversion):
         return _SavedModelRunner(self, conversion)
 
-    def frozen(self):
+    def frozen(self, conversion=None):
         """{signature: (GraphDef with variables as constants and calls inlined,
-        {input name: placeholder name})} for shapes, FLOPs and per-tensor numerics."""
+        {input name: placeholder name})} for shapes, FLOPs and per-tensor numerics: of the
+        model, or of `conversion` as `write` would write it (loaded from a temporary copy)."""
+        if conversion is None:
+            return self._frozen(self.path)
+        temporary = tempfile.mkdtemp(prefix="tf_mpt-inspect-")
+        try:
+            path = os.path.join(temporary, "model")
+            self._write_directory(conversion, path, link=True)
+            return self._frozen(path)
+        finally:
+            shutil.rmtree(temporary, ignore_errors=True)
+
+    def _frozen(self, path):
         from tensorflow.python.framework import convert_to_constants  # pylint: disable=g-import-not-at-top
-        _, signatures = _model_io.load_signatures(self.path)
+        _, signatures = _model_io.load_signatures(path)
         out = {}
         for name in sorted(self._signatures):
             function = signatures[name]

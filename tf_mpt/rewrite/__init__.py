@@ -68,6 +68,7 @@ from tf_mpt import _opt_out
 from tf_mpt import config as _config
 from tf_mpt import lists as _lists
 from tf_mpt import report as _report
+from tf_mpt import targets as _targets
 
 _log = logging.getLogger(__name__)
 _autograph.leave_tf_mpt_unconverted()  # a user's tf.function calls into tf_mpt as written
@@ -181,7 +182,7 @@ def _node_skip_reasons(view, types, fetched):
 
 
 def rewrite_graph_def(graph_def, *, dtype="float16", fetches=None, lists=None, strict=False,
-                      config=None):
+                      config=None, target=None):
     """Rewrites a GraphDef to mixed precision.
 
     Args:
@@ -191,8 +192,11 @@ def rewrite_graph_def(graph_def, *, dtype="float16", fetches=None, lists=None, s
             with no data consumers is treated as fetched.
         lists: an OpLists; None uses the defaults for `dtype` with TF_MPT_*LIST_* edits.
         strict: raise RewriteError on an internal error instead of returning the input.
-        config: a tf_mpt.Config (list edits, cost model, dump directory); None reads the
+        config: a tf_mpt.Config (list edits, target, dump directory); None reads the
             TF_MPT_* environment variables, as before.
+        target: the machine the decisions are for: 'rules' (the op lists), 'here' (this CPU,
+            measured), the path of a cost table (`tf-mpt measure --out FILE`) or 'auto';
+            None: the config's (TF_MPT_TARGET). See tf_mpt.targets.
 
     Returns:
         RewriteResult(graph_def, report, modified).
@@ -202,11 +206,11 @@ def rewrite_graph_def(graph_def, *, dtype="float16", fetches=None, lists=None, s
         RewriteError: an internal error, with strict=True.
     """
     return rewrite_with_library(graph_def, dtype=dtype, fetches=fetches, lists=lists,
-                                strict=strict, config=config)
+                                strict=strict, config=config, target=target)
 
 
 def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_roots=(),
-                         shapes=None, config=None):
+                         shapes=None, config=None, target=None):
     """rewrite_graph_def that also rewrites the library functions named in `function_roots`
     (and what they call) when the graph itself does not call them: a SavedModel's object
     graph calls its functions from outside its GraphDef. `shapes`: a callable returning
@@ -218,7 +222,7 @@ def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_r
     gc.disable()
     try:
         return _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
-                                  shapes, config)
+                                  shapes, with_target(config, target))
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -235,16 +239,34 @@ def _check_config(config):
     return config
 
 
+def with_target(config, target):
+    """`config` (None: the environment's) with `target` when one is given; ValueError for a
+    bad target, TypeError for a bad config."""
+    config = _check_config(config)
+    if target is None:
+        return config
+    return dataclasses.replace(config, target=_targets.parse(target))
+
+
+def target_for(config, dtype):
+    """The tf_mpt.targets.Target a rewrite to `dtype` with `config` decides for (a GPU seen by
+    TensorFlow counts: `auto` then follows the op lists)."""
+    target = _targets.resolve(config, _dtypes.parse(dtype).name,
+                              gpu_visible=ta.default_device_type() == "GPU")
+    _targets.say_why_once(target, _dtypes.parse(dtype).name)
+    return target
+
+
 def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots, shapes,
                        config):
     half = _dtypes.parse(dtype)
     _check_graph_def(graph_def)
-    config = _check_config(config)
     if lists is None:
         lists = config.lists_for(half.name)
     _check_lists(lists)
     signatures = {f.signature.name: f.signature for f in graph_def.library.function}
-    constants = _cost.costs_for(config, half.enum)
+    target = target_for(config, half.name)
+    constants = _cost.costs_for(target, config, half.enum)
     # 1. index (the main graph; phases 2 and 3 follow in _rewrite_one)
     view = _graph_view.GraphView(graph_def)
     fetched = _fetch_node_names(fetches, view)
@@ -268,7 +290,7 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
     if error is not None:
         unchanged = graph_pb2.GraphDef()
         unchanged.CopyFrom(original)
-        return RewriteResult(unchanged, report, False)
+        return RewriteResult(unchanged, dataclasses.replace(report, target=target.label), False)
     # 4. functions
     function_reports = {}
     reachable = _reachable_functions(graph_def, function_roots)
@@ -299,6 +321,7 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
     if folded:
         report = dataclasses.replace(report, batch_norms_folded=folded)
         modified = True
+    report = dataclasses.replace(report, target=target.label)
     if _log.isEnabledFor(logging.DEBUG):
         for decision in report.decisions.values():
             _log.debug("%s", decision)
@@ -438,7 +461,7 @@ def _dump(directory, before, after, lists, report):
                      "directory.", directory, error, _config.TF_MPT_DUMP_DIR)
 
 
-def rewrite_graph(graph, *, dtype="float16", fetches=None, config=None):
+def rewrite_graph(graph, *, dtype="float16", fetches=None, config=None, target=None):
     """Returns a new tf.Graph: `graph` rewritten to mixed precision.
 
     Every original node name still exists, so existing tensor names can be fed and fetched;
@@ -450,8 +473,11 @@ def rewrite_graph(graph, *, dtype="float16", fetches=None, config=None):
         dtype: 'float16' or 'bfloat16'.
         fetches: node or tensor names whose outputs keep their dtype (see rewrite_graph_def).
         config: a tf_mpt.Config, or None for the TF_MPT_* environment (see rewrite_graph_def).
+        target: 'rules', 'here', a cost table's path or 'auto'; None: the config's (see
+            rewrite_graph_def).
     """
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    config = with_target(config, target)  # a bad value raises before any work
     if not isinstance(graph, tf.Graph):
         raise TypeError(
             f"graph must be a tf.Graph. Received: graph={_short_repr(graph)} (of type "

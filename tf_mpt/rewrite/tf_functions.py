@@ -24,6 +24,7 @@ from tensorflow.python.ops import resource_variable_ops as _resource_variable_op
 from tf_mpt.rewrite import function_bodies as _function_library
 from tf_mpt import _dtypes
 from tf_mpt import config as _config
+from tf_mpt import targets as _targets
 from tf_mpt import rewrite as _rewrite
 from tf_mpt.rewrite.paint import cost as _cost
 
@@ -44,7 +45,8 @@ def _check_concrete_function(function):
             f"concrete_function={function!r} (of type {type(function).__name__}).{hint}")
 
 
-def rewrite_function(concrete_function, *, dtype="float16", config=None, jit_compile=None):
+def rewrite_function(concrete_function, *, dtype="float16", config=None, jit_compile=None,
+                     target=None):
     """Returns a ConcreteFunction computing `concrete_function` in mixed precision.
 
     Same input signature and output structure and dtypes; captured variables stay captured,
@@ -57,8 +59,11 @@ def rewrite_function(concrete_function, *, dtype="float16", config=None, jit_com
         config: a tf_mpt.Config, or None for the TF_MPT_* environment.
         jit_compile: passed to the tf.function the rewritten graph is rebuilt in (that of
             the tf.function `concrete_function` came from, e.g. True for XLA).
+        target: 'rules', 'here', a cost table's path or 'auto'; None: the config's (see
+            tf_mpt.rewrite_graph_def).
     """
     _check_concrete_function(concrete_function)
+    config = _rewrite.with_target(config, target)
     dtype_name = _dtypes.parse(dtype).name
     cf = concrete_function
     graph_def = cf.graph.as_graph_def()
@@ -222,8 +227,10 @@ def _pack_outputs(structure, tensors):
 class Function:
     """A tf.function whose traced graphs are rewritten to mixed precision (see `function`)."""
 
-    def __init__(self, fn, dtype, tf_function_kwargs, tf_function=None, on_trace=None):
+    def __init__(self, fn, dtype, tf_function_kwargs, tf_function=None, on_trace=None,
+                 target=None):
         self._dtype = _dtypes.parse(dtype).name
+        self._target = None if target is None else _targets.parse(target)
         self._on_trace = on_trace  # called with each newly traced graph, before the rewrite
         self._jit_compile = tf_function_kwargs.get("jit_compile")
         self._tf_function = (tf_function if tf_function is not None
@@ -245,7 +252,7 @@ class Function:
         if bound is None:
             bound = Function(self.__wrapped__, self._dtype, {"jit_compile": self._jit_compile},
                              tf_function=self._tf_function.__get__(instance, owner),
-                             on_trace=self._on_trace)
+                             on_trace=self._on_trace, target=self._target)
             try:
                 self._bound[instance] = bound
             except TypeError:
@@ -274,7 +281,7 @@ class Function:
                     config = dataclasses.replace(_config.Config.from_env(os.environ),
                                                  cost_batch=batch)
                 rewritten = rewrite_function(original, dtype=self._dtype, config=config,
-                                             jit_compile=self._jit_compile)
+                                             jit_compile=self._jit_compile, target=self._target)
                 self._rewritten[original.name] = rewritten
         return rewritten
 
@@ -299,18 +306,19 @@ class Function:
         # Anything else a tf.function offers (input_signature, experimental_* ...) is the
         # wrapped tf.function's.
         if name.startswith("__") or name in ("_tf_function", "_bound", "_on_trace", "_warned",
-                                             "_jit_compile"):
+                                             "_jit_compile", "_target"):
             raise AttributeError(name)
         return getattr(self._tf_function, name)
 
 
-def function(fn=None, *, dtype="float16", **tf_function_kwargs):
+def function(fn=None, *, dtype="float16", target=None, **tf_function_kwargs):
     """A drop-in for tf.function whose traced graphs run in mixed precision.
 
     Usable as `@tf_mpt.function`, `@tf_mpt.function(dtype="bfloat16")` or
-    `tf_mpt.function(fn, dtype=..., input_signature=...)`; other keyword arguments go to
+    `tf_mpt.function(fn, dtype=..., input_signature=...)`; `target` as in
+    tf_mpt.rewrite_graph_def (None: TF_MPT_TARGET); other keyword arguments go to
     tf.function.
     """
     if fn is None:
-        return lambda f: Function(f, dtype, tf_function_kwargs)
-    return Function(fn, dtype, tf_function_kwargs)
+        return lambda f: Function(f, dtype, tf_function_kwargs, target=target)
+    return Function(fn, dtype, tf_function_kwargs, target=target)

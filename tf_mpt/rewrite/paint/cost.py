@@ -446,11 +446,8 @@ def _ratio(single, half):
     return f"measured {single / half:.2f}x faster than float32 here" if half else ""
 
 
-def costs_for(config, dtype_enum):
-    """The OpCosts to use, or None when the model is off for this config and dtype."""
-    if config.cost_model == "0":
-        return None
-    if config.cost_model == "auto" and dtype_enum != ta.DT_BFLOAT16:
-        return None
+def costs_for(target, config, dtype_enum):
+    """The OpCosts the decisions for `target` (a tf_mpt.targets.Target) read, or None for the
+    `rules` target (the cost model off: the op lists decide)."""
     name = "bfloat16" if dtype_enum == ta.DT_BFLOAT16 else "float16"
-    return _op_costs.costs_for(config, name)
+    return _op_costs.table_for(target, config, name)

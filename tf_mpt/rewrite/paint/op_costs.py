@@ -173,18 +173,32 @@ def cache_key(dtype):
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def table_for(target, config, dtype):
+    """The OpCosts decisions for `target` (a tf_mpt.targets.Target) read for `dtype` (a name):
+    None for `rules`; the target's table file; for `here` the table standing in for this CPU
+    (TF_MPT_OP_COSTS) or `costs_for`. Raises ValueError for a bad file."""
+    if target.kind == "rules":
+        return None
+    if target.table is None:
+        return costs_for(config, dtype)
+    return _memoised(("file", target.table, dtype), _read)
+
+
 def costs_for(config, dtype):
-    """The OpCosts for `dtype` (a name): the file TF_MPT_OP_COSTS names, else this machine's
-    cached table, else measured now and cached; None if that failed (the cost model is then
-    off, with one warning). Raises ValueError for a bad file."""
+    """This CPU's OpCosts for `dtype` (a name): the file TF_MPT_OP_COSTS names, else this
+    machine's cached table, else measured now and cached; None if that failed (the cost model
+    is then off, with one warning). Raises ValueError for a bad file."""
     if config.op_costs:
-        key, load = ("file", config.op_costs, dtype), _read
-    else:
-        key, load = ("measured", config.cache_dir or _config.default_cache_dir(), dtype), \
-            _cached_or_measured
+        return _memoised(("file", config.op_costs, dtype), _read)
+    return _memoised(("measured", config.cache_dir or _config.default_cache_dir(), dtype),
+                     _cached_or_measured)
+
+
+def _memoised(key, load):
+    """load(path, dtype) for key (kind, path, dtype), once per process."""
     tables = _state.STATE.op_cost_tables
     if key not in tables:
-        tables[key] = load(key[1], dtype)
+        tables[key] = load(key[1], key[2])
     return tables[key]
 
 
@@ -197,14 +211,15 @@ def _read(path, dtype):
                   for table in (data if isinstance(data, list) else [data])]
         costs = next((t for t in tables if t.dtype == dtype), tables[0])
     except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
-        raise ValueError(f"{_config.TF_MPT_OP_COSTS}={path!r} is not a readable op-cost table "
-                         f"({type(error).__name__}: {error}); write one with `python -m "
-                         "tf_mpt.rewrite.paint.probes --out FILE` or unset it to measure "
-                         "this machine") from error
+        raise ValueError(f"the cost table {path!r} ({_config.TF_MPT_TARGET} or "
+                         f"{_config.TF_MPT_OP_COSTS}) is not a readable op-cost table "
+                         f"({type(error).__name__}: {error}); write one with `tf-mpt measure "
+                         "--out FILE` on the target machine, or use the target rules") from error
     if costs.dtype != dtype:
-        raise ValueError(f"{_config.TF_MPT_OP_COSTS}={path!r} holds costs for {costs.dtype}, "
-                         f"not {dtype}; write a table for {dtype} with `python -m "
-                         f"tf_mpt.rewrite.paint.probes --dtype {dtype} --out FILE`")
+        raise ValueError(f"the cost table {path!r} ({_config.TF_MPT_TARGET} or "
+                         f"{_config.TF_MPT_OP_COSTS}) holds costs for {costs.dtype}, not "
+                         f"{dtype}; write a table for {dtype} with `tf-mpt measure --dtype "
+                         f"{dtype} --out FILE` on the target machine")
     return costs
 
 

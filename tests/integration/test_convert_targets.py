@@ -1,0 +1,173 @@
+"""One model, any machine: `tf-mpt convert --target` gives the same bytes on every CPU kind
+(flags injected), honours an explicit --dtype on CPUs without native bfloat16, and a table
+written by `tf-mpt measure` decides on another machine without measuring."""
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+from support.helpers import cli_main
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TABLE = os.environ["TF_MPT_OP_COSTS"]  # the Zen 4 table conftest.py injects
+# (CPU kind, its flags as /proc/cpuinfo lists them)
+CPUS = (("zen4", "avx2 avx512f avx512bw avx512_bf16"),
+        ("cascade_lake", "avx2 avx512f avx512bw avx512_vnni"),
+        ("zen3", "avx avx2 fma f16c"))
+TIMEOUT_S = 300
+
+
+class _ConvNet(tf.Module):
+    """x[?, 32, 32, 3] -> conv 3x3 (16) -> relu -> conv 3x3 (32) -> relu -> mean -> dense 10."""
+
+    def __init__(self):
+        super().__init__()
+        def init(shape, seed):
+            return tf.random.stateless_uniform(shape, seed=(seed, 0), minval=-0.2, maxval=0.2)
+        self.k1 = tf.Variable(init([3, 3, 3, 16], 1), name="k1")
+        self.k2 = tf.Variable(init([3, 3, 16, 32], 2), name="k2")
+        self.w = tf.Variable(init([32, 10], 3), name="w")
+        self.b = tf.Variable(tf.zeros([10]), name="b")
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 32, 32, 3], tf.float32, name="x")])
+    def serve(self, x):
+        h = tf.nn.relu(tf.nn.conv2d(x, self.k1, 1, "SAME", name="conv1"))
+        h = tf.nn.relu(tf.nn.conv2d(h, self.k2, 1, "SAME", name="conv2"))
+        return {"logits": tf.nn.bias_add(tf.matmul(tf.reduce_mean(h, [1, 2]), self.w), self.b)}
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("targets") / "convnet")
+    module = _ConvNet()
+    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+    return path
+
+
+# Each process converts the model for every target asked for, as `tf-mpt convert` does.
+_CONVERT_ALL = """
+import sys
+from tf_mpt import cli
+src, out, targets = sys.argv[1], sys.argv[2], sys.argv[3:]
+for target in targets:
+    label = "table" if target.endswith(".json") else target
+    cli.main(["convert", src, f"{out}/{label}", "--dtype", "bfloat16", "--target", target])
+"""
+
+
+def _digest(directory):
+    with open(os.path.join(directory, "saved_model.pb"), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _half_ops(directory):
+    loaded = tf.saved_model.load(directory).signatures["serving_default"]
+    graph_def = loaded.graph.as_graph_def()
+    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+    return sorted(n.op for n in nodes if n.op in ("Conv2D", "MatMul")
+                  and n.attr["T"].type == tf.bfloat16.as_datatype_enum)
+
+
+def test_the_same_model_converts_to_the_same_bytes_on_every_cpu(saved_model, tmp_path):
+    digests, outputs = {}, {}
+    for seed, (kind, flags) in enumerate(CPUS):
+        out = tmp_path / kind
+        out.mkdir()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+        # another CPU's flags, and another order of Python's sets and dicts of strings
+        env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_CPU_FLAGS=flags,
+                   PYTHONHASHSEED=str(seed + 1))
+        targets = ["rules", TABLE] + (["auto"] if kind != "zen4" else [])
+        proc = subprocess.run([sys.executable, "-c", _CONVERT_ALL, saved_model, str(out),
+                               *targets], env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT_S, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outputs[kind] = proc.stdout
+        for target in ("rules", "table", "auto"):
+            if (out / target).is_dir():
+                digests[kind, target] = _digest(str(out / target))
+    # rules and the table: one output whatever the CPU; auto without native bfloat16 is rules
+    assert len({d for (_, target), d in digests.items() if target != "table"}) == 1, digests
+    assert len({d for (_, target), d in digests.items() if target == "table"}) == 1, digests
+    for kind in ("cascade_lake", "zen3"):
+        assert "target: rules (this CPU has no native bfloat16: its timings say nothing" in \
+            outputs[kind], outputs[kind]
+        assert "for target rules" in outputs[kind]
+    assert "for target op_costs_zen4.json" in outputs["zen4"]
+    # the dtype asked for is honoured: every convolution and the dense layer in bfloat16
+    assert _half_ops(str(tmp_path / "zen3" / "auto")) == ["Conv2D", "Conv2D", "MatMul"]
+
+
+def test_a_measured_table_decides_on_another_machine_without_measuring(saved_model, tmp_path,
+                                                                       capsys, monkeypatch):
+    table = tmp_path / "costs.json"
+    code, out, err = cli_main(capsys, "measure", "--dtype", "bfloat16", "--out", table)
+    assert code == 0, err
+    assert f"wrote {table}: bfloat16 costs measured on " in out
+    from tf_mpt.rewrite.paint import op_costs
+    written = op_costs.OpCosts.from_json(
+        __import__("json").dumps(__import__("json").loads(table.read_text())[0]))
+    assert written.dtype == "bfloat16" and {"MatMul", "Conv2D"} <= set(written.half)
+
+    def no_measuring(*args):
+        raise AssertionError(f"measured with a table target: {args}")
+    monkeypatch.setattr(op_costs, "_in_child", no_measuring)
+    monkeypatch.delenv("TF_MPT_OP_COSTS")
+    digests = set()
+    for kind, flags in CPUS:
+        monkeypatch.setenv("TF_MPT_CPU_FLAGS", flags)
+        dst = tmp_path / f"converted_{kind}"
+        code, out, err = cli_main(capsys, "convert", saved_model, dst, "--dtype", "bfloat16",
+                                  "--target", table)
+        assert code == 0, err
+        assert out.startswith("target: costs.json\n") and "for target costs.json" in out, out
+        digests.add(_digest(str(dst)))
+    assert len(digests) == 1
+
+
+def test_a_bad_target_stops_the_command_with_the_fix(saved_model, tmp_path, capsys):
+    code, _, err = cli_main(capsys, "convert", saved_model, tmp_path / "out", "--dtype",
+                            "bfloat16", "--target", "zen4")
+    assert code == 2 and "no such file" in err and "tf-mpt measure --out FILE" in err
+    assert not (tmp_path / "out").exists()
+
+
+def _slow_half_table(path):
+    """The Zen 4 table with every bfloat16 kernel 50x slower: a target where the cost model
+    keeps everything float32."""
+    import json
+    with open(TABLE) as f:
+        tables = json.load(f)
+    for table in tables:
+        table["half"] = {op: [[n, t * 50] for n, t in points]
+                         for op, points in table["half"].items()}
+    path.write_text(json.dumps(tables))
+    return path
+
+
+def test_inspect_shows_the_decisions_convert_makes_for_the_same_target(saved_model, tmp_path,
+                                                                       capsys):
+    """The FLOP share, the per-op table and the summary of `inspect` are those of the model
+    `convert` writes for that target: 0% where it converted nothing, never a share of
+    decisions made on another graph."""
+    slow = str(_slow_half_table(tmp_path / "slow.json"))
+    for label, target, share, converted_nodes in (("slow", slow, "0.0%", r"0"),
+                                                  ("rules", "rules", "100.0%", r"[1-9]\d*")):
+        code, converted, err = cli_main(capsys, "convert", saved_model, tmp_path / label,
+                                        "--dtype", "bfloat16", "--target", target)
+        assert code == 0, err
+        summary = re.search(r"^saved_model: (Converted (\d+)/\d+ nodes .*)$", converted, re.M)
+        assert summary and re.fullmatch(converted_nodes, summary.group(2)), converted
+        code, inspected, err = cli_main(capsys, "inspect", saved_model, "--dtype", "bfloat16",
+                                        "--target", target)
+        assert code == 0, err
+        assert f"== saved_model: {summary.group(1)}\n" in inspected, inspected
+        assert (f"half-precision share of MatMul/Conv FLOPs in serving_default: {share}\n"
+                in inspected), inspected
+        assert _half_ops(str(tmp_path / label)) == (
+            [] if label == "slow" else ["Conv2D", "Conv2D", "MatMul"])
