@@ -58,6 +58,9 @@ class State:
         # tf_mpt.rewrite.paint.op_costs: the cost tables read or measured, by (source, path,
         # dtype); kept by disable() (a machine's kernel times do not change)
         self.op_cost_tables = {}
+        # ... and the node_spec keys the cost model asks times for, while `tf-mpt measure
+        # --model` records them (a set), else None
+        self.node_spec_recorder = None
         # warn_once: the keys of the warnings given (forgotten by disable())
         self.warned = set()
         self.local = threading.local()  # per thread: .bypass, .fed_batch

@@ -55,25 +55,66 @@ def _cpu_command():
 
 
 def _measure_command(options):
-    """Times the probe ops on this CPU in float32 and each half type; writes the cost table
-    that `--target FILE` / TF_MPT_TARGET=FILE read on any machine."""
+    """Times the probe ops on this CPU in float32 and each half type (and, with --model, every
+    matrix product and convolution of that model at its shapes); writes the cost table that
+    `--target FILE` / TF_MPT_TARGET=FILE read on any machine."""
     import json  # pylint: disable=g-import-not-at-top
+    from tf_mpt import config as _config  # pylint: disable=g-import-not-at-top
+    from tf_mpt.models import sources as _sources  # pylint: disable=g-import-not-at-top
+    from tf_mpt.rewrite.paint import op_costs as _op_costs  # pylint: disable=g-import-not-at-top
     from tf_mpt.rewrite.paint import probes as _probes  # pylint: disable=g-import-not-at-top
     dtypes = ("bfloat16", "float16") if options.dtype == "both" else (options.dtype,)
-    tables = []
+    model = _sources.open_model(options.model) if options.model else None
+
+    def write(tables):
+        try:
+            with open(options.out, "w") as f:
+                json.dump([tables[d] for d in dtypes], f, indent=1, sort_keys=True)
+                f.write("\n")
+        except OSError as error:
+            sys.stderr.write(f"tf-mpt measure: cannot write {options.out!r} ({error}); pass a "
+                             "writable path with --out.\n")
+            raise SystemExit(2) from None
+
+    tables = {}
     for dtype in dtypes:
         sys.stderr.write(f"tf-mpt measure: timing float32 and {dtype} kernels on this CPU ...\n")
-        tables.append(json.loads(_probes.measure(dtype).to_json()))
+        tables[dtype] = json.loads(_probes.measure(dtype).to_json())
+    write(tables)
+    nodes = 0
+    for dtype in dtypes if model is not None else ():
+        # the shapes the model's conversion asks times for, decided with the table just written
+        with _env_target(options.out), _op_costs.recording_node_specs() as specs:
+            model.convert(dtype, _config.Config.from_env(os.environ).lists_for(dtype))
+        sys.stderr.write(f"tf-mpt measure: timing {len(specs)} matrix product / convolution "
+                         f"shape(s) of {options.model} in float32 and {dtype} ...\n")
+        tables[dtype]["nodes"] = _probes.time_nodes(sorted(specs), dtype)
+        nodes += len(tables[dtype]["nodes"])
+        write(tables)
+    of_model = f" and {nodes} node shape(s) of {options.model}" if model is not None else ""
+    print(f"wrote {options.out}: {', '.join(dtypes)} costs{of_model} "
+          f"{tables[dtypes[0]]['source']}; use it with --target {options.out} "
+          f"(TF_MPT_TARGET={options.out}) on any machine")
+
+
+@contextlib.contextmanager
+def _env_target(value):
+    """TF_MPT_TARGET=value (TF_MPT_COST_MODEL, its older name, unset) inside; restored after.
+    value None: the environment as it is."""
+    from tf_mpt import config as _config  # pylint: disable=g-import-not-at-top
+    names = (_config.TF_MPT_TARGET, _config.TF_MPT_COST_MODEL)
+    saved = {name: os.environ.get(name) for name in names}
     try:
-        with open(options.out, "w") as f:
-            json.dump(tables, f, indent=1, sort_keys=True)
-            f.write("\n")
-    except OSError as error:
-        sys.stderr.write(f"tf-mpt measure: cannot write {options.out!r} ({error}); pass a "
-                         "writable path with --out.\n")
-        raise SystemExit(2) from None
-    print(f"wrote {options.out}: {', '.join(dtypes)} costs {tables[0]['source']}; use it with "
-          f"--target {options.out} (TF_MPT_TARGET={options.out}) on any machine")
+        if value is not None:
+            os.environ[_config.TF_MPT_TARGET] = value
+            os.environ.pop(_config.TF_MPT_COST_MODEL, None)
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
 
 
 @contextlib.contextmanager
@@ -84,12 +125,7 @@ def _target_of(options):
     from tf_mpt import config as _config  # pylint: disable=g-import-not-at-top
     from tf_mpt import rewrite  # pylint: disable=g-import-not-at-top
     from tf_mpt.models import model_io as _model_io  # pylint: disable=g-import-not-at-top
-    names = (_config.TF_MPT_TARGET, _config.TF_MPT_COST_MODEL)
-    saved = {name: os.environ.get(name) for name in names}
-    try:
-        if options.target is not None:
-            os.environ[_config.TF_MPT_TARGET] = options.target
-            os.environ.pop(_config.TF_MPT_COST_MODEL, None)  # the older name of the same thing
+    with _env_target(options.target):
         try:
             target = rewrite.target_for(_config.Config.from_env(os.environ), options.dtype)
         except ValueError as error:
@@ -98,12 +134,6 @@ def _target_of(options):
         if not getattr(options, "json", False):  # --json: each report holds its target
             print(f"target: {target.label}{why}")
         yield target
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _split(text):
@@ -302,6 +332,9 @@ def main(argv=None):
     measure.add_argument("--out", required=True, metavar="FILE", help="the table to write")
     measure.add_argument("--dtype", choices=("both", "bfloat16", "float16"), default="both",
                          help="the half type(s) to time (default both)")
+    measure.add_argument("--model", metavar="SAVED_MODEL|GRAPH.pb",
+                         help="also time every matrix product and convolution of this model at "
+                         "its own shapes (as `convert` would ask this machine)")
     for sub in (convert, inspect_):
         sub.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
         sub.add_argument("--target", metavar="here|rules|auto|FILE",
@@ -345,13 +378,13 @@ def main(argv=None):
     if options.command == "cpu":
         _cpu_command()
         return
-    if options.command == "measure":
-        _measure_command(options)
-        return
     from tf_mpt.models import model_io as _model_io  # pylint: disable=g-import-not-at-top
     from tf_mpt import rewrite  # pylint: disable=g-import-not-at-top
     from tf_mpt.rewrite.graph_view import GraphDefError  # pylint: disable=g-import-not-at-top
     try:
+        if options.command == "measure":
+            _measure_command(options)
+            return
         with _target_of(options):
             (_convert_command if options.command == "convert" else _inspect_command)(options)
     except _model_io.ModelError as error:

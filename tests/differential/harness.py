@@ -37,6 +37,7 @@ prints counts: programs run, pairs run, differing pairs by kind, known differenc
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -384,6 +385,9 @@ def unexpected(verdicts):
     return [v for v in verdicts if not v.ok and not v.known]
 
 
+HAS_TF_KERAS = importlib.util.find_spec("tf_keras") is not None
+
+
 def profile_specs(profile, tf1=None, tf2=None, seed=None, settings_=None):
     """The programs of a profile: tf1 + tf2 specs (counts default to the profile's)."""
     config = PROFILES[profile]
@@ -393,6 +397,8 @@ def profile_specs(profile, tf1=None, tf2=None, seed=None, settings_=None):
         if not count:
             continue
         drawn = draw_specs(strategy, config["candidates"], settings_, seed)
+        # tf_keras comes with --no-deps (README): without it its programs cannot run
+        drawn = [s for s in drawn if HAS_TF_KERAS or not s.needs_legacy_keras]
         specs += select_covering(drawn, count, config["exclude_known"])
     return specs
 

@@ -190,6 +190,8 @@ def test_known_difference_still_differs(index):
     _, dtype, spec = _known_representatives()[index]
     entry = programs.KNOWN_DIFFERENCES[index]
     assert spec is not None, f"no drawn program matches KNOWN_DIFFERENCES[{index}]: {entry}"
+    if spec.needs_legacy_keras and not harness.HAS_TF_KERAS:
+        pytest.skip('needs tf_keras: python -m pip install --no-deps "tf_keras==2.21.*"')
     (verdict,) = harness.run_spec(spec, (dtype,))
     assert verdict.kind != harness.INVALID, verdict.report()
     if verdict.worse:

@@ -3,6 +3,7 @@
 written by `tf-mpt measure` decides on another machine without measuring."""
 
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -105,14 +106,22 @@ def test_the_same_model_converts_to_the_same_bytes_on_every_cpu(saved_model, tmp
 
 def test_a_measured_table_decides_on_another_machine_without_measuring(saved_model, tmp_path,
                                                                        capsys, monkeypatch):
+    """`tf-mpt measure --model` on the serving machine (here), then `convert --target FILE`
+    on machines of three kinds (flags injected): nothing measured, the model's node times
+    read from the table, the same bytes on each."""
     table = tmp_path / "costs.json"
-    code, out, err = cli_main(capsys, "measure", "--dtype", "bfloat16", "--out", table)
+    code, out, err = cli_main(capsys, "measure", "--dtype", "bfloat16", "--model", saved_model,
+                              "--out", table)
     assert code == 0, err
-    assert f"wrote {table}: bfloat16 costs measured on " in out
+    assert re.match(rf"wrote {table}: bfloat16 costs and 3 node shape\(s\) of {saved_model} "
+                    "measured on ", out), out
     from tf_mpt.rewrite.paint import op_costs
-    written = op_costs.OpCosts.from_json(
-        __import__("json").dumps(__import__("json").loads(table.read_text())[0]))
-    assert written.dtype == "bfloat16" and {"MatMul", "Conv2D"} <= set(written.half)
+    (written,) = json.loads(table.read_text())
+    costs = op_costs.OpCosts.from_dict(written)
+    assert costs.dtype == "bfloat16" and {"MatMul", "Conv2D"} <= set(costs.half)
+    ops = sorted(json.loads(spec)["op"] for spec in written["nodes"])
+    assert ops == ["Conv2D", "Conv2D", "MatMul"]  # the model's two convolutions and its dense
+    assert all(f > 0 and h > 0 for f, h in written["nodes"].values())
 
     def no_measuring(*args):
         raise AssertionError(f"measured with a table target: {args}")
@@ -122,10 +131,12 @@ def test_a_measured_table_decides_on_another_machine_without_measuring(saved_mod
     for kind, flags in CPUS:
         monkeypatch.setenv("TF_MPT_CPU_FLAGS", flags)
         dst = tmp_path / f"converted_{kind}"
-        code, out, err = cli_main(capsys, "convert", saved_model, dst, "--dtype", "bfloat16",
-                                  "--target", table)
+        with op_costs.recording_node_specs() as asked:
+            code, out, err = cli_main(capsys, "convert", saved_model, dst, "--dtype",
+                                      "bfloat16", "--target", table)
         assert code == 0, err
         assert out.startswith("target: costs.json\n") and "for target costs.json" in out, out
+        assert asked == set(written["nodes"])  # every time the cost model asked, the table had
         digests.add(_digest(str(dst)))
     assert len(digests) == 1
 

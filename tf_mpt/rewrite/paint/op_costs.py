@@ -21,6 +21,7 @@ per-node times then come from the op types' points (tests inject a table that wa
 decisions do not depend on the machine).
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -102,8 +103,11 @@ class OpCosts:
         return _interpolate(self.cast, elements)
 
     def node_seconds(self, specs):
-        """{spec: (float32 seconds, half seconds)} measured for these node_spec keys (none
-        when the table was injected)."""
+        """{spec: (float32 seconds, half seconds)} measured for these node_spec keys: this
+        machine's (measured at first use), a table's (`tf-mpt measure --model`), or none."""
+        recorder = _state.STATE.node_spec_recorder
+        if recorder is not None:
+            recorder.update(specs)
         return {} if self.nodes is None or not specs else self.nodes.lookup(specs)
 
     def to_json(self):
@@ -116,10 +120,14 @@ class OpCosts:
 
     @classmethod
     def from_dict(cls, data, source=None):
+        """A table as `to_json` or `tf-mpt measure` wrote it; its "nodes" (per-node times of
+        a model, `tf-mpt measure --model`), when present, answer node_seconds."""
+        nodes = data.get("nodes")
         return cls(dtype=data["dtype"], source=source or data["source"],
                    float32={k: _points(v) for k, v in data["float32"].items()},
                    half={k: _points(v) for k, v in data["half"].items()},
-                   cast=_points(data["cast"]))
+                   cast=_points(data["cast"]),
+                   nodes=None if nodes is None else TableNodes(nodes))
 
 
 def _points(value):
@@ -195,11 +203,40 @@ def costs_for(config, dtype):
 
 
 def _memoised(key, load):
-    """load(path, dtype) for key (kind, path, dtype), once per process."""
+    """load(path, dtype) for key (kind, path, dtype), once per process (for a file: once per
+    version of it, so a table `tf-mpt measure` rewrites is read again)."""
     tables = _state.STATE.op_cost_tables
+    if key[0] == "file":
+        try:
+            stat = os.stat(key[1])
+            key = key + (stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            pass  # _read says what is wrong with it
     if key not in tables:
         tables[key] = load(key[1], key[2])
     return tables[key]
+
+
+class TableNodes:
+    """Per-node kernel times read from a table: {node_spec key: (float32 s, half s)}; a node
+    the table does not hold has none (nothing is measured)."""
+
+    def __init__(self, times):
+        self.times = {k: tuple(v) for k, v in times.items() if len(v) == 2}
+
+    def lookup(self, specs):
+        return {k: self.times[k] for k in specs if k in self.times}
+
+
+@contextlib.contextmanager
+def recording_node_specs():
+    """Collects into the set it yields every node_spec key the cost model asks times for
+    while it is open (what `tf-mpt measure --model` times)."""
+    recorder = _state.STATE.node_spec_recorder = set()
+    try:
+        yield recorder
+    finally:
+        _state.STATE.node_spec_recorder = None
 
 
 def _read(path, dtype):
