@@ -126,6 +126,9 @@ def _target_of(options):
     from tf_mpt import rewrite  # pylint: disable=g-import-not-at-top
     from tf_mpt.models import model_io as _model_io  # pylint: disable=g-import-not-at-top
     with _env_target(options.target):
+        if options.dtype == "float32":  # back to float32: nothing to decide
+            yield None
+            return
         try:
             target = rewrite.target_for(_config.Config.from_env(os.environ), options.dtype)
         except ValueError as error:
@@ -161,10 +164,15 @@ def _convert_command(options):
                                    "--validate N (random inputs) or --inputs file.npz.")
     model = _sources.open_model(options.src)
     _model_io.check_destination(options.dst)
-    if model.is_converted() and not options.force:
-        raise _model_io.ModelError(
-            f"{options.src!r} is already converted by tf_mpt (it has -TfMpt Casts); pass "
-            "--force to convert it again.")
+    if options.dtype == "float32" or (model.is_converted() and not options.force):
+        # a converted model goes back to float32 (and from there to the --dtype asked for)
+        model = model.in_float32()
+        print(f"{options.src}: tf_mpt's conversion undone: every half op back in float32, "
+              "its Casts removed")
+        if options.dtype == "float32":
+            model.write(_sources.Conversion(_float32_payload(model), {}), options.dst)
+            print(f"wrote {options.dst}")
+            return
     lists = _lists(options)
     keep = _split(options.keep_fp32)
     if options.keep_io_types:
@@ -186,6 +194,12 @@ def _convert_command(options):
         conversion = _store_variables_in_half(model, conversion, feeds, options)
     model.write(conversion, options.dst)
     print(f"wrote {options.dst}")
+
+
+def _float32_payload(model):
+    """What `model.write` writes for a model as it is (a GraphDef or a SavedModel proto)."""
+    from tf_mpt.models import sources as _sources  # pylint: disable=g-import-not-at-top
+    return model.graph_def if isinstance(model, _sources.FrozenGraph) else model.proto
 
 
 def _validation_errors(model, conversion, feeds, options):
@@ -335,8 +349,11 @@ def main(argv=None):
     measure.add_argument("--model", metavar="SAVED_MODEL|GRAPH.pb",
                          help="also time every matrix product and convolution of this model at "
                          "its own shapes (as `convert` would ask this machine)")
+    convert.add_argument("--dtype", choices=("float16", "bfloat16", "float32"),
+                         default="float16", help="the half type to convert to; a model tf_mpt "
+                         "converted goes back to float32 first (float32: only that)")
+    inspect_.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
     for sub in (convert, inspect_):
-        sub.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
         sub.add_argument("--target", metavar="here|rules|auto|FILE",
                          help="the machine the decisions are for: rules (the op lists: a GPU "
                          "or any machine nobody measured), here (this CPU, measured), FILE (a "
@@ -360,7 +377,8 @@ def main(argv=None):
     convert.add_argument("--keep-variables", dest="variables", action="store_const",
                          const="float32", help="same as --variables float32 (the default)")
     convert.add_argument("--force", action="store_true",
-                         help="convert a model tf_mpt already converted")
+                         help="convert a model tf_mpt already converted as it is, on top of its "
+                         "conversion (default: undo that conversion first)")
     convert.add_argument("--validate", type=int, default=0, metavar="N",
                          help="compare N random samples (or --inputs) with float32: each "
                          "output's relative L2 error (float16 1e-2, bfloat16 8e-2) and, for "

@@ -229,9 +229,12 @@ def test_saved_model_options_and_errors(saved, tmp_path, capsys):
     assert _half_ops(kept, "float16", op="MatMul") == ["MatMul"]  # not 'logits'
     assert "Relu" in _half_ops(kept, "float16")
     code, _, _ = cli_main(capsys, "convert", saved / "dense", tmp_path / "d")
-    code, _, err = cli_main(capsys, "convert", tmp_path / "d", tmp_path / "e")
-    assert code == 2 and "already converted" in err
-    assert sorted(os.listdir(tmp_path)) == ["c", "d"]
+    # a converted model is converted from its float32 self again: the same model
+    code, out, err = cli_main(capsys, "convert", tmp_path / "d", tmp_path / "e")
+    assert code == 0 and "tf_mpt's conversion undone" in out, err
+    assert (tmp_path / "e" / "saved_model.pb").read_bytes() == \
+        (tmp_path / "d" / "saved_model.pb").read_bytes()
+    assert sorted(os.listdir(tmp_path)) == ["c", "d", "e"]
 
 
 def test_malformed_graph_gets_a_clear_error_and_nothing_is_written(tmp_path, capsys):

@@ -15,6 +15,7 @@ function holding a node of that name) or `function/node`.
 """
 
 
+import copy
 import dataclasses
 import os
 import shutil
@@ -29,6 +30,7 @@ from tf_mpt.rewrite import casts as _casts
 from tf_mpt.rewrite import editor as _editor
 from tf_mpt.rewrite import graph_view as _graph_view
 from tf_mpt.models import model_io as _model_io
+from tf_mpt.models import retarget as _retarget
 from tf_mpt.models import saved_model_variables as _variables
 from tf_mpt import rewrite as _rewrite
 from tf_mpt.rewrite.type_attrs import KEEP_FP32_ATTR
@@ -64,6 +66,12 @@ def open_model(path):
     if _model_io.kind_of(path) == "graph_def":
         return FrozenGraph(path)
     return SavedModelDir(path)
+
+
+def _source_kind(graph_def):
+    """What a conversion marks its Casts with: 'float32' when the model computed in float32
+    only before it (every half op after it is tf_mpt's), else 'mixed'."""
+    return _retarget.FROM_MIXED if _retarget.half_types_in(graph_def) else _retarget.FROM_FLOAT32
 
 
 def _sink_names(graph_def):
@@ -134,7 +142,16 @@ class FrozenGraph:
                                             fetches=None if keep_io_types else [])
         if not keep_io_types:
             _half_placeholders(result.graph_def, tf.as_dtype(dtype).as_datatype_enum)
+        _retarget.mark_source(result.graph_def, _source_kind(self.graph_def))
         return Conversion(result.graph_def, {"graph": result.report})
+
+    def in_float32(self):
+        """(this model as it was before tf_mpt converted it: a FrozenGraph in memory, Casts
+        removed), ModelError if that cannot be known (see retarget.py)."""
+        _retarget.check_undoable([self.graph_def], self.path)
+        back = copy.copy(self)
+        back.graph_def = _retarget.to_float32(self.graph_def)
+        return back
 
     def graph_defs(self, conversion=None):
         """{label: GraphDef} to show or inspect."""
@@ -262,13 +279,34 @@ class SavedModelDir:
                 if tensor:
                     fetches.add(_graph_view.parse_input(tensor)[0])
             roots = list(meta_graph.object_graph_def.concrete_functions)
+            source = _source_kind(graph_def)
             result = _rewrite.rewrite_with_library(
                 graph_def, dtype=dtype, fetches=sorted(fetches), lists=lists, strict=True,
                 function_roots=roots)
             meta_graph.graph_def.CopyFrom(result.graph_def)
+            _retarget.mark_source(meta_graph.graph_def, source)
             reports[self._label(index)] = result.report
         _check_all_found(names, found)
         return Conversion(proto, reports)
+
+    def in_float32(self):
+        """(this model as it was before tf_mpt converted it: a SavedModelDir whose proto is
+        in memory, its checkpoint this one's), ModelError if that cannot be known."""
+        _retarget.check_undoable([m.graph_def for m in self.proto.meta_graphs], self.path)
+        half = [n.variable.name or str(i) for m in self.proto.meta_graphs
+                for i, n in enumerate(m.object_graph_def.nodes)
+                if n.HasField("variable") and n.variable.dtype in _retarget.HALF_TYPES]
+        if half:
+            raise ModelError(
+                f"{self.path!r} stores {len(half)} variable(s) in half ({', '.join(half[:3])}"
+                f"{' ...' if len(half) > 3 else ''}; `convert --variables half`): their float32 "
+                "values are gone from its checkpoint. Convert the float32 original instead.")
+        back = copy.copy(self)
+        back.proto = saved_model_pb2.SavedModel()
+        back.proto.CopyFrom(self.proto)
+        for meta_graph in back.proto.meta_graphs:
+            meta_graph.graph_def.CopyFrom(_retarget.to_float32(meta_graph.graph_def))
+        return back
 
     def graph_defs(self, conversion=None):
         proto = self.proto if conversion is None else conversion.payload
