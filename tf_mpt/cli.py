@@ -170,7 +170,7 @@ def _convert_command(options):
         print(f"{options.src}: tf_mpt's conversion undone: every half op back in float32, "
               "its Casts removed")
         if options.dtype == "float32":
-            model.write(_sources.Conversion(_float32_payload(model), {}), options.dst)
+            model.write(model.as_conversion(), options.dst)
             print(f"wrote {options.dst}")
             return
     lists = _lists(options)
@@ -194,12 +194,6 @@ def _convert_command(options):
         conversion = _store_variables_in_half(model, conversion, feeds, options)
     model.write(conversion, options.dst)
     print(f"wrote {options.dst}")
-
-
-def _float32_payload(model):
-    """What `model.write` writes for a model as it is (a GraphDef or a SavedModel proto)."""
-    from tf_mpt.models import sources as _sources  # pylint: disable=g-import-not-at-top
-    return model.graph_def if isinstance(model, _sources.FrozenGraph) else model.proto
 
 
 def _validation_errors(model, conversion, feeds, options):

@@ -135,13 +135,34 @@ def test_a_converted_saved_model_goes_back_to_float32_and_across(models, tmp_pat
                                **TOLERANCES["float16"])
 
 
-def test_what_tf_mpt_cannot_undo_is_refused_saying_why(models, tmp_path, capsys):
-    # a model with half variables: their float32 values are gone
-    stored = tmp_path / "stored"
+def test_variables_stored_in_half_come_back_in_float32(models, tmp_path, capsys):
+    stored, back = tmp_path / "stored", tmp_path / "back"
     assert cli_main(capsys, "convert", models / "sm", stored, "--dtype", "bfloat16",
                     "--variables", "half", *RULES)[0] == 0
-    code, _, err = cli_main(capsys, "convert", stored, tmp_path / "a", "--dtype", "float32")
-    assert code == 2 and "variable(s) in half" in err and "float32 original" in err
+    reader = tf.train.load_checkpoint(str(stored / "variables" / "variables"))
+    assert tf.bfloat16 in reader.get_variable_to_dtype_map().values()
+    code, out, err = cli_main(capsys, "convert", stored, back, "--dtype", "float32")
+    assert code == 0, err
+    reader = tf.train.load_checkpoint(str(back / "variables" / "variables"))
+    values = {k: v for k, v in reader.get_variable_to_dtype_map().items()
+              if k.endswith("VARIABLE_VALUE")}
+    assert set(values.values()) == {tf.float32} and len(values) == 3, values
+    loaded = tf.saved_model.load(str(back))
+    assert [v.dtype.name for v in (loaded.k, loaded.w, loaded.b)] == ["float32"] * 3
+    np.testing.assert_allclose(_serve(back)["y"].numpy(), _serve(models / "sm")["y"].numpy(),
+                               **TOLERANCES["bfloat16"])  # the weights were rounded once
+    # across from there: float32 variables again, the float16 graph
+    code, _, err = cli_main(capsys, "convert", stored, tmp_path / "fp16", "--dtype", "float16",
+                            *RULES)
+    assert code == 0, err
+    np.testing.assert_allclose(_serve(tmp_path / "fp16")["y"].numpy(),
+                               _serve(models / "sm")["y"].numpy(), **TOLERANCES["bfloat16"])
+    code, _, err = cli_main(capsys, "convert", stored, tmp_path / "again", "--dtype",
+                            "float16", "--variables", "half", *RULES)
+    assert code == 2 and "write it in float32 first" in err
+
+
+def test_what_tf_mpt_cannot_undo_is_refused_saying_why(models, tmp_path, capsys):
     # a float32 model: nothing to undo
     code, _, err = cli_main(capsys, "convert", models / "sm", tmp_path / "b", "--dtype",
                             "float32")
@@ -157,7 +178,7 @@ def test_what_tf_mpt_cannot_undo_is_refused_saying_why(models, tmp_path, capsys)
     code, _, err = cli_main(capsys, "convert", tmp_path / "keras_mixed", tmp_path / "c",
                             "--dtype", "float32")
     assert code == 2 and "tf_mpt did not convert it" in err and "float16" in err
-    for name in ("a", "b", "c"):
+    for name in ("b", "c"):
         assert not os.path.exists(tmp_path / name)
 
 

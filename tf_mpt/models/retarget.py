@@ -8,9 +8,10 @@ mixed policy). In a model marked 'float32' every half dtype is tf_mpt's, so undo
     every half type attr, type-list entry, function argument / result and Const -> float32
     every tf_mpt Cast (now float32 -> float32) removed, its readers reading its input
 
-Half-stored variables (`--variables half`) and a model marked 'mixed', or one whose half ops
-tf_mpt did not add, are refused with what can and cannot be undone: tf_mpt cannot tell its
-own half ops from the model's there.
+A model marked 'mixed', or one whose half ops tf_mpt did not add, is refused with what can
+and cannot be undone: tf_mpt cannot tell its own half ops from the model's there. Variables
+stored in half (`--variables half`) go back to float32 with their checkpoint
+(SavedModelDir.in_float32), holding their values rounded once.
 
 Example:
     >>> graph_def = to_float32(converted_graph_def)   # the float32 model's op dtypes again

@@ -153,6 +153,10 @@ class FrozenGraph:
         back.graph_def = _retarget.to_float32(self.graph_def)
         return back
 
+    def as_conversion(self):
+        """This model as a Conversion `write` writes."""
+        return Conversion(self.graph_def, {})
+
     def graph_defs(self, conversion=None):
         """{label: GraphDef} to show or inspect."""
         return {"graph": self.graph_def if conversion is None else conversion.payload}
@@ -217,6 +221,9 @@ class SavedModelDir:
     """A SavedModel directory."""
 
     kind = "SavedModel"
+
+    # in_float32's VariableChoice: the checkpoint's half tensors, written back in float32
+    float32_variables = None
 
     def __init__(self, path):
         self.path = path
@@ -287,26 +294,29 @@ class SavedModelDir:
             _retarget.mark_source(meta_graph.graph_def, source)
             reports[self._label(index)] = result.report
         _check_all_found(names, found)
-        return Conversion(proto, reports)
+        return Conversion(proto, reports, self.float32_variables)
 
     def in_float32(self):
         """(this model as it was before tf_mpt converted it: a SavedModelDir whose proto is
         in memory, its checkpoint this one's), ModelError if that cannot be known."""
         _retarget.check_undoable([m.graph_def for m in self.proto.meta_graphs], self.path)
-        half = [n.variable.name or str(i) for m in self.proto.meta_graphs
-                for i, n in enumerate(m.object_graph_def.nodes)
-                if n.HasField("variable") and n.variable.dtype in _retarget.HALF_TYPES]
-        if half:
-            raise ModelError(
-                f"{self.path!r} stores {len(half)} variable(s) in half ({', '.join(half[:3])}"
-                f"{' ...' if len(half) > 3 else ''}; `convert --variables half`): their float32 "
-                "values are gone from its checkpoint. Convert the float32 original instead.")
         back = copy.copy(self)
         back.proto = saved_model_pb2.SavedModel()
         back.proto.CopyFrom(self.proto)
         for meta_graph in back.proto.meta_graphs:
             meta_graph.graph_def.CopyFrom(_retarget.to_float32(meta_graph.graph_def))
+            for node in meta_graph.object_graph_def.nodes:  # `--variables half` undone
+                if node.HasField("variable") and node.variable.dtype in _retarget.HALF_TYPES:
+                    node.variable.dtype = tf.float32.as_datatype_enum
+        half = tf.train.load_checkpoint(self._checkpoint_prefix()).get_variable_to_dtype_map()
+        half = {key: key for key, dtype in half.items() if dtype in (tf.float16, tf.bfloat16)}
+        if half:  # their values, rounded to half once, are written back in float32
+            back.float32_variables = _variables.VariableChoice("float32", converted=half)
         return back
+
+    def as_conversion(self):
+        """This model as a Conversion `write` writes (with in_float32's variables)."""
+        return Conversion(self.proto, {}, self.float32_variables)
 
     def graph_defs(self, conversion=None):
         proto = self.proto if conversion is None else conversion.payload
@@ -317,6 +327,10 @@ class SavedModelDir:
 
     def store_variables_in_half(self, conversion, dtype):
         """The conversion with the float32 variables only half ops read stored in `dtype`."""
+        if self.float32_variables is not None:
+            raise ModelError(
+                "--variables half on a model whose variables were stored in half: write it in "
+                "float32 first (--dtype float32), then convert that with --variables half.")
         proto = saved_model_pb2.SavedModel()
         proto.CopyFrom(conversion.payload)
         choice = _variables.store_in_half(proto, self._checkpoint_prefix(), dtype)
