@@ -140,3 +140,18 @@ def test_eager_state_round_trips_through_tf_train_checkpoint(tmp_path):
     restored = tf_mpt.DynamicLossScale(initial_loss_scale=16, increment_period=2)
     tf.train.Checkpoint(loss_scale=restored).restore(path).assert_consumed()
     assert [v.numpy().item() for v in restored.variables_for_graph()] == saved == [8.0, 0, 1]
+
+
+@pytest.mark.parametrize("mode", ["eager", "tf.function"])
+def test_tf2_skipped_steps_are_readable_and_a_run_of_them_warns_once(capfd, mode):
+    from tf_mpt.training import loss_scale as _loss_scale
+    scale = tf_mpt.DynamicLossScale()
+    update = scale.update if mode == "eager" else tf.function(scale.update)
+    capfd.readouterr()
+    for _ in range(_loss_scale.WARN_AFTER_SKIPS + 1):
+        update([tf.constant([1.0, np.inf])])
+    assert int(scale.skipped_steps.numpy()) == _loss_scale.WARN_AFTER_SKIPS + 1
+    err = capfd.readouterr().err
+    assert err.count("tf_mpt: WARNING: 8 training steps in a row had non-finite") == 1, err
+    update([tf.constant([1.0, 2.0])])
+    assert int(scale.skipped_steps.numpy()) == 0

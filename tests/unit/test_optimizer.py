@@ -206,3 +206,35 @@ def test_allreduce_dtype_comes_from_the_environment_when_not_given(monkeypatch):
     monkeypatch.setenv("TF_MPT_ALLREDUCE_DTYPE", "int8")
     with pytest.raises(ValueError, match="TF_MPT_ALLREDUCE_DTYPE must be one of"):
         tf_mpt.LossScaleOptimizer(inner)
+
+
+def test_skipped_steps_show_in_tf1_summaries_and_a_run_of_them_warns_once(capfd):
+    """The scale and the non-finite steps in a row are summaries `tf_mpt/current_loss_scale`
+    and `tf_mpt/skipped_steps` (merge_all writes them); a run of WARN_AFTER_SKIPS skipped
+    steps says once on stderr that the scale fights a real overflow."""
+    from tf_mpt.training import loss_scale as _loss_scale
+    graph, m = _model(OPTIMIZERS["Momentum"], True)
+    feeds = {"x:0": np.ones([4, 3], np.float32)}
+    with graph.as_default():
+        merged = tf1.summary.merge_all()
+    skips = _loss_scale.WARN_AFTER_SKIPS + 3
+    with tf1.Session(graph=graph) as sess:
+        sess.run(m["init"])
+        capfd.readouterr()
+        for _ in range(skips):
+            sess.run(m["train"], {**feeds, "factor:0": np.inf})
+        summary = tf1.Summary()
+        summary.ParseFromString(sess.run(merged))
+        values = {v.tag: v.simple_value for v in summary.value}
+        assert sess.run(m["step"]) == 0  # no skipped step counts
+        sess.run(m["train"], {**feeds, "factor:0": 1.0})
+        after = tf1.Summary()
+        after.ParseFromString(sess.run(merged))
+        assert sess.run(m["step"]) == 1
+    assert values == {"tf_mpt/current_loss_scale": 2.0 ** 15 / 2 ** skips,
+                      "tf_mpt/skipped_steps": skips}
+    assert {v.tag: v.simple_value for v in after.value}["tf_mpt/skipped_steps"] == 0
+    err = capfd.readouterr().err
+    assert err.count(f"tf_mpt: WARNING: {_loss_scale.WARN_AFTER_SKIPS} training steps in a "
+                     "row had non-finite") == 1, err
+    assert "it is fighting a real overflow" in err

@@ -14,10 +14,16 @@ Dynamic rule (per step, on the all-reduced gradients):
     else:
         skip the update (no variable, slot or global_step changes)
         scale = max(scale / multiplier, min_loss_scale); good_steps = 0; skipped_steps += 1
+        if skipped_steps == WARN_AFTER_SKIPS: one WARNING on stderr (a real overflow, not
+            the scale probing downward: that takes a step or two)
         if skipped_steps == max_consecutive_skips: raise, saying what happened and what to try
 
 State lives in variables `tf_mpt/current_loss_scale` (float32), `tf_mpt/good_steps` and
-`tf_mpt/skipped_steps` (int64), which tf.compat.v1.train.Saver and tf.train.Checkpoint save.
+`tf_mpt/skipped_steps` (int64: non-finite steps in a row), which tf.compat.v1.train.Saver
+and tf.train.Checkpoint save. In a TF1 graph the scale and the skipped steps are also scalar
+summaries `tf_mpt/current_loss_scale` and `tf_mpt/skipped_steps` (in the SUMMARIES
+collection, so `tf.compat.v1.summary.merge_all()` and a MonitoredTrainingSession's summary
+hook write them to TensorBoard); TF2 reads them from `tf_mpt.loss_scale_of(optimizer)`.
 
 Example:
     >>> scale = tf_mpt.loss_scale.get("dynamic")
@@ -26,6 +32,7 @@ Example:
 
 import math
 import numbers
+import sys
 
 import tensorflow as tf
 
@@ -36,6 +43,10 @@ __all__ = ["LossScale", "StaticLossScale", "DynamicLossScale", "get", "all_finit
 tf1 = tf.compat.v1
 
 SCOPE = "tf_mpt"
+# Non-finite steps in a row after which one WARNING says the scale fights a real overflow: from
+# 2^15 a float16 scale needs a step or two to fall below an overflow of the scaled gradients;
+# eight in a row is the scale at 2^7 and still overflowing.
+WARN_AFTER_SKIPS = 8
 
 
 def _check_number(name, value, *, positive=True, at_least=None, integer=False):
@@ -202,6 +213,13 @@ class DynamicLossScale(LossScale):
                     made.append(tf1.get_variable(
                         name, initializer=tf.constant(initial, dtype), trainable=False,
                         use_resource=True, aggregation=tf.VariableAggregation.NONE))
+            # TensorBoard shows what the scale does (a summary reads the variable when run)
+            for variable, name in ((made[0], "current_loss_scale"), (made[2], "skipped_steps")):
+                # the tag exactly the variable's name (summary.scalar would uniquify it to _1)
+                summary = tf.raw_ops.ScalarSummary(tags=f"{scope}/{name}",
+                                                   values=variable.read_value(),
+                                                   name=f"{scope}/{name}_summary")
+                tf1.add_to_collection(tf1.GraphKeys.SUMMARIES, summary)
         return tuple(made)
 
     def variables_for_graph(self):
@@ -239,7 +257,17 @@ class DynamicLossScale(LossScale):
                  "(TF_MPT_DENYLIST_ADD=<op> or tf_mpt.keep_fp32()) or use bfloat16; otherwise "
                  "lower min_loss_scale, the learning rate, or check the input data."],
                 summarize=1, name="too_many_skipped_steps")
-            with tf.control_dependencies([check]):
+            warn = tf.cond(
+                tf.equal(new_skipped, WARN_AFTER_SKIPS),
+                lambda: tf.print(
+                    f"tf_mpt: WARNING: {WARN_AFTER_SKIPS} training steps in a row had non-finite "
+                    "(inf/NaN) gradients and were skipped (no variable, slot or step counter "
+                    "changed); the loss scale is now", new_scale, ": it is fighting a real "
+                    "overflow, not probing. If the loss is inf/NaN the forward pass overflows "
+                    "(keep that op float32 or use bfloat16); else check the data and the "
+                    "learning rate.", output_stream=sys.stderr),
+                tf.no_op, name="warn_skipped_steps")
+            with tf.control_dependencies([check, warn]):
                 return tf.group(scale.assign(new_scale), good.assign(tf.constant(0, tf.int64)),
                                 skipped.assign(new_skipped))
 
