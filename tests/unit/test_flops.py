@@ -3,6 +3,7 @@
 
 import pytest
 
+from tf_mpt.rewrite.paint import contractions
 from tf_mpt.rewrite.paint import flops
 
 
@@ -40,7 +41,7 @@ def test_einsum_counts_every_index_once():
 
 @pytest.mark.parametrize("op_type", ["DepthwiseConv2dNative", "Conv3D", "Relu"])
 def test_an_op_it_does_not_model_is_unknown_not_a_guess(op_type):
-    assert op_type not in flops.COUNTED_OPS
+    assert op_type not in contractions.FLOP_OPS
     shapes = _dims({0: [8, 16, 16, 64], 1: [3, 3, 32, 64], 2: [8, 16, 16, 64]})
     assert flops.flops_from_shapes(op_type, False, shapes, shapes) is None
 

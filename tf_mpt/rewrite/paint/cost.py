@@ -22,6 +22,7 @@ measured costs 0 (only its Casts count). The model is on by default for bfloat16
 import math
 
 from tf_mpt.rewrite import function_bodies as _function_bodies
+from tf_mpt.rewrite.paint import contractions as _contractions
 from tf_mpt.rewrite.paint import flops as _flops
 from tf_mpt.rewrite.paint import op_costs as _op_costs
 from tf_mpt.rewrite import type_attrs as ta
@@ -40,7 +41,6 @@ RELATIVE_FLOOR = 0.02
 
 # What TensorFlow's remapper fuses into a preceding matrix product or convolution (in
 # float32 and bfloat16 alike): BiasAdd, then Add (a residual) and an activation (see fusion).
-CONTRACTIONS = frozenset(_flops.MATMUL_OPS + ("Conv2D", "DepthwiseConv2dNative", "Einsum"))
 FUSED_AFTER_CONTRACTION = frozenset(("BiasAdd", "Relu", "Relu6", "Elu", "LeakyRelu", "Tanh",
                                      "Sigmoid", "Add", "AddV2"))
 
@@ -347,7 +347,7 @@ def fusion(view, i, depth=3):
     src_op = view.nodes[src].op
     if _cost_key(node) == "FusedBatchNormV3:inference":
         return "float32" if src_op in ("Conv2D", "DepthwiseConv2dNative") else None
-    if src_op in CONTRACTIONS:
+    if src_op in _contractions.FUSING_OPS:
         return "both" if node.op == "BiasAdd" else None
     if node.op in FUSED_AFTER_CONTRACTION or role == "outer":
         before = fusion(view, src, depth - 1)
@@ -362,8 +362,8 @@ def _units(p, shapes, v, op):
     vertex v's node; None if a shape it needs is unknown."""
     i = p.v_node[v]
     node = p.view.nodes[i]
-    if op in _op_costs.PER_FLOP:
-        attr = _flops.transposed_attr(op) if op in _flops.MATMUL_OPS else None
+    if op in _contractions.FLOP_OPS:
+        attr = _flops.transposed_attr(op) if op in _contractions.MATMUL_OPS else None
         transposed = attr is not None and attr in node.attr and node.attr[attr].b
         return _flops.flops_from_shapes(
             op, transposed, lambda port: _dims(shapes.input(i, port)),
@@ -390,7 +390,7 @@ def node_spec(p, shapes, v):
     static shapes), or None."""
     i = p.v_node[v]
     node = p.view.nodes[i]
-    if node.op not in _op_costs.PER_NODE:
+    if node.op not in _contractions.NODE_TIMED_OPS:
         return None
     ports = range(len(p.view.fanin[i]))
     return _op_costs.node_spec(
@@ -434,7 +434,7 @@ def vertex_cost(p, shapes, costs, v, node_seconds=None):
     if fused == "float32":
         return half, (f"{costs.dtype} {node.op} over {units} elements runs as its own kernel "
                       "here, while float32 fuses it into the convolution before it"), 0.0
-    what = (f"{units / 1e6:.2g} MFLOP" if key in _op_costs.PER_FLOP
+    what = (f"{units / 1e6:.2g} MFLOP" if key in _contractions.FLOP_OPS
             else f"{units} elements")
     return (half - single, f"{costs.dtype} {node.op} over {what} {_ratio(single, half)}",
             single)

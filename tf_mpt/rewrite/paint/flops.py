@@ -10,6 +10,8 @@ import math
 
 import tensorflow as tf
 
+from tf_mpt.rewrite.paint import contractions as _contractions
+
 
 def _dims(tensor):
     """The static shape as a list of ints, or None if any dimension is unknown."""
@@ -19,9 +21,6 @@ def _dims(tensor):
     return shape.as_list()
 
 
-MATMUL_OPS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
-CONV_OPS = ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter")
-COUNTED_OPS = MATMUL_OPS + CONV_OPS + ("Einsum",)
 
 
 def transposed_attr(op_type):
@@ -46,8 +45,8 @@ def einsum_flops(equation, input_dims):
 
 
 def flops_from_shapes(op_type, transposed, input_dims, output_dims, equation=None):
-    """FLOPs of one op of COUNTED_OPS; None if a shape is unknown or the op is not one of
-    COUNTED_OPS (its cost is unknown here, never guessed).
+    """FLOPs of one op of contractions.FLOP_OPS; None if a shape is unknown or the op is not one
+    of them (its cost is unknown here, never guessed).
 
     input_dims(port) / output_dims(port): the static shape as a list of ints, or None.
     transposed: the product reads its first input transposed (matrix products only).
@@ -55,7 +54,7 @@ def flops_from_shapes(op_type, transposed, input_dims, output_dims, equation=Non
     """
     if op_type == "Einsum":
         return None if equation is None else einsum_flops(equation, input_dims)
-    if op_type in MATMUL_OPS:
+    if op_type in _contractions.MATMUL_OPS:
         out, a = output_dims(0), input_dims(0)
         if out is None or a is None or len(a) < 2:
             return None
@@ -75,9 +74,9 @@ def flops_from_shapes(op_type, transposed, input_dims, output_dims, equation=Non
 
 def op_flops(op):
     """FLOPs of one tf.Operation, or None if it is not counted or a shape is unknown."""
-    if op.type not in COUNTED_OPS:
+    if op.type not in _contractions.FLOP_OPS:
         return None
-    transposed = op.type in MATMUL_OPS and op.get_attr(transposed_attr(op.type))
+    transposed = op.type in _contractions.MATMUL_OPS and op.get_attr(transposed_attr(op.type))
     equation = op.get_attr("equation").decode() if op.type == "Einsum" else None
     return flops_from_shapes(op.type, transposed, lambda port: _dims(op.inputs[port]),
                              lambda port: _dims(op.outputs[port]), equation)
@@ -94,7 +93,7 @@ def half_flop_share(graph, half_dtype, weights=None, half_names=None):
     half = tf.as_dtype(half_dtype)
     total = in_half = skipped = 0
     for op in graph.get_operations():
-        if op.type not in COUNTED_OPS:
+        if op.type not in _contractions.FLOP_OPS:
             continue
         flops = op_flops(op)
         if flops is None:

@@ -7,12 +7,12 @@ bfloat16 Add (half the bytes) is faster, and a bfloat16 DepthwiseConv2dNativeBac
 with stride 2 is 15-80x slower. No fixed table is right on every CPU, so (probes.py):
 
 * each op type is timed once at a few sizes in float32 and in the half type, and
-      time(op, dtype, n)                             n = FLOPs (PER_FLOP ops) or elements
+      time(op, dtype, n)                             n = FLOPs (contractions.FLOP_OPS) or elements
   interpolates linearly between those points (beyond the largest: the last segment's slope;
   below the smallest: the smallest time), cached as JSON in TF_MPT_CACHE_DIR under a key of
   the CPU model, its half-precision flags, TensorFlow's version and MEASURE_VERSION
   (measured once per machine, ~10 s);
-* each matrix product or convolution (PER_NODE) is timed at its own shapes and attrs the
+* each matrix product or convolution (contractions.NODE_TIMED_OPS) is timed at its own shapes and attrs the
   first time a graph has it, in one child process per rewrite, and cached the same way.
 
 TF_MPT_OP_COSTS=<file> uses a table written before (`python -m tf_mpt.rewrite.paint.probes
@@ -36,17 +36,14 @@ import typing
 from tf_mpt import _cpu
 from tf_mpt import _state
 from tf_mpt import config as _config
+from tf_mpt.rewrite.paint import contractions as _contractions
 
 _log = logging.getLogger("tf_mpt")
 
 MEASURE_VERSION = 9
 MEASURE_TIMEOUT = 600  # seconds for one child process (a table takes ~5, a node ~0.1)
 
-PER_FLOP = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "Conv2D",
-            "Conv2DBackpropInput", "Conv2DBackpropFilter")
-PER_NODE = PER_FLOP + ("DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
-                       "DepthwiseConv2dNativeBackpropFilter")
-# The attrs that change a PER_NODE op's kernel time (besides its shapes and T).
+# The attrs that change such an op's kernel time (besides its shapes and T).
 NODE_ATTRS = ("strides", "padding", "explicit_paddings", "dilations", "data_format",
               "transpose_a", "transpose_b", "adj_x", "adj_y", "equation")
 # Integer inputs that hold the op's output shape: (op, input port).
@@ -70,7 +67,7 @@ class OpCosts:
         dtype: the half type measured ('bfloat16' or 'float16').
         source: where the table comes from ("measured on <CPU>" or a file), for the report.
         float32 / half: {op type: ((units, seconds), ...) by units}; unit = FLOP for
-            PER_FLOP ops, else element.
+            contractions.FLOP_OPS, else element.
         cast: ((elements, seconds), ...) of a Cast between float32 and the half type (the
             mean of both directions).
     """
@@ -151,13 +148,13 @@ def _interpolate(points, units):
 # --- the table of this machine --------------------------------------------------------------
 
 def node_spec(node, input_shapes, output_shape, constant_inputs):
-    """The key (JSON text) a PER_NODE node is timed and cached under, or None when a shape it
+    """The key (JSON text) a contractions.NODE_TIMED_OPS node is timed and cached under, or None when a shape it
     needs is unknown.
 
     node: its NodeDef; input_shapes: static shape (tuple) or None per data input;
     output_shape: its first output's; constant_inputs: per data input, True if a Const.
     """
-    if node.op not in PER_NODE or output_shape is None or any(d < 0 for d in output_shape):
+    if node.op not in _contractions.NODE_TIMED_OPS or output_shape is None or any(d < 0 for d in output_shape):
         return None
     inputs = []
     for port, shape in enumerate(input_shapes):
@@ -331,7 +328,7 @@ def _cached_or_measured(directory, dtype):
 
 
 class NodeTimes:
-    """Kernel times of PER_NODE nodes by node_spec key: this process's, then the cache
+    """Kernel times of contractions.NODE_TIMED_OPS nodes by node_spec key: this process's, then the cache
     file's, then measured in one child process per lookup of new keys."""
 
     def __init__(self, path, directory, dtype):

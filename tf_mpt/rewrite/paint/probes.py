@@ -27,6 +27,7 @@ import logging
 import statistics
 
 from tf_mpt import _cpu
+from tf_mpt.rewrite.paint import contractions as _contractions
 from tf_mpt.rewrite.paint import op_costs as _op_costs
 
 _log = logging.getLogger("tf_mpt")
@@ -38,7 +39,6 @@ NODE_RUNS = 7
 CHAIN = 4  # copies of a node probe run in a chain (see _node_graph)
 # Matrix products whose runs go round each other (see time_nodes), SPREAD_CHUNK at a time
 # (each holds two Sessions).
-SPREAD_OPS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum")
 SPREAD_CHUNK = 64
 
 # op -> (kind, input names) of the elementwise probes; kind: unary / binary (two inputs of
@@ -308,7 +308,7 @@ def time_nodes(specs, dtype="bfloat16"):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     alone, spread = [], []
     for key in specs:
-        (spread if json.loads(key)["op"] in SPREAD_OPS else alone).append(key)
+        (spread if json.loads(key)["op"] in _contractions.SPREAD_OPS else alone).append(key)
     found = {}
     for key in alone:
         found.update(_time_together(tf, [key], dtype))
@@ -399,7 +399,7 @@ def _main(argv=None):
     print(f"{costs.source}; {args.dtype} vs float32 at {ELEMENTS[2]} elements / 1e8 FLOPs")
     for op in sorted(costs.half):
         if op in costs.float32:
-            units = 1e8 if op in _op_costs.PER_FLOP else ELEMENTS[2]
+            units = 1e8 if op in _contractions.FLOP_OPS else ELEMENTS[2]
             single, half = costs.time(op, units, False), costs.time(op, units, True)
             print(f"  {op:38s} float32 {single * 1e6:9.1f} us  half {half * 1e6:9.1f} us  "
                   f"{single / half if half else 0:5.2f}x")
