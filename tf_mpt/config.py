@@ -311,7 +311,7 @@ class Config:
         return self.enable and dtype == "float16"
 
     def __post_init__(self):
-            object.__setattr__(self, "target", _targets.parse(self.target, "Config.target"))
+        object.__setattr__(self, "target", _targets.parse(self.target, "Config.target"))
 
     def resolve_dtype(self, gpu_visible, native_bfloat16):
         """The half dtype to use, or None (auto found no fast half type: stay float32)."""

@@ -39,9 +39,17 @@ def _all_nodes(graph_def):
         yield from fdef.node_def
 
 
+def _is_our_cast(node):
+    return node.op == "Cast" and node.name.endswith(_casts.CAST_SUFFIX)
+
+
 def _our_casts(graph_def):
-    return [n for n in _all_nodes(graph_def)
-            if n.op == "Cast" and n.name.endswith(_casts.CAST_SUFFIX)]
+    return [n for n in _all_nodes(graph_def) if _is_our_cast(n)]
+
+
+def _half_types_of(value):
+    """The half types an AttrValue holds (as `type` or in `list.type`)."""
+    return {t for t in [value.type] + list(value.list.type) if t in HALF_TYPES}
 
 
 def mark_source(graph_def, source):
@@ -55,8 +63,7 @@ def half_types_in(graph_def):
     found = set()
     for node in _all_nodes(graph_def):
         for value in node.attr.values():
-            found.update(HALF_TYPES[t] for t in [value.type] + list(value.list.type)
-                         if t in HALF_TYPES)
+            found.update(HALF_TYPES[t] for t in _half_types_of(value))
     for fdef in graph_def.library.function:
         for arg in list(fdef.signature.input_arg) + list(fdef.signature.output_arg):
             if arg.type in HALF_TYPES:
@@ -91,16 +98,12 @@ def check_undoable(graph_defs, where):
 
 
 def _to_float(value):
-    """An AttrValue's half types -> float32, in place; True if it changed."""
-    changed = False
+    """An AttrValue's half types -> float32, in place."""
     if value.type in HALF_TYPES:
         value.type = _FLOAT
-        changed = True
     for i, t in enumerate(value.list.type):
         if t in HALF_TYPES:
             value.list.type[i] = _FLOAT
-            changed = True
-    return changed
 
 
 def _node_to_float(node):
@@ -110,15 +113,14 @@ def _node_to_float(node):
                                                                          values.shape))
     for key in list(node.attr):
         _to_float(node.attr[key])
-    if node.op == "Cast" and node.name.endswith(_casts.CAST_SUFFIX):
+    if _is_our_cast(node):
         del node.attr[SOURCE_ATTR]
 
 
 def _remove_our_casts(graph_def):
     """Every tf_mpt Cast of `graph_def` (float32 -> float32 now) bypassed and removed."""
     editor = _editor.Editor(graph_def, _FLOAT)
-    for cast in [n for n in graph_def.node if n.op == "Cast"
-                 and n.name.endswith(_casts.CAST_SUFFIX)]:
+    for cast in [n for n in graph_def.node if _is_our_cast(n)]:
         data = [t for t in cast.input if not t.startswith("^")]
         editor.bypass(cast.name, data[0])
     editor.finish()
@@ -138,7 +140,7 @@ def to_float32(graph_def):
     _remove_our_casts(out)
     signatures = {f.signature.name: f.signature for f in out.library.function}
     for index, fdef in enumerate(out.library.function):
-        if not any(n.name.endswith(_casts.CAST_SUFFIX) or _has_half(n) for n in fdef.node_def):
+        if not any(_is_our_cast(n) or _has_half(n) for n in fdef.node_def):
             continue
         try:
             body, _ = _function_bodies.function_to_graph_def(fdef, signatures)
@@ -154,5 +156,4 @@ def to_float32(graph_def):
 
 
 def _has_half(node):
-    return any(v.type in HALF_TYPES or any(t in HALF_TYPES for t in v.list.type)
-               for v in node.attr.values())
+    return any(_half_types_of(v) for v in node.attr.values())

@@ -15,6 +15,7 @@ function holding a node of that name) or `function/node`.
 """
 
 
+import contextlib
 import copy
 import dataclasses
 import os
@@ -373,23 +374,28 @@ class SavedModelDir:
     def runner(self, conversion):
         return _SavedModelRunner(self, conversion)
 
+    @contextlib.contextmanager
+    def on_disk(self, conversion=None):
+        """The path of this model, or of `conversion` written to a temporary directory (its
+        other files linked to this model's) while the context is open."""
+        if conversion is None:
+            yield self.path
+            return
+        temporary = tempfile.mkdtemp(prefix="tf_mpt-trial-")
+        try:
+            path = os.path.join(temporary, "model")
+            self._write_directory(conversion, path, link=True)
+            yield path
+        finally:
+            shutil.rmtree(temporary, ignore_errors=True)
+
     def frozen(self, conversion=None):
         """{signature: (GraphDef with variables as constants and calls inlined,
         {input name: placeholder name})} for shapes, FLOPs and per-tensor numerics: of the
         model, or of `conversion` as `write` would write it (loaded from a temporary copy)."""
-        if conversion is None:
-            return self._frozen(self.path)
-        temporary = tempfile.mkdtemp(prefix="tf_mpt-inspect-")
-        try:
-            path = os.path.join(temporary, "model")
-            self._write_directory(conversion, path, link=True)
-            return self._frozen(path)
-        finally:
-            shutil.rmtree(temporary, ignore_errors=True)
-
-    def _frozen(self, path):
         from tensorflow.python.framework import convert_to_constants  # pylint: disable=g-import-not-at-top
-        _, signatures = _model_io.load_signatures(path)
+        with self.on_disk(conversion) as path:
+            _, signatures = _model_io.load_signatures(path)
         out = {}
         for name in sorted(self._signatures):
             function = signatures[name]
@@ -404,23 +410,15 @@ class _SavedModelRunner:
     """Loads the model (or a conversion, from a temporary directory) and calls its signatures."""
 
     def __init__(self, model, conversion):
-        self._model = model
-        self._conversion = conversion
-        self._temporary = None
+        self._on_disk = model.on_disk(conversion)
         self._signatures = None
 
     def __enter__(self):
-        path = self._model.path
-        if self._conversion is not None:
-            self._temporary = tempfile.mkdtemp(prefix="tf_mpt-trial-")
-            path = os.path.join(self._temporary, "model")
-            self._model._write_directory(self._conversion, path, link=True)  # pylint: disable=protected-access
-        _, self._signatures = _model_io.load_signatures(path)
+        _, self._signatures = _model_io.load_signatures(self._on_disk.__enter__())
         return self
 
     def __exit__(self, *exc_info):
-        if self._temporary is not None:
-            shutil.rmtree(self._temporary, ignore_errors=True)
+        self._on_disk.__exit__(*exc_info)
 
     def __call__(self, label, feed):
         outputs = self._signatures[label](**{k: tf.constant(v) for k, v in feed.items()})

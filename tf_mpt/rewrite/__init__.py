@@ -251,9 +251,9 @@ def with_target(config, target):
 def target_for(config, dtype):
     """The tf_mpt.targets.Target a rewrite to `dtype` with `config` decides for (a GPU seen by
     TensorFlow counts: `auto` then follows the op lists)."""
-    target = _targets.resolve(config, _dtypes.parse(dtype).name,
-                              gpu_visible=ta.default_device_type() == "GPU")
-    _targets.say_why_once(target, _dtypes.parse(dtype).name)
+    name = _dtypes.parse(dtype).name
+    target = _targets.resolve(config, name, gpu_visible=ta.default_device_type() == "GPU")
+    _targets.say_why_once(target, name)
     return target
 
 

@@ -21,8 +21,6 @@ def _dims(tensor):
     return shape.as_list()
 
 
-
-
 def transposed_attr(op_type):
     """The attr saying whether a matrix product reads its first input transposed."""
     return "transpose_a" if op_type == "MatMul" else "adj_x"

@@ -7,13 +7,14 @@ bfloat16 Add (half the bytes) is faster, and a bfloat16 DepthwiseConv2dNativeBac
 with stride 2 is 15-80x slower. No fixed table is right on every CPU, so (probes.py):
 
 * each op type is timed once at a few sizes in float32 and in the half type, and
-      time(op, dtype, n)                             n = FLOPs (contractions.FLOP_OPS) or elements
+      time(op, dtype, n)               n = FLOPs (contractions.FLOP_OPS) or elements
   interpolates linearly between those points (beyond the largest: the last segment's slope;
   below the smallest: the smallest time), cached as JSON in TF_MPT_CACHE_DIR under a key of
   the CPU model, its half-precision flags, TensorFlow's version and MEASURE_VERSION
   (measured once per machine, ~10 s);
-* each matrix product or convolution (contractions.NODE_TIMED_OPS) is timed at its own shapes and attrs the
-  first time a graph has it, in one child process per rewrite, and cached the same way.
+* each matrix product or convolution (contractions.NODE_TIMED_OPS) is timed at its own
+  shapes and attrs the first time a graph has it, in one child process per rewrite, and
+  cached the same way.
 
 TF_MPT_OP_COSTS=<file> uses a table written before (`python -m tf_mpt.rewrite.paint.probes
 --out FILE`; a JSON list of such tables holds one per half type) and measures nothing:
@@ -148,13 +149,14 @@ def _interpolate(points, units):
 # --- the table of this machine --------------------------------------------------------------
 
 def node_spec(node, input_shapes, output_shape, constant_inputs):
-    """The key (JSON text) a contractions.NODE_TIMED_OPS node is timed and cached under, or None when a shape it
-    needs is unknown.
+    """The key (JSON text) a contractions.NODE_TIMED_OPS node is timed and cached under, or
+    None when a shape it needs is unknown.
 
     node: its NodeDef; input_shapes: static shape (tuple) or None per data input;
     output_shape: its first output's; constant_inputs: per data input, True if a Const.
     """
-    if node.op not in _contractions.NODE_TIMED_OPS or output_shape is None or any(d < 0 for d in output_shape):
+    if (node.op not in _contractions.NODE_TIMED_OPS or output_shape is None
+            or any(d < 0 for d in output_shape)):
         return None
     inputs = []
     for port, shape in enumerate(input_shapes):
@@ -328,8 +330,8 @@ def _cached_or_measured(directory, dtype):
 
 
 class NodeTimes:
-    """Kernel times of contractions.NODE_TIMED_OPS nodes by node_spec key: this process's, then the cache
-    file's, then measured in one child process per lookup of new keys."""
+    """Kernel times of contractions.NODE_TIMED_OPS nodes by node_spec key: this process's,
+    then the cache file's, then measured in one child process per lookup of new keys."""
 
     def __init__(self, path, directory, dtype):
         self.path, self.directory, self.dtype = path, directory, dtype
