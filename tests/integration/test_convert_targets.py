@@ -141,6 +141,24 @@ def test_a_measured_table_decides_on_another_machine_without_measuring(saved_mod
     assert len(digests) == 1
 
 
+def test_measure_into_an_unwritable_path_says_so(tmp_path, capsys, monkeypatch):
+    from tf_mpt.rewrite.paint import probes
+    measured = []
+    monkeypatch.setattr(probes, "measure", lambda dtype: measured.append(dtype) or
+                        op_costs_table(dtype))
+    code, _, err = cli_main(capsys, "measure", "--dtype", "bfloat16", "--out",
+                            tmp_path / "missing_dir" / "t.json")
+    assert code == 2 and measured == ["bfloat16"]
+    assert "tf-mpt measure: cannot write" in err and "pass a writable path with --out" in err
+
+
+def op_costs_table(dtype):
+    """The suite's injected table for `dtype` (what a measurement would return)."""
+    from tf_mpt.rewrite.paint import op_costs
+    (table,) = [t for t in json.loads(open(TABLE).read()) if t["dtype"] == dtype]
+    return op_costs.OpCosts.from_dict(table)
+
+
 def test_a_bad_target_stops_the_command_with_the_fix(saved_model, tmp_path, capsys):
     code, _, err = cli_main(capsys, "convert", saved_model, tmp_path / "out", "--dtype",
                             "bfloat16", "--target", "zen4")

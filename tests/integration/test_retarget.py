@@ -171,14 +171,31 @@ def test_what_tf_mpt_cannot_undo_is_refused_saying_why(models, tmp_path, capsys)
     import keras
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+        # its last layer float32, as Keras advises for the outputs: that part tf_mpt converts
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4),
+                                  keras.layers.Dense(4, dtype="float32")])
         model.export(str(tmp_path / "keras_mixed"), verbose=False)
     finally:
         keras.mixed_precision.set_global_policy("float32")
     code, _, err = cli_main(capsys, "convert", tmp_path / "keras_mixed", tmp_path / "c",
                             "--dtype", "float32")
     assert code == 2 and "tf_mpt did not convert it" in err and "float16" in err
-    for name in ("b", "c"):
+    # ... and converted by tf_mpt on top: its Casts are marked 'mixed'
+    code, _, err = cli_main(capsys, "convert", tmp_path / "keras_mixed", tmp_path / "mixed",
+                            "--dtype", "float16", *RULES)
+    assert code == 0, err
+    code, _, err = cli_main(capsys, "convert", tmp_path / "mixed", tmp_path / "d", "--dtype",
+                            "float32")
+    assert code == 2 and "computed in half in places before tf_mpt converted it" in err, err
+    # a graph rewritten by the API, not by `tf-mpt convert`: its Casts carry no mark
+    import tf_mpt
+    rewritten = tf_mpt.rewrite_graph_def(_graph_def(models / "frozen.pb"), dtype="float16",
+                                         target="rules").graph_def
+    (tmp_path / "api.pb").write_bytes(rewritten.SerializeToString())
+    code, _, err = cli_main(capsys, "convert", tmp_path / "api.pb", tmp_path / "e.pb",
+                            "--dtype", "float32")
+    assert code == 2 and "without the mark `tf-mpt convert` now writes" in err, err
+    for name in ("b", "c", "d", "e.pb"):
         assert not os.path.exists(tmp_path / name)
 
 
