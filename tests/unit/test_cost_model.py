@@ -384,7 +384,7 @@ def test_a_function_traced_for_any_batch_in_a_graph_fed_a_known_one_assumes_none
 
 
 def test_the_leading_size_of_a_batch_is_read_without_converting_or_raising():
-    from tf_mpt.rewrite.paint import cost  # pylint: disable=import-outside-toplevel
+    from tf_mpt.rewrite.paint import shapes  # pylint: disable=import-outside-toplevel
 
     class Hostile:
         @property
@@ -392,12 +392,12 @@ def test_the_leading_size_of_a_batch_is_read_without_converting_or_raising():
             raise RuntimeError("reading me fails")
 
     batch = np.zeros((16, 4), np.float32)
-    assert cost.leading_size([batch, tf.zeros([16, 3]), tf.TensorSpec([None, 2])]) == 16
-    assert cost.leading_size({"x": batch, "rate": 0.5, "flags": [1, 2]}) == 16
-    assert cost.leading_size([batch, tf.Variable(tf.zeros([8, 4]))]) == 16  # not data
-    assert cost.leading_size([batch, np.zeros((8, 4))]) is None  # two sizes: no one batch
-    assert cost.leading_size([np.float32(1.0), tf.TensorSpec(None)]) is None
-    assert cost.leading_size([batch, Hostile()]) is None
+    assert shapes.leading_size([batch, tf.zeros([16, 3]), tf.TensorSpec([None, 2])]) == 16
+    assert shapes.leading_size({"x": batch, "rate": 0.5, "flags": [1, 2]}) == 16
+    assert shapes.leading_size([batch, tf.Variable(tf.zeros([8, 4]))]) == 16  # not data
+    assert shapes.leading_size([batch, np.zeros((8, 4))]) is None  # two sizes: no one batch
+    assert shapes.leading_size([np.float32(1.0), tf.TensorSpec(None)]) is None
+    assert shapes.leading_size([batch, Hostile()]) is None
 
 
 @pytest.mark.parametrize("relu_reads_alone", [True, False])

@@ -15,7 +15,7 @@ import tensorflow as tf
 from tf_mpt.automatic import state as _state
 from tf_mpt.automatic.native import library as _native
 from tf_mpt.automatic.native import rewriter as _session_rewrite
-from tf_mpt.rewrite.paint import cost as _cost
+from tf_mpt.rewrite.paint import shapes as _shapes
 from tf_mpt.training import gradient_records as _records
 
 _log = logging.getLogger(__name__)
@@ -293,10 +293,10 @@ def _session_run(original, session, fetches, feed_dict=None, options=None, run_m
 def _fed_batch(feed_dict):
     """The one leading size of the arrays fed to placeholders whose leading dimension the
     graph leaves unknown (what the cost model of a graph optimised in this run costs such
-    dimensions at), or None. Never raises (cost.leading_size)."""
+    dimensions at), or None. Never raises (shapes.leading_size)."""
     if not feed_dict or not isinstance(feed_dict, dict):
         return None
-    return _cost.leading_size([
+    return _shapes.leading_size([
         value for key, value in feed_dict.items()
         if isinstance(key, tf.Tensor) and key.shape.rank and key.shape[0] is None])
 

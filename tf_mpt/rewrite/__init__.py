@@ -54,6 +54,7 @@ from tf_mpt.rewrite.paint import tensor_arrays as _arrays
 from tf_mpt.rewrite import apply as _apply
 from tf_mpt.rewrite import boundaries as _boundaries
 from tf_mpt.rewrite.paint import cost as _cost
+from tf_mpt.rewrite.paint import shapes as _shapes
 from tf_mpt.rewrite.paint import cuts as _cuts
 from tf_mpt.rewrite import function_bodies as _function_library
 from tf_mpt.rewrite import fold_batch_norms as _fold
@@ -277,13 +278,13 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
             view = _graph_view.GraphView(graph_def)
     argument_shapes, loop_bodies = {}, set()  # what the cost model weighs bodies by
     if constants is not None and graph_def.library.function:
-        table = shapes() if shapes is not None else _cost.output_shapes_from_attrs(view)
+        table = shapes() if shapes is not None else _shapes.output_shapes_from_attrs(view)
         shapes = functools.partial(dict, table)
-        argument_shapes = _cost.call_argument_shapes(graph_def, table)
+        argument_shapes = _shapes.call_argument_shapes(graph_def, table)
         loop_bodies = _cost.loop_bodies(graph_def)
     # a graph fed batches of any size is costed at TF_MPT_COST_BATCH, bodies and all
     assumed_batch = config.cost_batch if constants is not None and \
-        _cost.batch_left_open(view, fetched) else 0
+        _shapes.batch_left_open(view, fetched) else 0
     new_graph_def, report, modified, error = _rewrite_one(
         graph_def, view, fetched, half, lists, signatures, strict, constants, shapes,
         assumed_batch=assumed_batch)
@@ -360,7 +361,7 @@ def _reachable_functions(graph_def, roots=()):
 
 
 def _rewrite_one(graph_def, view, fetched, half, lists, signatures, strict, constants,
-                 shapes, noise_floor=_cost.NOISE_FLOOR, assumed_batch=0):
+                 shapes, noise_floor=_cost.noise_floor(False), assumed_batch=0):
     """Paints one graph (no library). Returns (graph_def, report, modified, error or None).
 
     constants: the cost model's OpCosts, or None (cost model off).
@@ -374,9 +375,9 @@ def _rewrite_one(graph_def, view, fetched, half, lists, signatures, strict, cons
     skip = _node_skip_reasons(view, types, fetched)
     paint = _paint.Paint(view, types, half, lists, skip,
                          ta.default_device_type())
-    paint.shape_source = shapes or functools.partial(_cost.output_shapes_from_attrs, view)
+    paint.shape_source = shapes or functools.partial(_shapes.output_shapes_from_attrs, view)
     if constants is not None:
-        paint.shape_source = _cost.with_assumed_batch(paint.shape_source, assumed_batch)
+        paint.shape_source = _shapes.with_assumed_batch(paint.shape_source, assumed_batch)
         paint.cost = (constants, paint.static_shapes(), noise_floor)
     step = "build"
     try:
@@ -423,11 +424,11 @@ def _rewrite_function_body(fdef, half, lists, signatures, strict, constants, cal
     shapes = None
     library, argument_shapes, loop_body = callers
     if constants is not None:
-        shapes = functools.partial(_cost.function_body_shapes, body, fdef, library,
+        shapes = functools.partial(_shapes.function_body_shapes, body, fdef, library,
                                    argument_shapes)
     new_body, report, modified, error = _rewrite_one(
         body, view, set(fetches), half, lists, signatures, strict, constants, shapes,
-        0.0 if loop_body else _cost.NOISE_FLOOR, assumed_batch)
+        _cost.noise_floor(loop_body), assumed_batch)
     if error is not None or not modified:
         return None, report
     try:
@@ -490,7 +491,7 @@ def rewrite_graph(graph, *, dtype="float16", fetches=None, config=None, target=N
         meta_graph = None
     graph_def = meta_graph.graph_def if meta_graph is not None else graph.as_graph_def()
     result = rewrite_with_library(graph_def, dtype=dtype, fetches=fetches, lists=None,
-                                  strict=False, shapes=lambda: _cost.shapes_of_graph(graph),
+                                  strict=False, shapes=lambda: _shapes.shapes_of_graph(graph),
                                   config=config)
     new_graph = tf.Graph()
     with new_graph.as_default():

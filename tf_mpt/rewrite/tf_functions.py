@@ -26,7 +26,7 @@ from tf_mpt import _dtypes
 from tf_mpt import config as _config
 from tf_mpt import targets as _targets
 from tf_mpt import rewrite as _rewrite
-from tf_mpt.rewrite.paint import cost as _cost
+from tf_mpt.rewrite.paint import shapes as _shapes
 
 _log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def rewrite_function(concrete_function, *, dtype="float16", config=None, jit_com
                + [t.op.name for t in cf.inputs])
     result = _rewrite.rewrite_with_library(graph_def, dtype=dtype_name, fetches=fetches,
                                            lists=None, strict=False,
-                                           shapes=lambda: _cost.shapes_of_graph(cf.graph),
+                                           shapes=lambda: _shapes.shapes_of_graph(cf.graph),
                                            config=config)
     if not result.modified:
         return cf
@@ -276,7 +276,7 @@ class Function:
             if rewritten is None:
                 if self._on_trace is not None:
                     self._on_trace(original.graph)
-                config, batch = None, _cost.leading_size((args, kwargs)) if called else None
+                config, batch = None, _shapes.leading_size((args, kwargs)) if called else None
                 if batch is not None:
                     config = dataclasses.replace(_config.Config.from_env(os.environ),
                                                  cost_batch=batch)

@@ -222,14 +222,14 @@ def _rewrite_or_leave(graph_data, graph_size, request_data, request_size, sink, 
         if settings is None:
             return _UNCHANGED
         from tensorflow.core.framework import graph_pb2  # pylint: disable=g-import-not-at-top
-        from tf_mpt.rewrite.paint import cost as _cost  # pylint: disable=g-import-not-at-top
+        from tf_mpt.rewrite.paint import shapes as _shapes  # pylint: disable=g-import-not-at-top
         from tf_mpt import rewrite as _rewrite_module  # pylint: disable=g-import-not-at-top
         params, preserved = _parse_request(
             ctypes.string_at(request_data, request_size).decode())
         key = params.get("graph")
         graph = STATE.graphs.get(key)
         graph_def = graph_pb2.GraphDef.FromString(ctypes.string_at(graph_data, graph_size))
-        shapes = (lambda: _cost.shapes_of_graph(graph)) if graph is not None else None
+        shapes = (lambda: _shapes.shapes_of_graph(graph)) if graph is not None else None
         config, batch = settings.config, current_fed_batch()
         if batch is not None:  # this run feeds it: the cost model's batch is the real one
             config = dataclasses.replace(config, cost_batch=batch)

@@ -3,6 +3,10 @@
     rules.py          Grappler's painting passes over the allow / infer / deny / clear lists
     tensor_lists.py   paint flows through a TensorList from its writers to its readers
     tensor_arrays.py  TensorArrays and Stacks go half as a whole where that saves Casts
-    cost.py           the cost model: un-paints clusters whose Casts cost more than they save
+    cuts.py           min-cut Cast placement, and the cost model's decisions
+    cost.py           the cost model's facts: what a vertex and a Cast cost, fusions, floors
+    shapes.py         static shapes (the graph's, a function body's, an assumed batch)
+    op_costs.py       kernel-time tables (this CPU's, measured by probes.py, or a file's)
     flops.py          floating-point operations of the ops that dominate a model's time
+    contractions.py   the matrix products and convolutions, named once
 """

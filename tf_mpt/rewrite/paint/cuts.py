@@ -31,11 +31,15 @@ which match Grappler's), and among the cheapest colourings the one with the most
 """
 
 import collections
+import dataclasses
 
 from tf_mpt.rewrite.paint import cost as _cost
+from tf_mpt.rewrite.paint import shapes as _shapes
 
 _INF = float("inf")
 _EPSILON = 1e-12
+# Times (seconds) closer than this are equal: a femtosecond, far under any kernel's.
+_TIME_EPSILON = 1e-15
 # A region larger than this keeps the rules' colours (a bound on the flow's time; the clear
 # regions between allow/infer ops are a handful of ops, a model's half region thousands).
 MAX_REGION = 50000
@@ -75,7 +79,8 @@ class _Flow:
     """A max-flow graph (Dinic's algorithm: level graph by BFS, blocking flow by DFS; fast
     on these sparse graphs of thousands of vertices)."""
 
-    def __init__(self):
+    def __init__(self, epsilon):
+        self.epsilon = epsilon  # a residual capacity at or under this is none
         self.index = {}
         self.heads, self.caps, self.edges_of = [], [], []
 
@@ -105,7 +110,7 @@ class _Flow:
             a = queue.popleft()
             for e in self.edges_of[a]:
                 b = self.heads[e]
-                if level[b] < 0 and self.caps[e] > _EPSILON:
+                if level[b] < 0 and self.caps[e] > self.epsilon:
                     level[b] = level[a] + 1
                     queue.append(b)
         return level if level[t] >= 0 else None
@@ -124,7 +129,7 @@ class _Flow:
             while next_edge[a] < len(edges):
                 e = edges[next_edge[a]]
                 b = self.heads[e]
-                if self.caps[e] > _EPSILON and level[b] == level[a] + 1:
+                if self.caps[e] > self.epsilon and level[b] == level[a] + 1:
                     break
                 next_edge[a] += 1
             else:
@@ -166,7 +171,7 @@ class _Flow:
             b = stack.pop()
             for e in self.edges_of[b]:
                 a = self.heads[e]
-                if a not in found and self.caps[e ^ 1] > _EPSILON:
+                if a not in found and self.caps[e ^ 1] > self.epsilon:
                     found.add(a)
                     stack.append(a)
         names = {k: a for a, k in self.index.items()}
@@ -186,11 +191,13 @@ def _cost_of(tensors, weights, half, vertex_weights=None):
     return total
 
 
-def _minimum_cut(region, tensors, weights, fixed_half, vertex_weights=None, ties=()):
+def _minimum_cut(region, tensors, weights, fixed_half, vertex_weights=None, ties=(),
+                 epsilon=_EPSILON):
     """(cheapest cost, the set of region vertices that are half in it); each pair of `ties`
-    takes one colour."""
+    takes one colour. `epsilon`: the weights' resolution (elements: _EPSILON; seconds:
+    _TIME_EPSILON / 1000)."""
     in_region = set(region)
-    flow, source, sink = _Flow(), "half", "float32"
+    flow, source, sink = _Flow(epsilon), "half", "float32"
 
     def node(c):
         if c is not None and c in in_region:
@@ -238,7 +245,7 @@ def place_clear_casts_by_minimum_cut(p):
         tensors = _tensors(p, region)
         if not tensors or not _cost_of(tensors, [1.0] * len(tensors), fixed_half):
             continue  # no Cast around it: nothing to save
-        shapes = shapes or _cost.Shapes(p.view, p.static_shapes())
+        shapes = shapes or _shapes.Shapes(p.view, p.static_shapes())
         elements = [shapes.elements(i, port) for _, _, i, port in tensors]
         known = all(e is not None for e in elements)
         weights = [float(e) for e in elements] if known else [1.0] * len(tensors)
@@ -266,21 +273,36 @@ def _movable(p, v):
     return p.converted[v] or _free(p, v)
 
 
+@dataclasses.dataclass
+class RegionChoice:
+    """What the cost model found for one region (times in seconds per run).
+
+    Attributes:
+        region: its vertices, sorted.
+        over_rules: what its cheapest colouring (B) saves over its current one (R).
+        half: the vertices half in B.
+        why: {vertex: the phrase saying what was measured}.
+        over_float32: what B saves over all float32 (F).
+        float32_time: its weighed kernels' time in float32.
+    """
+    region: list
+    over_rules: float
+    half: set
+    why: dict
+    over_float32: float
+    float32_time: float
+
+
 def choose_precision_by_measured_cost(p):
     """The cost model: each region of ops that may change colour gets the colouring of least
     measured time, kernels and Casts together (see cost.py); half ops whose half kernels
     lose here go float32 when that is not paid back in Casts.
 
-    In microseconds per run: a half vertex pays its kernel's half-minus-float32 time (an
-    allow op whose size is unknown is pinned half), each Cast its measured time. A region
-    with a tensor of unknown size keeps its colours. Over the regions it can weigh, the
-    model compares three colourings: the cheapest (B), the rules' (R) and all float32 (F).
-    The graph keeps R when B would save less than its floor over R (the larger of
-    cost.NOISE_FLOOR, 0 in a loop body, whose savings repeat every iteration, and
-    cost.RELATIVE_FLOOR of the weighed kernels' float32 time) and R is not slower than F;
-    takes F when R is slower than F and B would save less than the floor over F (the
-    rules' half colours never cost more than float32 by the model, and a half region that
-    saves less than the floor is not worth its Casts); else B.
+    In seconds per run: a half vertex pays its kernel's half-minus-float32 time (an allow op
+    whose size is unknown is pinned half), each Cast its measured time. A region with a
+    tensor of unknown size keeps its colours. Over the regions it can weigh, the model
+    compares three colourings: the cheapest (B), the rules' (R) and all float32 (F), and
+    cost.choose_colouring picks one by its floor.
 
     Kind: paint and un-paint. Needs: the rules' final paint, the Cast-count cut before it,
     and p.cost (OpCosts, shapes, noise floor in seconds).
@@ -288,7 +310,7 @@ def choose_precision_by_measured_cost(p):
     if p.cost is None:
         return
     costs, shape_table, noise_floor = p.cost
-    shapes = _cost.Shapes(p.view, shape_table)
+    shapes = _shapes.Shapes(p.view, shape_table)
     movable = {v for v in range(len(p.allow)) if _movable(p, v)}
 
     def fixed_half(c):
@@ -297,32 +319,31 @@ def choose_precision_by_measured_cost(p):
     specs = {v: _cost.node_spec(p, shapes, v) for v in movable}
     measured = costs.node_seconds({s for s in specs.values() if s is not None})
     node_seconds = {v: measured[s] for v, s in specs.items() if s in measured}
-    weighed = []  # (region, B's gain over R, B's half vertices, why, B's gain over F)
-    float32_time = 0.0  # microseconds, the weighed kernels in float32
+    weighed = []  # a RegionChoice per region the model can weigh
     for region in (sorted(r) for r in _cost.connected_components(p, movable)):
         if len(region) > MAX_REGION:
             continue
         found = _measured_region(p, shapes, costs, region, fixed_half, node_seconds)
         if found is not None:
-            weighed.append((region,) + found[:4])
-            float32_time += found[4]
-    plan = [(region, gain, half, why) for region, gain, half, why, _ in weighed
-            if gain > 1e-9]
-    saved = sum(entry[1] for entry in plan)  # B over R
-    over_float32 = sum(entry[4] for entry in weighed)  # B over F
-    rules_slower = sum(gain for _, gain, _, _, _ in weighed) > over_float32 + 1e-9  # R > F
-    floor = max(noise_floor * 1e6, _cost.RELATIVE_FLOOR * float32_time)  # microseconds
-    if saved < floor and not rules_slower:
-        return  # R: within the floor of B, and not slower than F
-    if rules_slower and over_float32 < floor:  # F: B's half within the floor
-        plan = [(region, gain - float32_gain, set(), why)
-                for region, gain, _, why, float32_gain in weighed]
+            weighed.append(found)
+    saved = sum(c.over_rules for c in weighed if c.over_rules > _TIME_EPSILON)  # B over R
+    over_float32 = sum(c.over_float32 for c in weighed)  # B over F
+    rules_slower = sum(c.over_rules for c in weighed) > over_float32 + _TIME_EPSILON  # R > F
+    floor = _cost.floor(noise_floor, sum(c.float32_time for c in weighed))
+    choice = _cost.choose_colouring(saved, over_float32, rules_slower, floor)
+    if choice == "rules":
+        return
+    if choice == "float32":
+        plan = [(c.region, c.over_rules - c.over_float32, set(), c.why) for c in weighed]
+    else:
+        plan = [(c.region, c.over_rules, c.half, c.why) for c in weighed
+                if c.over_rules > _TIME_EPSILON]
     assumed = getattr(shape_table, "assumed", ())
     for region, gain, half, why in plan:
-        summary = (f"the region of {len(region)} op(s) then runs ~{gain:.1f} us faster "
-                   "than with the rules' colours" if gain > 1e-9 else
-                   f"float32 like the rest: half would save ~{over_float32:.1f} us per run "
-                   f"over float32 in all, under the noise floor of {floor:.0f} us")
+        summary = (f"the region of {len(region)} op(s) then runs ~{gain * 1e6:.1f} us faster "
+                   "than with the rules' colours" if gain > _TIME_EPSILON else
+                   f"float32 like the rest: half would save ~{over_float32 * 1e6:.1f} us per "
+                   f"run over float32 in all, under the noise floor of {floor * 1e6:.0f} us")
         if any(p.view.nodes[p.v_node[v]].name in assumed for v in region):
             summary += (f"; its batch dimension, unknown in the graph, costed as "
                         f"{shape_table.batch} (TF_MPT_COST_BATCH)")
@@ -335,9 +356,7 @@ def choose_precision_by_measured_cost(p):
 
 
 def _measured_region(p, shapes, costs, region, fixed_half, node_seconds):
-    """(microseconds the best colouring saves over the current one, the vertices half in
-    it, {v: what was measured}, microseconds it saves over all float32, microseconds its
-    weighed kernels take in float32) of one region, or None when a size is unknown."""
+    """The RegionChoice of one region, or None when a size is unknown."""
     tensors = _tensors(p, region)
     weights = []
     for u, _, i, port in tensors:
@@ -347,17 +366,17 @@ def _measured_region(p, shapes, costs, region, fixed_half, node_seconds):
         elements = shapes.elements(i, port)
         if elements is None:
             return None
-        weights.append(costs.cast_time(elements) * 1e6)
+        weights.append(costs.cast_time(elements))
     vertex_weights, why, float32_time = {}, {}, 0.0
     for v in region:
-        extra, what, single = _cost.vertex_cost(p, shapes, costs, v, node_seconds.get(v))
-        float32_time += single or 0.0
-        if extra is None:
+        found = _cost.vertex_cost(p, shapes, costs, v, node_seconds.get(v))
+        float32_time += found.float32 or 0.0
+        if found.extra is None:
             if p.v_list[v] == "allow" and p.converted[v]:
                 vertex_weights[v] = (0.0, _INF)  # its saving is unknown: stays half
             continue
-        vertex_weights[v] = (max(extra, 0.0) * 1e6, max(-extra, 0.0) * 1e6)
-        why[v] = what
+        vertex_weights[v] = (max(found.extra, 0.0), max(-found.extra, 0.0))
+        why[v] = found.what
     ties = []  # x * sigmoid(x) runs as one Swish kernel only when both are one dtype
     for v in region:
         parts = _cost.swish_parts(p.view, p.v_node[v])
@@ -365,10 +384,11 @@ def _measured_region(p, shapes, costs, region, fixed_half, node_seconds):
             if part is not None:
                 ties.extend((v, w) for w in p.node_vertex[part].values())
     current = _cost_of(tensors, weights, fixed_half, vertex_weights)
-    best, half = _minimum_cut(region, tensors, weights, fixed_half, vertex_weights, ties)
+    best, half = _minimum_cut(region, tensors, weights, fixed_half, vertex_weights, ties,
+                              _TIME_EPSILON / 1000)
     if current == _INF or best == _INF:
         return None
     members = set(region)
     float32 = _cost_of(tensors, weights, lambda c: c not in members and fixed_half(c),
                        vertex_weights)
-    return current - best, half, why, float32 - best, float32_time * 1e6
+    return RegionChoice(region, current - best, half, why, float32 - best, float32_time)

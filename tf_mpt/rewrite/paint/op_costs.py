@@ -60,6 +60,12 @@ FREE_OPS = frozenset((
     "EnsureShape", "CheckNumerics", "Enter", "Exit", "Merge", "Switch", "NextIteration"))
 
 
+class NodeTime(typing.NamedTuple):
+    """The kernel seconds of one node (a node_spec) in float32 and in the half type."""
+    float32: float
+    half: float
+
+
 @dataclasses.dataclass(frozen=True)
 class OpCosts:
     """Measured costs: {op: ((units, seconds), ...)} per dtype, and the Casts'.
@@ -101,7 +107,7 @@ class OpCosts:
         return _interpolate(self.cast, elements)
 
     def node_seconds(self, specs):
-        """{spec: (float32 seconds, half seconds)} measured for these node_spec keys: this
+        """{spec: NodeTime} measured for these node_spec keys: this
         machine's (measured at first use), a table's (`tf-mpt measure --model`), or none."""
         recorder = _state.STATE.node_spec_recorder
         if recorder is not None:
@@ -217,11 +223,11 @@ def _memoised(key, load):
 
 
 class TableNodes:
-    """Per-node kernel times read from a table: {node_spec key: (float32 s, half s)}; a node
-    the table does not hold has none (nothing is measured)."""
+    """Per-node kernel times read from a table: {node_spec key: NodeTime}; a node the table
+    does not hold has none (nothing is measured)."""
 
     def __init__(self, times):
-        self.times = {k: tuple(v) for k, v in times.items() if len(v) == 2}
+        self.times = {k: NodeTime(*v) for k, v in times.items() if len(v) == 2}
 
     def lookup(self, specs):
         return {k: self.times[k] for k in specs if k in self.times}
@@ -366,4 +372,4 @@ class NodeTimes:
             merged.update(self.known)
             self.known = merged
             _write_atomically(self.path, json.dumps(merged))
-        return {k: self.known[k] for k in specs if len(self.known.get(k, ())) == 2}
+        return {k: NodeTime(*self.known[k]) for k in specs if len(self.known.get(k, ())) == 2}

@@ -28,6 +28,7 @@ import statistics
 
 from tf_mpt import _cpu
 from tf_mpt.rewrite.paint import contractions as _contractions
+from tf_mpt.rewrite.paint import flops as _flops_module
 from tf_mpt.rewrite.paint import op_costs as _op_costs
 
 _log = logging.getLogger("tf_mpt")
@@ -125,33 +126,38 @@ def _probes(tf, dtype, size):
     return probes
 
 
+def _flops(op, inputs, output, equation=None):
+    """FLOPs of a probe, counted as the cost model counts a graph's (flops_from_shapes):
+    `inputs`, the static shape per input port; `output`, its first output's."""
+    return _flops_module.flops_from_shapes(
+        op, False, lambda port: list(inputs[port]), lambda port: list(output),
+        equation=equation)
+
+
 def _contraction_probes(tf, ph, size):
     raw = tf.raw_ops
     probes = {}
-
-    def flops_of(m_k, k_n):
-        *batch, m, k = m_k
-        return 2 * m * k * k_n[-1] * (batch[0] if batch else 1)
-
     (a, b) = MATMUL_SHAPES[size]
-    probes["MatMul"] = (raw.MatMul(a=ph(list(a)), b=ph(list(b))), flops_of(a, b))
+    probes["MatMul"] = (raw.MatMul(a=ph(list(a)), b=ph(list(b))),
+                        _flops("MatMul", [a, b], a[:-1] + b[-1:]))
     (a, b) = BATCH_MATMUL_SHAPES[size]
     for op in ("BatchMatMulV2", "BatchMatMul"):
-        probes[op] = (getattr(raw, op)(x=ph(list(a)), y=ph(list(b))), flops_of(a, b))
+        probes[op] = (getattr(raw, op)(x=ph(list(a)), y=ph(list(b))),
+                      _flops(op, [a, b], a[:-1] + b[-1:]))
     (a, b) = EINSUM_SHAPES[size]
-    probes["Einsum"] = (raw.Einsum(inputs=[ph(list(a)), ph(list(b))], equation="abc,cd->abd"),
-                        2 * a[0] * a[1] * a[2] * b[1])
+    equation = "abc,cd->abd"
+    probes["Einsum"] = (raw.Einsum(inputs=[ph(list(a)), ph(list(b))], equation=equation),
+                        _flops("Einsum", [a, b], a[:-1] + b[-1:], equation))
     (x, k) = CONV_SHAPES[size]
-    out = list(x[:3]) + [k[3]]
-    flops = 2 * x[0] * x[1] * x[2] * k[0] * k[1] * k[2] * k[3]
+    out = list(x[:3]) + [k[3]]  # SAME, stride 1
     probes["Conv2D"] = (raw.Conv2D(input=ph(list(x)), filter=ph(list(k)), strides=[1, 1, 1, 1],
-                                   padding="SAME"), flops)
+                                   padding="SAME"), _flops("Conv2D", [x, k], out))
     probes["Conv2DBackpropInput"] = (raw.Conv2DBackpropInput(
         input_sizes=list(x), filter=ph(list(k)), out_backprop=ph(out), strides=[1, 1, 1, 1],
-        padding="SAME"), flops)
+        padding="SAME"), _flops("Conv2DBackpropInput", [[4], k, out], x))
     probes["Conv2DBackpropFilter"] = (raw.Conv2DBackpropFilter(
         input=ph(list(x)), filter_sizes=list(k), out_backprop=ph(out), strides=[1, 1, 1, 1],
-        padding="SAME"), flops)
+        padding="SAME"), _flops("Conv2DBackpropFilter", [x, [4], out], k))
     (x, k) = DEPTHWISE_SHAPES[size]
     elements = x[0] * x[1] * x[2] * x[3]
     kwargs = {"strides": [1, 1, 1, 1], "padding": "SAME"}

@@ -13,7 +13,7 @@ on the node's device accept the half dtype.
 import numpy as np
 from tensorflow.python.framework import tensor_util
 
-from tf_mpt.rewrite.paint import cost as _cost
+from tf_mpt.rewrite.paint import shapes as _shapes
 from tf_mpt.rewrite import type_attrs as ta
 
 FETCHED = "fetched: its outputs keep their dtype"
@@ -384,7 +384,7 @@ def cast_the_selected_part_not_the_whole(p):
         readers = p.consumers_of_output(src, src_port)
         if any(c is not None and c != v and p.allow[c] for c in readers):
             continue  # another half reader needs the whole input cast anyway
-        shapes = shapes or _cost.Shapes(p.view, p.static_shapes())
+        shapes = shapes or _shapes.Shapes(p.view, p.static_shapes())
         whole, part = shapes.elements(src, src_port), shapes.elements(i, 0)
         if whole is None or part is None or part >= whole:
             continue

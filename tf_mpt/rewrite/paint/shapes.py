@@ -1,0 +1,217 @@
+"""Static shapes: what the cost model and the Cast-byte cut weigh (no costs here).
+
+Sources, each a {node name: [static shape or None per output]} table (a dimension TensorFlow
+does not know is -1):
+
+    output_shapes_from_attrs   `_output_shapes` attrs (as_graph_def(add_shapes=True))
+    shapes_of_graph            a tf.Graph's (or FuncGraph's) own inference
+    function_body_shapes       a library function's body, imported alone, its arguments
+                               shaped by its signature attrs or its callers
+                               (call_argument_shapes)
+    with_assumed_batch         a table whose unknown leading dimension reads as a batch size,
+                               for a graph fed batches of any size (batch_left_open)
+
+`Shapes` answers per vertex: a node's output or input shape and its element count.
+"""
+
+import math
+
+from tf_mpt.rewrite import function_bodies as _function_bodies
+
+
+def dims(shape):
+    """`shape` as a list of ints, or None if it or a dimension is unknown."""
+    return None if shape is None or any(d is None or d < 0 for d in shape) else list(shape)
+
+
+def output_shapes_from_attrs(view):
+    """{node name: [shape or None per output]} from `_output_shapes` attrs (as written by
+    as_graph_def(add_shapes=True)); nodes without the attr are absent."""
+    shapes = {}
+    for node in view.nodes:
+        if "_output_shapes" in node.attr:
+            shapes[node.name] = [
+                None if s.unknown_rank else tuple(d.size for d in s.dim)
+                for s in node.attr["_output_shapes"].list.shape]
+    return shapes
+
+
+def shapes_of_graph(graph):
+    """{op name: [static shape or None per output]} of a tf.Graph (or FuncGraph)."""
+    shapes = {}
+    for op in graph.get_operations():
+        entry = []
+        for tensor in op.outputs:
+            shape = tensor.shape
+            entry.append(None if shape.rank is None else tuple(
+                -1 if d is None else d for d in shape.as_list()))
+        shapes[op.name] = entry
+    return shapes
+
+
+# Ops of the main graph that call library functions: (function attrs, first data input that
+# is the functions' first argument).
+_CALLERS = {"While": (("body", "cond"), 0), "StatelessWhile": (("body", "cond"), 0),
+            "If": (("then_branch", "else_branch"), 1),
+            "StatelessIf": (("then_branch", "else_branch"), 1),
+            "PartitionedCall": (("f",), 0), "StatefulPartitionedCall": (("f",), 0)}
+
+
+def call_argument_shapes(graph_def, shape_table):
+    """{function name: [static shape or None per argument]} from the main graph's calls
+    (While, If, PartitionedCall); an argument whose callers disagree is None."""
+    found = {}
+    for node in graph_def.node:
+        if node.op not in _CALLERS:
+            continue
+        attrs, first = _CALLERS[node.op]
+        shapes = []
+        for ref in [t for t in node.input if not t.startswith("^")][first:]:
+            name, _, port = ref.partition(":")
+            entry = shape_table.get(name)
+            port = int(port or 0)
+            shapes.append(entry[port] if entry is not None and port < len(entry) else None)
+        for attr in attrs:
+            if attr not in node.attr:
+                continue
+            name = node.attr[attr].func.name
+            if name in found:
+                found[name] = [a if a == b else None for a, b in zip(found[name], shapes)]
+            else:
+                found[name] = shapes
+    return found
+
+
+def function_body_shapes(body, fdef, library, caller_shapes):
+    """{node name: output shapes} of a function body (a GraphDef from
+    function_bodies.function_to_graph_def) by TensorFlow's shape inference, its arguments
+    shaped by the FunctionDef's `_output_shapes` arg attrs or else by its callers'; {} when
+    TensorFlow cannot import it."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    graph_def = type(body)()
+    functions = {f.signature.name: f for f in library.function}
+    needed, stack = set(), [n for n in body.node]
+    while stack:  # only the functions the body calls, directly or not
+        for func in _function_bodies.called_functions(stack.pop()):
+            if func.name in functions and func.name not in needed:
+                needed.add(func.name)
+                stack.extend(functions[func.name].node_def)
+    graph_def.library.function.extend(functions[name] for name in sorted(needed))
+    # the return-value Identity nodes have names TensorFlow refuses; nothing else reads them
+    graph_def.node.extend(n for n in body.node if not n.name.startswith("__"))
+    args = {arg.name: k for k, arg in enumerate(fdef.signature.input_arg)}
+    for node in graph_def.node:
+        k = args.get(node.name)
+        if node.op != "Placeholder" or k is None:
+            continue
+        attrs = fdef.arg_attr[k].attr if k in fdef.arg_attr else {}
+        if "_output_shapes" in attrs and attrs["_output_shapes"].list.shape:
+            node.attr["shape"].shape.CopyFrom(attrs["_output_shapes"].list.shape[0])
+        elif caller_shapes and k < len(caller_shapes) and caller_shapes[k] is not None:
+            for d in caller_shapes[k]:
+                node.attr["shape"].shape.dim.add(size=d)
+    try:
+        with tf.Graph().as_default() as graph:
+            tf.graph_util.import_graph_def(graph_def, name="")
+    except Exception:  # pylint: disable=broad-except
+        return {}  # a body TensorFlow cannot import alone: its sizes stay unknown
+    return shapes_of_graph(graph)
+
+
+def _batch_unknown(shape):
+    return shape is not None and len(shape) > 1 and shape[0] == -1 and \
+        all(d >= 0 for d in shape[1:])
+
+
+def _declared_batch_open(node):
+    return node.op == "Placeholder" and "shape" in node.attr and \
+        not node.attr["shape"].shape.unknown_rank and \
+        _batch_unknown(tuple(d.size for d in node.attr["shape"].shape.dim))
+
+
+def batch_left_open(view, fetched):
+    """Whether a placeholder the `fetched` nodes (names; none: every node) read, directly or
+    not, is declared [None, d1, ...] with the other dimensions known: the graph is fed
+    batches of any size. Only then is a batch assumed (a graph fed a known batch that
+    leaves a leading dimension unknown inside, a loop's iteration count, a tiling, a
+    function traced first for any batch, has no batch to assume there). A placeholder no
+    fetch reads does not count: a tf_keras model called on a placeholder of the script's
+    leaves the layers it built on its own Input [None, ...] in the graph."""
+    open_placeholders = {i for i, node in enumerate(view.nodes) if _declared_batch_open(node)}
+    if not open_placeholders:
+        return False
+    stack = [view.index[name] for name in fetched if name in view.index]
+    if not stack:
+        return True
+    seen = set(stack)
+    while stack:
+        i = stack.pop()
+        if i in open_placeholders:
+            return True
+        for j in [src for src, _ in view.fanin[i]] + view.control_fanin[i]:
+            if j not in seen:
+                seen.add(j)
+                stack.append(j)
+    return False
+
+
+def leading_size(values):
+    """The one leading size of `values` (a call's arguments, the arrays a Session.run feeds:
+    a batch of data), or None where none has one or they disagree. Variables are not data.
+    Reads only `shape` (nothing is converted) and never raises."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    sizes = set()
+    try:
+        for value in tf.nest.flatten(values):
+            shape = getattr(value, "shape", None)
+            if shape is None or isinstance(value, tf.Variable):
+                continue
+            if isinstance(shape, tf.TensorShape):
+                shape = shape.as_list() if shape.rank is not None else ()
+            each = tuple(shape)
+            if each and isinstance(each[0], int) and each[0] > 0:
+                sizes.add(each[0])
+    except Exception:  # pylint: disable=broad-except
+        return None
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+class AssumedBatch(dict):
+    """A shape table whose unknown leading dimensions read as `batch`; `assumed`: the names
+    of the nodes with such an output."""
+
+    def __init__(self, table, batch):
+        super().__init__(table)
+        self.batch, self.assumed = batch, set()
+        for name, entry in table.items():
+            if entry and any(_batch_unknown(s) for s in entry):
+                self[name] = [(batch,) + tuple(s[1:]) if _batch_unknown(s) else s
+                              for s in entry]
+                self.assumed.add(name)
+
+
+def with_assumed_batch(shape_source, batch):
+    """A shape source (a callable giving a shape table) whose tables read an unknown leading
+    dimension as `batch` where only that dimension is unknown: a graph fed [None, ...]
+    batches (batch_left_open) is costed at that size (TF_MPT_COST_BATCH) rather than left to
+    the op lists. `batch` 0: the source itself."""
+    if not batch:
+        return shape_source
+    return lambda: AssumedBatch(shape_source(), batch)
+
+
+class Shapes:
+    def __init__(self, view, shapes):
+        self.view, self.shapes = view, shapes
+
+    def output(self, i, port):
+        entry = self.shapes.get(self.view.nodes[i].name)
+        return None if entry is None or port >= len(entry) else entry[port]
+
+    def input(self, i, port):
+        src, src_port = self.view.fanin[i][port]
+        return self.output(src, src_port)
+
+    def elements(self, i, port):
+        known = dims(self.output(i, port))
+        return None if known is None else math.prod(known)
