@@ -39,8 +39,8 @@ def _set_painted_dtypes(out, types, paint):
         i, key = paint.v_node[v], paint.v_key[v]
         node = out.node[i]
         if node.op == "Const" and key == "dtype":
-            _store_constant_in_half(node, paint.target)
-        _set_dtype(node, key, paint.target)
+            _store_constant_in_half(node, paint.half_enum)
+        _set_dtype(node, key, paint.half_enum)
         if types[i].renamed_to is not None and node.op != types[i].op:
             new_op, attrs = types[i].renamed_to
             node.op = new_op
@@ -52,12 +52,12 @@ def apply_paint(graph_def, view, types, paint):
     """Returns (new GraphDef, names of the Casts added). `graph_def` is not modified."""
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
-    target = paint.target
+    half = paint.half_enum
     _set_painted_dtypes(out, types, paint)
 
     def new_dtype(i, key):
         v = paint.node_vertex[i][key]
-        return target if paint.converted[v] else paint.v_dtype[v]
+        return half if paint.converted[v] else paint.v_dtype[v]
 
     def new_dtype_of_output(i, port):
         nt = types[i]
@@ -73,7 +73,7 @@ def apply_paint(graph_def, view, types, paint):
         src, port = view.fanin[i][0]
         return new_dtype(i, "SrcT") == new_dtype_of_output(src, port)
 
-    editor = _editor.Editor(out, target, reusable)
+    editor = _editor.Editor(out, half, reusable)
     for i, ports in enumerate(view.fanin):
         in_keys = types[i].in_keys
         node_vertex = paint.node_vertex[i]
@@ -87,7 +87,7 @@ def apply_paint(graph_def, view, types, paint):
                 src_half = src_key is not None and paint.converted[paint.node_vertex[src][src_key]]
             if src_half == dst_half:
                 continue
-            to = target if dst_half else ta.DT_FLOAT
+            to = half if dst_half else ta.DT_FLOAT
             tensor = _editor.tensor_name(view.nodes[src].name, src_port)
             editor.set_input(out.node[i], port, editor.cast(tensor, to))
     return out, editor.finish()

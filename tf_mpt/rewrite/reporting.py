@@ -43,7 +43,7 @@ def build_report(paint, cast_names, explain):
         already_half += rank == 1  # allow, already half, nothing converted
         decisions[node.name] = _report.NodeDecision(node.name, node.op, node_colour, node_reason,
                                             attrs, converted)
-    return _report.RewriteReport(dtype=paint.target_name, total_nodes=len(view.nodes),
+    return _report.RewriteReport(dtype=paint.half_name, total_nodes=len(view.nodes),
                          converted_nodes=converted_nodes, casts_added=len(cast_names),
                          cast_names=tuple(cast_names), decisions=decisions,
                          already_half_nodes=already_half)

@@ -18,8 +18,8 @@ Model. Each *free* vertex (a clear-list candidate, not deny, not a loop or tenso
 is half (source side) or float32 (sink side); every other vertex is fixed at its paint. A
 tensor (one output of a vertex) needs a Cast to float32 if its producer is half and some
 consumer float32, and one to half if the producer is float32 and some consumer half (one
-Cast per tensor and target dtype, shared by its consumers); each costs the tensor's elements
-(1 each when a shape in the region is not static). Both are cut costs of a two-terminal
+Cast per tensor and dtype cast to, shared by its consumers); each costs the tensor's
+elements (1 each when a shape in the region is not static). Both are cut costs of a two-terminal
 graph with one auxiliary node per tensor and direction:
 
     producer -w-> a -inf-> each consumer     (cut iff producer half and a consumer float32)

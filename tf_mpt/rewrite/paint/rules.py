@@ -33,8 +33,8 @@ class Paint:
     def __init__(self, view, types, half, lists, node_skip_reason, default_device):
         self.view = view
         self.types = types
-        self.target = half.enum
-        self.target_name = half.name
+        self.half_enum = half.enum
+        self.half_name = half.name
         self.lists = lists
         self.node_skip_reason = node_skip_reason
         self.default_device = default_device
@@ -88,10 +88,10 @@ class Paint:
                 self.fanin[dv].append(sv)
                 if src_port in src_types.ref_out_ports:
                     self.reads_ref[dv] = True
-        self.allow = [d == self.target for d in self.v_dtype]
+        self.allow = [d == self.half_enum for d in self.v_dtype]
         self.deny = [False] * n
         self.converted = [False] * n
-        self.reason = [f"already {self.target_name}" if a else None for a in self.allow]
+        self.reason = [f"already {self.half_name}" if a else None for a in self.allow]
         self._candidate = [None] * n
         self._why_not = [None] * n
         self.cost = None  # (OpCosts, {node name: output shapes}, noise floor) when it is on
@@ -136,11 +136,11 @@ class Paint:
         node = self.view.nodes[i]
         if self.reads_ref[v] and self.v_list[v] != "allow":
             return "reads a reference variable directly (the Cast goes after the read)"
-        if not ta.op_def_allows(nt.op_def, key, self.target):
-            return f"the OpDef of {nt.op} does not allow {self.target_name} for attr {attr}"
+        if not ta.op_def_allows(nt.op_def, key, self.half_enum):
+            return f"the OpDef of {nt.op} does not allow {self.half_name} for attr {attr}"
         device = ta.device_type_of(node.device, self.default_device)
-        if not ta.kernel_allows(nt.op, device, attr, self.target):
-            return f"no {self.target_name} kernel for {nt.op} on {device}"
+        if not ta.kernel_allows(nt.op, device, attr, self.half_enum):
+            return f"no {self.half_name} kernel for {nt.op} on {device}"
         return None
 
     def static_shapes(self):
