@@ -44,6 +44,33 @@ def cpu_flags(config=None):
     return real_cpu_flags()
 
 
+# TensorFlow's remapper fusions on an x86 CPU (oneDNN) that the cost model knows, by name (a
+# target has a set of them; a fused op costs nothing, or its half time where only float32
+# fuses it; rewrite/paint/cost.py `fusion`):
+#   contraction_bias_activation  matrix product / convolution -> BiasAdd -> [Add] ->
+#                                [activation], in either dtype
+#   swish                        x * sigmoid(beta * x) as one kernel, in either dtype
+#   conv_batch_norm              Conv2D / depthwise -> inference FusedBatchNorm -> [Relu ...],
+#                                in float32 only
+#   batch_norm_relu              training FusedBatchNorm -> Relu (_FusedBatchNormEx), in
+#                                either dtype
+REMAPPER_FUSIONS = frozenset(("contraction_bias_activation", "swish", "conv_batch_norm",
+                              "batch_norm_relu"))
+
+# The flags that change a half kernel's speed: what a measured table is keyed by.
+HALF_SPEED_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16", "f16c")
+
+
+def identity(config=None):
+    """This CPU as tf_mpt sees it, one idea per process: its model and the flags that set
+    half-precision speed, from TF_MPT_CPU_FLAGS (via `config`) when set, else /proc/cpuinfo.
+    What `auto` decides from and what this CPU's kernel-time cache is keyed by."""
+    flags = cpu_flags(config)
+    injected = config is not None and config.cpu_flags is not None
+    return (f"{cpu_model()}{' (flags injected)' if injected else ''}: "
+            f"{' '.join(f for f in HALF_SPEED_FLAGS if f in flags) or 'no half flags'}")
+
+
 def has_native_bfloat16(flags):
     return any(flag in flags for flag in NATIVE_BFLOAT16_FLAGS)
 

@@ -24,6 +24,11 @@ Resolution, for a requested target and half dtype:
     auto, bfloat16, native bfloat16 CPU     -> here
     auto, bfloat16, otherwise               -> rules, with the reason said once
 
+A resolved Target is one value a rewrite makes once (`tf_mpt.rewrite.target_for`) and
+passes down: what it is (kind, label), the kernel-time table its decisions read (`costs`:
+read-only, measured before any decision), the machine that table stands for, the remapper
+fusions it has and its threads.
+
 Example:
     >>> resolve(Config(target="rules"), "bfloat16").label
     'rules'
@@ -54,11 +59,20 @@ class Target:
         why: why `auto` chose this target, or '' when it was asked for.
         notice: True where `auto` chose `rules` although this CPU could be measured (no
             native half type, or a GPU): `say_why_once` logs `why`.
+        costs: the kernel-time table decisions read (an op_costs.OpCosts), None for `rules`
+            (set by op_costs.bind).
+        machine: the machine `costs` stands for (this CPU's identity, or the table's source).
+        fusions: the remapper fusions the target has (_cpu.REMAPPER_FUSIONS names).
+        threads: the CPU threads the table was measured with (0: not recorded).
     """
     kind: str
     table: typing.Optional[str] = None
     why: str = ""
     notice: bool = False  # `auto` set aside what the user may expect: said once (INFO)
+    costs: typing.Any = dataclasses.field(default=None, compare=False, repr=False)
+    machine: str = ""
+    fusions: frozenset = _cpu.REMAPPER_FUSIONS
+    threads: int = 0
 
     @property
     def label(self):
@@ -66,6 +80,12 @@ class Target:
         if self.kind == "table":
             return os.path.basename(self.table)
         return self.kind
+
+    @property
+    def where(self):
+        """Where its kernel times were measured, for a decision's reason: 'here' (this CPU,
+        or the table standing in for it) or 'in <table file>'."""
+        return "here" if self.kind == HERE else f"in {self.label}"
 
     @property
     def measures(self):

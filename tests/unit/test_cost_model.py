@@ -66,7 +66,8 @@ def test_report_gives_the_measured_numbers(cost_model):
     assert decision.colour == "fp32" and not decision.converted
     assert decision.reason.startswith(
         f"cost model: float32 here (bfloat16 MatMul over {flops / 1e6:.2g} MFLOP measured "
-        f"{ratio:.2f}x slower than float32 here; the region of 3 op(s) then runs ~")
+        f"{ratio:.2f}x slower than float32 in op_costs_zen4.json; the region of 3 op(s) then "
+        "runs ~")
     assert report.summary() == ("Converted 0/182 nodes to bfloat16 using 0 cast(s) for target "
                                 "op_costs_zen4.json; 90 kept float32 by the cost model "
                                 "(bfloat16 would be slower on the target, Casts included)")
@@ -104,7 +105,7 @@ def test_a_half_kernel_that_loses_more_than_its_casts_cost_runs_float32(cost_mod
     ratio = costs.time("Sigmoid", n, True) / costs.time("Sigmoid", n, False)
     assert result.report.decisions["sig"].reason.startswith(
         f"cost model: float32 here (bfloat16 Sigmoid over {n} elements measured {ratio:.2f}x "
-        "slower than float32 here; the region of 3 op(s) then runs ~")
+        "slower than float32 in op_costs_zen4.json; the region of 3 op(s) then runs ~")
     assert result.report.decisions["mm1"].converted and result.report.decisions["mm2"].converted
     wide = tf_mpt.rewrite_graph_def(_sigmoid_between_matmuls(rows=1024, n=1024),
                                     dtype="bfloat16", fetches=["out"], strict=True)
@@ -171,8 +172,9 @@ def test_below_the_noise_floor_the_rules_stay_unless_slower_than_float32(cost_mo
     (matmul,) = [d for d in one_layer.report.decisions.values() if d.op == "MatMul"]
     assert not matmul.converted and one_layer.report.casts_added == 0  # R: ~4.5 us slower
     assert re.fullmatch(r"cost model: float32 here \(bfloat16 MatMul over 0\.0082 MFLOP "
-                        r"measured 1\.40x slower than float32 here; the region of 3 op\(s\) "
-                        r"then runs ~\d+\.\d us faster than with the rules' colours\)",
+                        r"measured 1\.40x slower than float32 in op_costs_zen4\.json; the "
+                        r"region of 3 op\(s\) then runs ~\d+\.\d us faster than with the "
+                        r"rules' colours\)",
                         matmul.reason), matmul.reason
     wider = tf_mpt.rewrite_graph(_layers(256, 64, 1), dtype="bfloat16", fetches=["y"])
     assert _matmul_dtypes(wider) == {tf.bfloat16}  # R saves ~20 us over float32: it stays
@@ -206,7 +208,8 @@ def test_where_the_rules_are_slower_a_half_region_under_the_floor_goes_float32_t
     assert result.report.casts_added == 0
     assert not any(d.converted for d in decisions.values() if d.op == "MatMul")
     assert re.fullmatch(r"cost model: float32 here \(bfloat16 MatMul over \d+(\.\d+)? MFLOP "
-                        r"measured \d\.\d\dx faster than float32 here; float32 like the rest: "
+                        r"measured \d\.\d\dx faster than float32 in op_costs_zen4\.json; "
+                        r"float32 like the rest: "
                         r"half would save ~\d+\.\d us per run over float32 in all, under the "
                         r"noise floor of 50 us\)", decisions["wide_0"].reason), \
         decisions["wide_0"].reason

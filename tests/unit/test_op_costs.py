@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tf_mpt import _cpu
 from tf_mpt import _state
 from tf_mpt import config as _config
 from tf_mpt.rewrite.paint import op_costs
@@ -100,6 +101,8 @@ def test_this_cpu_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatc
     node = next(n for n in graph.node if n.name == "dx")
     key = op_costs.node_spec(node, [(4,), (3, 3, 8, 16), (4, 8, 8, 16)], (4, 16, 16, 8),
                              [True, True, False])
+    assert costs.node_seconds({key}) == {}  # reading never measures
+    costs.measure_nodes({key})
     times = costs.node_seconds({key})
     assert set(times) == {key} and all(t > 0 for t in times[key])
 
@@ -188,3 +191,119 @@ def test_a_node_probe_times_a_chain_of_copies_alternates_the_dtypes_keeps_the_fa
     assert order == ([("float32", "Conv2D", False), ("bfloat16", "Conv2D", False)]
                      * probes.NODE_RUNS + ["closed"] * 2
                      + matmuls * probes.NODE_RUNS + ["closed"] * 4)
+
+
+# --- the target as one value: measuring apart from deciding ---------------------------------
+
+def _here(tmp_path, flags=None):
+    """A Config for the target `here` with this CPU's cache in tmp_path (flags: injected)."""
+    env = {_config.TF_MPT_CACHE_DIR: str(tmp_path), _config.TF_MPT_TARGET: "here"}
+    if flags is not None:
+        env[_config.TF_MPT_CPU_FLAGS] = flags
+    return _config.Config.from_env(env)
+
+
+def _seed_cache(tmp_path, config, dtype="bfloat16"):
+    """This CPU's op table cached as if measured before (the suite's Zen 4 table), under the
+    key of the CPU `config` stands for."""
+    from conftest import OP_COSTS_TABLE  # pylint: disable=import-outside-toplevel
+    with open(OP_COSTS_TABLE) as f:
+        (table,) = [t for t in json.load(f) if t["dtype"] == dtype]
+    key = op_costs.cache_key(dtype, _cpu.identity(config))
+    (tmp_path / f"op_costs-{dtype}-{key}.json").write_text(json.dumps(table))
+
+
+def _graph_with_a_function():
+    """A MatMul in the graph and one in a tf.function body it calls."""
+
+    @tf.function
+    def layer(x, w):
+        return tf.nn.relu(tf.matmul(x, w, name="mm_body"))
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [64, 128], name="x")
+        w = tf.constant(np.full((128, 128), 0.01, np.float32), name="w")
+        h = tf.matmul(x, w, name="mm_main")
+        tf.identity(layer(h, w), name="y")
+    return graph.as_graph_def(add_shapes=True)
+
+
+def test_decisions_only_read_the_node_times_one_measuring_step_takes_before(
+        tmp_path, monkeypatch):
+    """For the target `here`, the matrix products of the graph and of its function bodies
+    are timed in one child process before any decision (never from inside the cost model's
+    cut), and a second rewrite reads them from the cache."""
+    import inspect  # pylint: disable=import-outside-toplevel
+    import tf_mpt  # pylint: disable=import-outside-toplevel
+    config = _here(tmp_path)
+    _seed_cache(tmp_path, config)
+    monkeypatch.setattr(_state.STATE, "op_cost_tables", {})
+    calls = []
+
+    def child(directory, dtype, nodes=None):
+        deciding = [f.function for f in inspect.stack()
+                    if f.function == "choose_precision_by_measured_cost"]
+        calls.append((sorted(json.loads(n)["op"] for n in nodes), deciding))
+        return json.dumps({n: [4e-5, 2e-5] for n in nodes})
+
+    monkeypatch.setattr(op_costs, "_in_child", child)
+    result = tf_mpt.rewrite_graph_def(_graph_with_a_function(), dtype="bfloat16",
+                                      fetches=["y"], config=config, strict=True)
+    assert result.report.target == "here"
+    assert calls == [(["MatMul", "MatMul"], [])]  # both graphs' shapes, one step, not deciding
+    monkeypatch.setattr(_state.STATE, "op_cost_tables", {})  # a new process: the cache
+    tf_mpt.rewrite_graph_def(_graph_with_a_function(), dtype="bfloat16", fetches=["y"],
+                             config=config, strict=True)
+    assert len(calls) == 1
+
+
+def test_this_cpu_is_one_idea_the_cache_key_follows_injected_flags(tmp_path, monkeypatch):
+    """TF_MPT_CPU_FLAGS stands for this CPU in the cache key as in `auto`: a table cached
+    for one flag set is found under those flags and not under another's."""
+    import tf_mpt  # pylint: disable=import-outside-toplevel
+    from tf_mpt import _cpu as cpu  # pylint: disable=import-outside-toplevel
+    zen4, cascade = "avx2 avx512f avx512_bf16", "avx2 avx512f avx512_vnni"
+    assert "(flags injected): avx512f avx512_bf16" in cpu.identity(_here(tmp_path, zen4))
+    keys = {op_costs.cache_key("bfloat16", cpu.identity(_here(tmp_path, f)))
+            for f in (zen4, cascade, None)}
+    assert len(keys) == 3
+    _seed_cache(tmp_path, _here(tmp_path, zen4))
+    monkeypatch.setattr(_state.STATE, "op_cost_tables", {})
+    measured = []
+    monkeypatch.setattr(op_costs, "_in_child", lambda directory, dtype, nodes=None:
+                        measured.append(nodes) or json.dumps({n: [] for n in nodes or ()}))
+    target = tf_mpt.rewrite.target_for(_here(tmp_path, zen4), "bfloat16")
+    assert target.costs is not None and measured == []  # found under the injected flags
+    assert target.machine == cpu.identity(_here(tmp_path, zen4))
+    assert op_costs.costs_for(_here(tmp_path, cascade), "bfloat16") is None  # not found: measured
+    assert measured == [None]  # (the fake measurement wrote no table: the model is off)
+
+
+def test_a_table_carries_its_fusions_and_the_target_costs_by_them(tmp_path):
+    """A table written on a machine whose remapper fuses nothing makes the target's fusions
+    empty: a BiasAdd after a MatMul is then its own kernel; an unknown fusion is refused."""
+    import tf_mpt  # pylint: disable=import-outside-toplevel
+    from tf_mpt.rewrite import graph_view  # pylint: disable=import-outside-toplevel
+    from tf_mpt.rewrite.paint import cost  # pylint: disable=import-outside-toplevel
+    data = json.loads(_table().to_json())
+    assert sorted(data["fusions"]) == sorted(_cpu.REMAPPER_FUSIONS)
+    path = tmp_path / "unfused.json"
+    path.write_text(json.dumps(dict(data, fusions=[], threads=8)))
+    config = _config.Config.from_env({_config.TF_MPT_TARGET: str(path)})
+    target = tf_mpt.rewrite.target_for(config, "bfloat16")
+    assert target.kind == "table" and target.fusions == frozenset() and target.threads == 8
+    assert target.where == "in unfused.json"
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [8, 16], name="x")
+        h = tf.matmul(x, tf.ones([16, 16]), name="mm")
+        tf.nn.relu(tf.nn.bias_add(h, tf.ones([16]), name="bias"), name="relu")
+    view = graph_view.GraphView(graph.as_graph_def())
+    assert cost.fusion(view, view.index["bias"]) == "both"
+    assert cost.fusion(view, view.index["relu"]) == "both"
+    assert cost.fusion(view, view.index["bias"], target.fusions) is None
+    assert cost.fusion(view, view.index["relu"], target.fusions) is None
+    path.write_text(json.dumps(dict(data, fusions=["swish", "winograd"])))
+    with pytest.raises(ValueError, match=r"unknown fusions \['winograd'\]"):
+        tf_mpt.rewrite.target_for(config, "bfloat16")

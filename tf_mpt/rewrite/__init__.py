@@ -7,7 +7,11 @@ Phases, in the order the code runs them (`_rewrite_graph_def` and, per graph, `_
                    is analysed as that version); fetched, opted-out (_tf_mpt_keep_fp32),
                    unknown and function-call nodes keep float32; with the cost model on,
                    a frozen graph's inference batch norms folded into their convolutions
-                   first (fold_batch_norms.py)
+                   first (fold_batch_norms.py); the library functions' bodies indexed
+       measure     with the cost model on, apart from every decision: the matrix products
+                   and convolutions of the graph and its functions (cost.workloads), timed on
+                   this CPU for the target `here` where its cache lacks them; every later
+                   decision only reads the target's table
     2. paint       the passes of `_PASSES`, in this order (each docstring gives its Kind,
                    paint or un-paint, and what it Needs before it; paint/):
         link_tensor_list_writers_to_readers             a TensorList's writers feed its readers
@@ -54,6 +58,7 @@ from tf_mpt.rewrite.paint import tensor_arrays as _arrays
 from tf_mpt.rewrite import apply as _apply
 from tf_mpt.rewrite import boundaries as _boundaries
 from tf_mpt.rewrite.paint import cost as _cost
+from tf_mpt.rewrite.paint import op_costs as _op_costs
 from tf_mpt.rewrite.paint import shapes as _shapes
 from tf_mpt.rewrite.paint import cuts as _cuts
 from tf_mpt.rewrite import function_bodies as _function_library
@@ -64,6 +69,7 @@ from tf_mpt.rewrite.paint import tensor_lists as _list_paint
 from tf_mpt.rewrite.paint import rules as _paint
 from tf_mpt.rewrite import type_attrs as ta
 from tf_mpt import _autograph
+from tf_mpt import _state
 from tf_mpt import _dtypes
 from tf_mpt import _opt_out
 from tf_mpt import config as _config
@@ -251,11 +257,60 @@ def with_target(config, target):
 
 def target_for(config, dtype):
     """The tf_mpt.targets.Target a rewrite to `dtype` with `config` decides for (a GPU seen by
-    TensorFlow counts: `auto` then follows the op lists)."""
+    TensorFlow counts: `auto` then follows the op lists), bound to what its decisions read
+    (op_costs.bind: its table, machine, fusions, threads): made once per rewrite and passed
+    down. Raises ValueError for a bad table file."""
     name = _dtypes.parse(dtype).name
     target = _targets.resolve(config, name, gpu_visible=ta.default_device_type() == "GPU")
     _targets.say_why_once(target, name)
-    return target
+    return _op_costs.bind(target, config, name)
+
+
+@dataclasses.dataclass
+class _Job:
+    """One graph to paint: the main graph, or a library function's body as a GraphDef.
+
+    Attributes:
+        graph_def / view / fetched: the graph, its index, the names whose outputs keep their
+            dtypes.
+        shapes: a callable giving {node name: output shapes} (called once, its table kept),
+            or None for the `_output_shapes` attrs.
+        noise_floor: seconds the cost model's changes must save in all (cost.noise_floor).
+    """
+    graph_def: object
+    view: object
+    fetched: set
+    shapes: object
+    noise_floor: float
+
+
+def _once(source):
+    """`source` (a callable), called at most once: the measuring step and the decisions read
+    one shape table."""
+    kept = []
+
+    def call():
+        if not kept:
+            kept.append(source())
+        return kept[0]
+    return call
+
+
+def _measure_workloads(target, jobs):
+    """The measuring step, apart from every decision: the matrix products and convolutions
+    of every graph with static shapes (cost.workloads), timed on this CPU where the target is
+    `here` and this CPU's cache lacks them (one child process for the rewrite), recorded for
+    `tf-mpt measure --model`. The decisions then only read the table."""
+    try:
+        specs = set()
+        for job in jobs:
+            specs |= _cost.workloads(job.view, job.shapes())
+        target.costs.measure_nodes(specs)
+    except Exception as error:  # pylint: disable=broad-except
+        _state.warn_once(("measure_workloads", type(error).__name__),
+                         "tf_mpt could not collect or time the matrix product / convolution "
+                         "shapes of a graph (%s: %s); its cost model uses its per-op lines for "
+                         "them", type(error).__name__, error)
 
 
 def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots, shapes,
@@ -267,41 +322,54 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
     _check_lists(lists)
     signatures = {f.signature.name: f.signature for f in graph_def.library.function}
     target = target_for(config, half.name)
-    constants = _cost.costs_for(target, config, half.enum)
+    costed = target.costs is not None
     # 1. index (the main graph; phases 2 and 3 follow in _rewrite_one)
     view = _graph_view.GraphView(graph_def)
     fetched = _fetch_node_names(fetches, view)
     original, folded = graph_def, 0
-    if constants is not None:  # bfloat16 fuses conv + batch norm only once folded
+    if costed:  # bfloat16 fuses conv + batch norm only once folded
         graph_def, folded = _fold.fold_batch_norms(graph_def, fetched, view)
         if folded:
             view = _graph_view.GraphView(graph_def)
     argument_shapes, loop_bodies = {}, set()  # what the cost model weighs bodies by
-    if constants is not None and graph_def.library.function:
+    if costed and graph_def.library.function:
         table = shapes() if shapes is not None else _shapes.output_shapes_from_attrs(view)
         shapes = functools.partial(dict, table)
         argument_shapes = _shapes.call_argument_shapes(graph_def, table)
         loop_bodies = _cost.loop_bodies(graph_def)
     # a graph fed batches of any size is costed at TF_MPT_COST_BATCH, bodies and all
-    assumed_batch = config.cost_batch if constants is not None and \
+    assumed_batch = config.cost_batch if costed and \
         _shapes.batch_left_open(view, fetched) else 0
+    main = _Job(graph_def, view, fetched, shapes, _cost.noise_floor(False))
+    if costed:
+        main.shapes = _once(_shapes.with_assumed_batch(
+            shapes or functools.partial(_shapes.output_shapes_from_attrs, view),
+            assumed_batch))
+    reachable = _reachable_functions(graph_def, function_roots)
+    functions = {}  # library index -> _Job, or None where the body cannot be rewritten
+    for index, fdef in enumerate(graph_def.library.function):
+        if fdef.signature.name in reachable:  # else e.g. a While body TF replaced by its
+            functions[index] = _function_job(  # '_rewritten' copy: never runs
+                fdef, signatures, costed, (graph_def.library,
+                                           argument_shapes.get(fdef.signature.name),
+                                           fdef.signature.name in loop_bodies),
+                assumed_batch)
+    if costed:
+        _measure_workloads(target, [main] + [job for job in functions.values() if job])
     new_graph_def, report, modified, error = _rewrite_one(
-        graph_def, view, fetched, half, lists, signatures, strict, constants, shapes,
-        assumed_batch=assumed_batch)
+        main, half, lists, signatures, strict, target)
     if error is not None:
         unchanged = graph_pb2.GraphDef()
         unchanged.CopyFrom(original)
         return RewriteResult(unchanged, dataclasses.replace(report, target=target.label), False)
     # 4. functions
     function_reports = {}
-    reachable = _reachable_functions(graph_def, function_roots)
-    for index, fdef in enumerate(graph_def.library.function):
-        if fdef.signature.name not in reachable:
-            continue  # e.g. a While body TF replaced by its '_rewritten' copy: never runs
+    for index, job in functions.items():
+        if job is None:
+            continue
+        fdef = graph_def.library.function[index]
         new_fdef, function_report = _rewrite_function_body(
-            fdef, half, lists, signatures, strict, constants,
-            (graph_def.library, argument_shapes.get(fdef.signature.name),
-             fdef.signature.name in loop_bodies), assumed_batch)
+            fdef, job, half, lists, signatures, strict, target)
         if function_report is not None:
             function_reports[fdef.signature.name] = function_report
         if new_fdef is not None:
@@ -360,25 +428,23 @@ def _reachable_functions(graph_def, roots=()):
     return seen
 
 
-def _rewrite_one(graph_def, view, fetched, half, lists, signatures, strict, constants,
-                 shapes, noise_floor=_cost.noise_floor(False), assumed_batch=0):
-    """Paints one graph (no library). Returns (graph_def, report, modified, error or None).
+def _rewrite_one(job, half, lists, signatures, strict, target):
+    """Paints one graph (no library), a _Job, for `target` (bound: target_for). Returns
+    (graph_def, report, modified, error or None).
 
-    constants: the cost model's OpCosts, or None (cost model off).
-    shapes: a callable giving {node name: output shapes}, or None for `_output_shapes` attrs;
-        called at most once, only by a pass that needs shapes.
-    noise_floor: seconds the cost model's changes must save in all (0 in a loop body).
-    assumed_batch: the size the cost model gives an unknown leading dimension (0: none).
+    With the cost model on (target.costs), job.shapes gives the table it weighs (an unknown
+    batch already assumed); else only a pass that needs shapes calls it.
     """
+    graph_def, view = job.graph_def, job.view
     # 1. index: (node, type-attr) vertices
     types = [ta.node_types(node, signatures) for node in view.nodes]
-    skip = _node_skip_reasons(view, types, fetched)
+    skip = _node_skip_reasons(view, types, job.fetched)
     paint = _paint.Paint(view, types, half, lists, skip,
                          ta.default_device_type())
-    paint.shape_source = shapes or functools.partial(_shapes.output_shapes_from_attrs, view)
-    if constants is not None:
-        paint.shape_source = _shapes.with_assumed_batch(paint.shape_source, assumed_batch)
-        paint.cost = (constants, paint.static_shapes(), noise_floor)
+    paint.shape_source = job.shapes or functools.partial(_shapes.output_shapes_from_attrs,
+                                                         view)
+    if target.costs is not None:
+        paint.cost = (target, paint.static_shapes(), job.noise_floor)
     step = "build"
     try:
         # 2. paint
@@ -403,32 +469,39 @@ def _rewrite_one(graph_def, view, fetched, half, lists, signatures, strict, cons
     return new_graph_def, report, modified, None
 
 
-def _rewrite_function_body(fdef, half, lists, signatures, strict, constants, callers,
-                           assumed_batch):
-    """Rewrites one library function, its signature unchanged.
+def _function_job(fdef, signatures, costed, callers, assumed_batch):
+    """The _Job of one library function's body, or None if it cannot be rewritten (it is
+    then left as it is).
 
+    costed: the cost model is on (the body's shapes are then inferred, once).
     callers: (the graph's FunctionDefLibrary, [shape or None per argument] from its callers
         or None, True if it is a While body): what the cost model infers the body's shapes
         from, and whether its savings repeat every iteration (no noise floor).
     assumed_batch: the size the cost model gives an unknown leading dimension (0: none).
-
-    Returns (new FunctionDef or None if unchanged, report or None if not rewritable).
     """
-    name = fdef.signature.name
     try:
         body, fetches = _function_library.function_to_graph_def(fdef, signatures)
         view = _graph_view.GraphView(body)
     except (_function_library.UnsupportedFunction, GraphDefError) as error:
-        _log.debug("function %s is left as it is: %s", name, error)
-        return None, None
-    shapes = None
+        _log.debug("function %s is left as it is: %s", fdef.signature.name, error)
+        return None
     library, argument_shapes, loop_body = callers
-    if constants is not None:
-        shapes = functools.partial(_shapes.function_body_shapes, body, fdef, library,
-                                   argument_shapes)
-    new_body, report, modified, error = _rewrite_one(
-        body, view, set(fetches), half, lists, signatures, strict, constants, shapes,
-        _cost.noise_floor(loop_body), assumed_batch)
+    shapes = None
+    if costed:
+        shapes = _once(_shapes.with_assumed_batch(functools.partial(
+            _shapes.function_body_shapes, body, fdef, library, argument_shapes),
+            assumed_batch))
+    return _Job(body, view, set(fetches), shapes, _cost.noise_floor(loop_body))
+
+
+def _rewrite_function_body(fdef, job, half, lists, signatures, strict, target):
+    """Rewrites one library function (its _Job), its signature unchanged.
+
+    Returns (new FunctionDef or None if unchanged, report or None if not rewritable).
+    """
+    name = fdef.signature.name
+    new_body, report, modified, error = _rewrite_one(job, half, lists, signatures, strict,
+                                                     target)
     if error is not None or not modified:
         return None, report
     try:

@@ -21,6 +21,7 @@ measured costs 0 (only its Casts count). The model is on by default for bfloat16
 
 import typing
 
+from tf_mpt import _cpu
 from tf_mpt.rewrite.paint import contractions as _contractions
 from tf_mpt.rewrite.paint import flops as _flops
 from tf_mpt.rewrite.paint import op_costs as _op_costs
@@ -132,9 +133,11 @@ def swish_parts(view, i):
     return (mul, None) if inputs == {i, src} else None
 
 
-def _swish_role(view, i):
+def _swish_role(view, i, fusions=_cpu.REMAPPER_FUSIONS):
     """'inside' for the Sigmoid and inner Mul of a swish, 'outer' for its outer Mul, or
-    None."""
+    None (also where the target does not fuse a swish)."""
+    if "swish" not in fusions:
+        return None
     node = view.nodes[i]
     if node.op == "Sigmoid":
         return "inside" if swish_parts(view, i) is not None else None
@@ -153,20 +156,24 @@ def _swish_role(view, i):
     return None
 
 
-def fusion(view, i, depth=3):
-    """How TensorFlow's remapper runs node i on this CPU: 'both' (inside the kernel before
-    it, in float32 and in half alike), 'float32' (inside it in float32 only), or None.
+def fusion(view, i, fusions=_cpu.REMAPPER_FUSIONS, depth=3):
+    """How TensorFlow's remapper runs node i on a target with `fusions`
+    (_cpu.REMAPPER_FUSIONS names): 'both' (inside the kernel before it, in float32 and in
+    half alike), 'float32' (inside it in float32 only), or None.
 
-        contraction -> BiasAdd -> [Add] -> [activation]      'both'  (one fused kernel)
-        the Sigmoid (and beta * x) of x * sigmoid(beta * x)   'both'  (inside Swish)
+        contraction -> BiasAdd -> [Add] -> [activation]      'both'  (one fused kernel;
+                                                             contraction_bias_activation)
+        the Sigmoid (and beta * x) of x * sigmoid(beta * x)   'both'  (inside Swish; swish)
         Conv2D / depthwise -> FusedBatchNorm (inference)
-            -> [Relu, Relu6, Elu, LeakyRelu]                  'float32' (unfused in half)
+            -> [Relu, Relu6, Elu, LeakyRelu]                  'float32' (unfused in half;
+                                                             conv_batch_norm)
         FusedBatchNorm (training) -> Relu                     'both'  (_FusedBatchNormEx;
-            its other outputs may feed the gradient, its first only the Relu: DenseNet121's
-            training step runs no Relu kernel in float32, Grappler's bfloat16 or tf_mpt's)
+            batch_norm_relu; its other outputs may feed the gradient, its first only the
+            Relu: DenseNet121's training step runs no Relu kernel in float32, Grappler's
+            bfloat16 or tf_mpt's)
     """
     node = view.nodes[i]
-    role = _swish_role(view, i)
+    role = _swish_role(view, i, fusions)
     if role == "inside":
         return "both"
     if not view.fanin[i] or depth == 0:
@@ -175,16 +182,19 @@ def fusion(view, i, depth=3):
     if node.op == "Relu" and port == 0 and _cost_key(view.nodes[src]) == "FusedBatchNormV3" \
             and [dst for dst, _ in view.fanout_of(src).get(0, ())] == [i] \
             and not view.has_control_fanout[src]:
-        return "both"  # training batch norm + Relu: one _FusedBatchNormEx kernel
+        # training batch norm + Relu: one _FusedBatchNormEx kernel
+        return "both" if "batch_norm_relu" in fusions else None
     if _only_reader(view, src) != i:
         return None
     src_op = view.nodes[src].op
     if _cost_key(node) == "FusedBatchNormV3:inference":
-        return "float32" if src_op in ("Conv2D", "DepthwiseConv2dNative") else None
+        return "float32" if src_op in ("Conv2D", "DepthwiseConv2dNative") and \
+            "conv_batch_norm" in fusions else None
     if src_op in _contractions.FUSING_OPS:
-        return "both" if node.op == "BiasAdd" else None
+        return "both" if node.op == "BiasAdd" and \
+            "contraction_bias_activation" in fusions else None
     if node.op in FUSED_AFTER_CONTRACTION or role == "outer":
-        before = fusion(view, src, depth - 1)
+        before = fusion(view, src, fusions, depth - 1)
         if before == "float32" and node.op in ("Relu", "Relu6", "Elu", "LeakyRelu"):
             return "float32"
         return "both" if before == "both" else None
@@ -232,6 +242,25 @@ def node_spec(p, shapes, v):
         [p.view.nodes[p.view.fanin[i][port][0]].op == "Const" for port in ports])
 
 
+def workloads(view, shape_table):
+    """The op_costs.node_spec keys of every float32 matrix product and convolution of a graph
+    with static shapes: what the cost model may ask times for, collected before it decides
+    (the measuring step times them; the decisions only read)."""
+    shapes = _shapes.Shapes(view, shape_table)
+    found = set()
+    for i, node in enumerate(view.nodes):
+        if node.op not in _contractions.NODE_TIMED_OPS or \
+                node.attr["T"].type != ta.DT_FLOAT:
+            continue
+        ports = range(len(view.fanin[i]))
+        spec = _op_costs.node_spec(
+            node, [shapes.input(i, port) for port in ports], shapes.output(i, 0),
+            [view.nodes[view.fanin[i][port][0]].op == "Const" for port in ports])
+        if spec is not None:
+            found.add(spec)
+    return found
+
+
 def _shape_text(shapes, i, ports):
     return " x ".join("[" + "x".join(str(d) for d in (shapes.input(i, port) or ())) + "]"
                       for port in ports)
@@ -247,12 +276,14 @@ class VertexCost(typing.NamedTuple):
     float32: typing.Optional[float]
 
 
-def vertex_cost(p, shapes, costs, v, node_seconds=None):
-    """The VertexCost of vertex v.
+def vertex_cost(p, shapes, target, v, node_seconds=None):
+    """The VertexCost of vertex v on `target` (a bound tf_mpt.targets.Target: its table and
+    fusions).
 
     node_seconds: the op_costs.NodeTime measured for this very node (a matrix product or
     convolution at its shapes), used instead of the op's line when given.
     """
+    costs = target.costs
     i = p.v_node[v]
     node = p.view.nodes[i]
     key = _cost_key(node)
@@ -261,11 +292,12 @@ def vertex_cost(p, shapes, costs, v, node_seconds=None):
         ports = [port for port in range(len(p.view.fanin[i]))
                  if (node.op, port) not in _op_costs.SIZE_INPUTS]
         what = f"{costs.dtype} {node.op} {_shape_text(shapes, i, ports)}"
-        return VertexCost(half - single, f"{what} {_ratio(single, half)}", single)
-    fused = fusion(p.view, i)
+        return VertexCost(half - single, f"{what} {_ratio(single, half, target.where)}",
+                          single)
+    fused = fusion(p.view, i, target.fusions)
     if key in _op_costs.FREE_OPS or fused == "both":
         return VertexCost(0.0, "", 0.0)
-    if _swish_role(p.view, i) == "outer":
+    if _swish_role(p.view, i, target.fusions) == "outer":
         key = "Swish"
     if not costs.knows(key):
         return VertexCost(None, "", None)
@@ -275,22 +307,15 @@ def vertex_cost(p, shapes, costs, v, node_seconds=None):
     half, single = costs.time(key, units, True), costs.time(key, units, False)
     if fused == "float32":
         return VertexCost(half, f"{costs.dtype} {node.op} over {units} elements runs as its "
-                          "own kernel here, while float32 fuses it into the convolution "
-                          "before it", 0.0)
+                          f"own kernel {target.where}, while float32 fuses it into the "
+                          "convolution before it", 0.0)
     what = (f"{units / 1e6:.2g} MFLOP" if key in _contractions.FLOP_OPS
             else f"{units} elements")
-    return VertexCost(half - single,
-                      f"{costs.dtype} {node.op} over {what} {_ratio(single, half)}", single)
+    return VertexCost(half - single, f"{costs.dtype} {node.op} over {what} "
+                      f"{_ratio(single, half, target.where)}", single)
 
 
-def _ratio(single, half):
+def _ratio(single, half, where):
     if half > single:
-        return f"measured {half / single:.2f}x slower than float32 here" if single else ""
-    return f"measured {single / half:.2f}x faster than float32 here" if half else ""
-
-
-def costs_for(target, config, dtype_enum):
-    """The OpCosts the decisions for `target` (a tf_mpt.targets.Target) read, or None for the
-    `rules` target (the cost model off: the op lists decide)."""
-    name = "bfloat16" if dtype_enum == ta.DT_BFLOAT16 else "float16"
-    return _op_costs.table_for(target, config, name)
+        return f"measured {half / single:.2f}x slower than float32 {where}" if single else ""
+    return f"measured {single / half:.2f}x faster than float32 {where}" if half else ""

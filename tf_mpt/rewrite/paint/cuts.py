@@ -304,12 +304,16 @@ def choose_precision_by_measured_cost(p):
     compares three colourings: the cheapest (B), the rules' (R) and all float32 (F), and
     cost.choose_colouring picks one by its floor.
 
+    Reads only: the target's table holds every node time it asks for (measured before any
+    decision, by the orchestrator's measuring step) or none (the op's line is used).
+
     Kind: paint and un-paint. Needs: the rules' final paint, the Cast-count cut before it,
-    and p.cost (OpCosts, shapes, noise floor in seconds).
+    and p.cost (the bound Target, shapes, noise floor in seconds).
     """
     if p.cost is None:
         return
-    costs, shape_table, noise_floor = p.cost
+    target, shape_table, noise_floor = p.cost
+    costs = target.costs
     shapes = _shapes.Shapes(p.view, shape_table)
     movable = {v for v in range(len(p.allow)) if _movable(p, v)}
 
@@ -323,7 +327,7 @@ def choose_precision_by_measured_cost(p):
     for region in (sorted(r) for r in _cost.connected_components(p, movable)):
         if len(region) > MAX_REGION:
             continue
-        found = _measured_region(p, shapes, costs, region, fixed_half, node_seconds)
+        found = _measured_region(p, shapes, target, region, fixed_half, node_seconds)
         if found is not None:
             weighed.append(found)
     saved = sum(c.over_rules for c in weighed if c.over_rules > _TIME_EPSILON)  # B over R
@@ -355,7 +359,7 @@ def choose_precision_by_measured_cost(p):
                 p.unpaint(v, f"cost model: float32 here ({detail}{summary})")
 
 
-def _measured_region(p, shapes, costs, region, fixed_half, node_seconds):
+def _measured_region(p, shapes, target, region, fixed_half, node_seconds):
     """The RegionChoice of one region, or None when a size is unknown."""
     tensors = _tensors(p, region)
     weights = []
@@ -366,10 +370,10 @@ def _measured_region(p, shapes, costs, region, fixed_half, node_seconds):
         elements = shapes.elements(i, port)
         if elements is None:
             return None
-        weights.append(costs.cast_time(elements))
+        weights.append(target.costs.cast_time(elements))
     vertex_weights, why, float32_time = {}, {}, 0.0
     for v in region:
-        found = _cost.vertex_cost(p, shapes, costs, v, node_seconds.get(v))
+        found = _cost.vertex_cost(p, shapes, target, v, node_seconds.get(v))
         float32_time += found.float32 or 0.0
         if found.extra is None:
             if p.v_list[v] == "allow" and p.converted[v]:
@@ -378,7 +382,7 @@ def _measured_region(p, shapes, costs, region, fixed_half, node_seconds):
         vertex_weights[v] = (max(found.extra, 0.0), max(-found.extra, 0.0))
         why[v] = found.what
     ties = []  # x * sigmoid(x) runs as one Swish kernel only when both are one dtype
-    for v in region:
+    for v in region if "swish" in target.fusions else ():
         parts = _cost.swish_parts(p.view, p.v_node[v])
         for part in parts or ():
             if part is not None:

@@ -77,12 +77,18 @@ class OpCosts:
             contractions.FLOP_OPS, else element.
         cast: ((elements, seconds), ...) of a Cast between float32 and the half type (the
             mean of both directions).
+        fusions: the remapper fusions of the machine measured (_cpu.REMAPPER_FUSIONS names;
+            a table written before they were recorded: all of them).
+        threads: the CPU threads of the machine measured (0: not recorded).
+        nodes: per-node times (NodeTimes for this CPU, TableNodes for a file), or None.
     """
     dtype: str
     source: str
     float32: dict
     half: dict
     cast: tuple
+    fusions: tuple = tuple(sorted(_cpu.REMAPPER_FUSIONS))
+    threads: int = 0
     nodes: typing.Optional["NodeTimes"] = dataclasses.field(default=None, compare=False)
 
     def knows(self, op):
@@ -107,12 +113,20 @@ class OpCosts:
         return _interpolate(self.cast, elements)
 
     def node_seconds(self, specs):
-        """{spec: NodeTime} measured for these node_spec keys: this
-        machine's (measured at first use), a table's (`tf-mpt measure --model`), or none."""
+        """{spec: NodeTime} known for these node_spec keys: this machine's (measured by
+        measure_nodes before the decisions), a table's (`tf-mpt measure --model`), or none.
+        Read-only: never measures."""
+        return {} if self.nodes is None or not specs else self.nodes.lookup(specs)
+
+    def measure_nodes(self, specs):
+        """The measuring step, apart from every decision: times the node_spec keys this
+        CPU's cache does not hold yet (one child process), for node_seconds to read. A
+        table's nodes are never measured. Records the keys while `recording_node_specs`."""
         recorder = _state.STATE.node_spec_recorder
         if recorder is not None:
             recorder.update(specs)
-        return {} if self.nodes is None or not specs else self.nodes.lookup(specs)
+        if isinstance(self.nodes, NodeTimes) and specs:
+            self.nodes.measure(specs)
 
     def to_json(self):
         data = {k: v for k, v in dataclasses.asdict(self).items() if k != "nodes"}
@@ -127,10 +141,16 @@ class OpCosts:
         """A table as `to_json` or `tf-mpt measure` wrote it; its "nodes" (per-node times of
         a model, `tf-mpt measure --model`), when present, answer node_seconds."""
         nodes = data.get("nodes")
+        fusions = data.get("fusions", sorted(_cpu.REMAPPER_FUSIONS))
+        unknown = set(fusions) - _cpu.REMAPPER_FUSIONS
+        if unknown:
+            raise ValueError(f"unknown fusions {sorted(unknown)} (known: "
+                             f"{sorted(_cpu.REMAPPER_FUSIONS)})")
         return cls(dtype=data["dtype"], source=source or data["source"],
                    float32={k: _points(v) for k, v in data["float32"].items()},
                    half={k: _points(v) for k, v in data["half"].items()},
-                   cast=_points(data["cast"]),
+                   cast=_points(data["cast"]), fusions=tuple(sorted(fusions)),
+                   threads=int(data.get("threads", 0)),
                    nodes=None if nodes is None else TableNodes(nodes))
 
 
@@ -177,13 +197,26 @@ def node_spec(node, input_shapes, output_shape, constant_inputs):
     return json.dumps({"op": node.op, "attrs": attrs, "inputs": inputs}, sort_keys=True)
 
 
-def cache_key(dtype):
+def cache_key(dtype, machine):
+    """The key this CPU's tables are cached under: `machine` (_cpu.identity: the same idea
+    of this CPU `auto` decides from, injected flags included), TensorFlow's version,
+    MEASURE_VERSION, `dtype` and the thread count."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    flags = sorted(_cpu.real_cpu_flags() & {"avx512f", "avx512_bf16", "amx_bf16",
-                                            "avx512_fp16", "amx_fp16", "f16c"})
-    text = "|".join([_cpu.cpu_model(), " ".join(flags), tf.__version__, str(MEASURE_VERSION),
-                     dtype, str(os.cpu_count())])
+    text = "|".join([machine, tf.__version__, str(MEASURE_VERSION), dtype,
+                     str(os.cpu_count())])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def bind(target, config, dtype):
+    """`target` (a tf_mpt.targets.Target) with what its decisions read, made once per
+    rewrite: its table (`costs`, None for `rules`), the machine the table stands for, its
+    fusions and threads. Raises ValueError for a bad table file."""
+    costs = table_for(target, config, dtype)
+    if costs is None:
+        return target
+    machine = _cpu.identity(config) if target.measures else costs.source
+    return dataclasses.replace(target, costs=costs, machine=machine,
+                               fusions=frozenset(costs.fusions), threads=costs.threads)
 
 
 def table_for(target, config, dtype):
@@ -194,7 +227,7 @@ def table_for(target, config, dtype):
         return None
     if target.table is None:
         return costs_for(config, dtype)
-    return _memoised(("file", target.table, dtype), _read)
+    return _memoised(("file", target.table, dtype), None)
 
 
 def costs_for(config, dtype):
@@ -202,23 +235,28 @@ def costs_for(config, dtype):
     machine's cached table, else measured now and cached; None if that failed (the cost model
     is then off, with one warning). Raises ValueError for a bad file."""
     if config.op_costs:
-        return _memoised(("file", config.op_costs, dtype), _read)
-    return _memoised(("measured", config.cache_dir or _config.default_cache_dir(), dtype),
-                     _cached_or_measured)
+        return _memoised(("file", config.op_costs, dtype), None)
+    directory = config.cache_dir or _config.default_cache_dir()
+    machine = _cpu.identity(config)
+    return _memoised(("measured", directory, dtype, machine),
+                     lambda: _cached_or_measured(directory, dtype, machine))
 
 
 def _memoised(key, load):
-    """load(path, dtype) for key (kind, path, dtype), once per process (for a file: once per
-    version of it, so a table `tf-mpt measure` rewrites is read again)."""
+    """load() (a file: _read(path, dtype)) for key (kind, path, dtype, ...), once per
+    process (for a file: once per version of it, so a table `tf-mpt measure` rewrites is
+    read again)."""
     tables = _state.STATE.op_cost_tables
     if key[0] == "file":
+        path, dtype = key[1], key[2]
+        load = lambda: _read(path, dtype)  # pylint: disable=unnecessary-lambda-assignment
         try:
-            stat = os.stat(key[1])
+            stat = os.stat(path)
             key = key + (stat.st_mtime_ns, stat.st_size)
         except OSError:
             pass  # _read says what is wrong with it
     if key not in tables:
-        tables[key] = load(key[1], key[2])
+        tables[key] = load()
     return tables[key]
 
 
@@ -309,10 +347,10 @@ def _write_atomically(path, text):
                   "next process", path, error)
 
 
-def _cached_or_measured(directory, dtype):
+def _cached_or_measured(directory, dtype, machine):
     """This machine's table from the cache, else measured and cached; None, with one
-    warning, if it cannot be measured."""
-    key = cache_key(dtype)
+    warning, if it cannot be measured. `machine`: _cpu.identity."""
+    key = cache_key(dtype, machine)
     path = os.path.join(directory, f"op_costs-{dtype}-{key}.json")
     nodes = NodeTimes(os.path.join(directory, f"node_costs-{dtype}-{key}.json"), directory,
                       dtype)
@@ -336,8 +374,9 @@ def _cached_or_measured(directory, dtype):
 
 
 class NodeTimes:
-    """Kernel times of contractions.NODE_TIMED_OPS nodes by node_spec key: this process's,
-    then the cache file's, then measured in one child process per lookup of new keys."""
+    """Kernel times of contractions.NODE_TIMED_OPS nodes of this CPU by node_spec key: this
+    process's, then the cache file's; `measure` times new keys (one child process per
+    call), `lookup` only reads."""
 
     def __init__(self, path, directory, dtype):
         self.path, self.directory, self.dtype = path, directory, dtype
@@ -352,24 +391,33 @@ class NodeTimes:
             return {}
 
     def lookup(self, specs):
+        """{spec: NodeTime} of the specs timed before (this process, the cache file);
+        never measures."""
+        if self.known is None:
+            self.known = self._load()
+        return {k: NodeTime(*self.known[k]) for k in specs if len(self.known.get(k, ())) == 2}
+
+    def measure(self, specs):
+        """Times the specs neither this process nor the cache file holds (one child process)
+        and caches them; a spec that does not run here is not timed again."""
         if self.known is None:
             self.known = self._load()
         missing = sorted(set(specs) - set(self.known))
-        if missing and not self.failed:
-            _log.info("tf_mpt is timing %d matrix product / convolution shape(s) in float32 "
-                      "and %s on this CPU (once; cached in %s)", len(missing), self.dtype,
-                      self.directory)
-            try:
-                measured = json.loads(_in_child(self.directory, self.dtype, missing))
-            except (MeasureFailed, ValueError) as error:
-                self.failed = True
-                _log.warning("tf_mpt could not time shapes on this CPU (%s); its cost model "
-                             "uses its per-op lines for them in this process", error)
-                measured = {}
-            for key in missing:  # a spec that does not run here is not timed again
-                self.known[key] = tuple(measured.get(key, ()))
-            merged = self._load()
-            merged.update(self.known)
-            self.known = merged
-            _write_atomically(self.path, json.dumps(merged))
-        return {k: NodeTime(*self.known[k]) for k in specs if len(self.known.get(k, ())) == 2}
+        if not missing or self.failed:
+            return
+        _log.info("tf_mpt is timing %d matrix product / convolution shape(s) in float32 and "
+                  "%s on this CPU (once; cached in %s)", len(missing), self.dtype,
+                  self.directory)
+        try:
+            measured = json.loads(_in_child(self.directory, self.dtype, missing))
+        except (MeasureFailed, ValueError) as error:
+            self.failed = True
+            _log.warning("tf_mpt could not time shapes on this CPU (%s); its cost model uses "
+                         "its per-op lines for them in this process", error)
+            measured = {}
+        for key in missing:
+            self.known[key] = tuple(measured.get(key, ()))
+        merged = self._load()
+        merged.update(self.known)
+        self.known = merged
+        _write_atomically(self.path, json.dumps(merged))

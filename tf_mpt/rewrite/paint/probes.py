@@ -24,6 +24,7 @@ time and 3.2 us the next, enough to flip the model's decisions.
 import base64
 import json
 import logging
+import os
 import statistics
 
 from tf_mpt import _cpu
@@ -259,8 +260,10 @@ def measure(dtype="bfloat16"):
             points[name][op] = tuple(sorted(found))
     to, back = (points["half"].pop(k, ()) for k in ("Cast:to", "Cast:from"))
     cast = tuple((n, (a + b) / 2) for (n, a), (_, b) in zip(to, back))
+    # the remapper fusions: TensorFlow's x86 build fuses them all (oneDNN)
     return _op_costs.OpCosts(dtype=half.name, source=f"measured on {_cpu.cpu_model()}",
-                             float32=points["float32"], half=points["half"], cast=cast)
+                             float32=points["float32"], half=points["half"], cast=cast,
+                             threads=os.cpu_count() or 0)
 
 
 def _node_graph(tf, spec, dtype):

@@ -94,7 +94,7 @@ class Paint:
         self.reason = [f"already {self.half_name}" if a else None for a in self.allow]
         self._candidate = [None] * n
         self._why_not = [None] * n
-        self.cost = None  # (OpCosts, {node name: output shapes}, noise floor) when it is on
+        self.cost = None  # (bound Target, {node name: output shapes}, noise floor) when on
         self.shape_source = dict  # callable -> {node name: [shape or None per output]}
         self._shapes = None
         self.tensor_list_groups = []  # _list_paint.ListGroup per list made in this graph
