@@ -267,8 +267,9 @@ def _inspect_command(options):
     lists = _lists(options)
     conversion = model.convert(options.dtype, lists)
     # the share of the model `convert` would write: its own frozen graph, same decisions
+    written = model.frozen(conversion)
     shares = {label: _inspect.flop_share(graph_def, options.dtype)
-              for label, (graph_def, _) in model.frozen(conversion).items()}
+              for label, (graph_def, _) in written.items()}
     variables = None  # what `convert --variables half` would store in half
     if isinstance(model, _sources.SavedModelDir) and len(model.proto.meta_graphs) == 1:
         variables = model.store_variables_in_half(conversion, options.dtype).variables
@@ -302,7 +303,8 @@ def _inspect_command(options):
         feeds = _validation.sample_feeds(specs, options.samples, seed=options.seed,
                                       inputs_file=options.inputs)
         for label, (graph_def, placeholders) in model.frozen().items():
-            converted = _inspect.half_node_names(graph_def, options.dtype, lists)
+            # which tensors run in half: those of the model `convert` writes
+            converted = _inspect.half_node_names(written[label][0], options.dtype)
             label_feeds = [{placeholders[k]: v for k, v in sample[label].items()}
                            for sample in feeds]
             ranges, skipped = _inspect.numerics(graph_def, label_feeds, options.dtype,

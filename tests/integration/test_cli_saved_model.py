@@ -245,3 +245,25 @@ def test_malformed_graph_gets_a_clear_error_and_nothing_is_written(tmp_path, cap
     code, _, err = cli_main(capsys, "convert", tmp_path / "bad.pb", tmp_path / "out.pb")
     assert code == 2 and "holds a malformed graph" in err and "missing" in err
     assert not (tmp_path / "out.pb").exists()
+
+
+def test_numerics_marks_half_what_convert_writes_for_the_target(saved, tmp_path, capsys):
+    """--numerics says which tensors run in half from the model `convert` writes for the
+    target: on a target whose half kernels are all 50x slower nothing converts, so the
+    overflowing MatMul stays float32 (with the op lists it runs in half)."""
+    import json  # pylint: disable=import-outside-toplevel
+    from conftest import OP_COSTS_TABLE  # pylint: disable=import-outside-toplevel
+    with open(OP_COSTS_TABLE) as f:
+        tables = json.load(f)
+    for table in tables:
+        table["half"] = {op: [[n, t * 50] for n, t in points]
+                         for op, points in table["half"].items()}
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps(tables))
+    for target, where in ((str(slow), "stays float32 after conversion"),
+                          ("rules", "runs in half")):
+        code, out, err = cli_main(capsys, "inspect", saved / "overflows", "--numerics",
+                                  "--samples", "3", "--target", target)
+        assert code == 0, err
+        first = [line for line in out.splitlines() if line.startswith("first overflow:")][0]
+        assert f"/overflow:0 (MatMul, {where})" in first, out

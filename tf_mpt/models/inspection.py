@@ -72,12 +72,18 @@ def flop_share(converted_frozen_graph_def, dtype):
     return _flops.half_flop_share(_import(graph_def), dtype)
 
 
-def half_node_names(graph_def, dtype, lists):
-    """Names of the nodes (of the graph itself) a conversion runs in half precision."""
-    from tf_mpt import rewrite  # pylint: disable=g-import-not-at-top
-    report = rewrite.rewrite_graph_def(graph_def, dtype=dtype, lists=lists).report
-    return {d.name for d in report.decisions.values()
-            if d.colour == "allow" and d.function is None}
+def half_node_names(converted_frozen_graph_def, dtype):
+    """Names of the nodes of a converted model's frozen graph (`model.frozen(conversion)`)
+    that run in `dtype`: a type attr, or an entry of a type-list attr, is `dtype` (the
+    decisions `convert` writes, read off the graph it writes)."""
+    half = tf.as_dtype(dtype).as_datatype_enum
+    names = set()
+    for node in converted_frozen_graph_def.node:
+        for value in node.attr.values():
+            if value.type == half or half in value.list.type:
+                names.add(node.name)
+                break
+    return names
 
 
 def annotated(graph_def, report):
