@@ -58,6 +58,10 @@ class State:
         # tf_mpt.rewrite.paint.op_costs: the cost tables read or measured, by (source, path,
         # dtype); kept by disable() (a machine's kernel times do not change)
         self.op_cost_tables = {}
+        # ... the child process that measures for this process (op_costs.ProbeServer), and
+        # whether its atexit handler is registered
+        self.probe_server = None
+        self.probe_server_atexit = False
         # ... and the node_spec keys the cost model asks times for, while `tf-mpt measure
         # --model` records them (a set), else None
         self.node_spec_recorder = None

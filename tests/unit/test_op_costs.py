@@ -4,6 +4,7 @@ measurement itself (a child process, cached; a failure turns the model off with 
 import base64
 import json
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -92,7 +93,8 @@ def test_this_cpu_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatc
     with caplog.at_level(logging.INFO, logger="tf_mpt"):
         costs = op_costs.costs_for(config, "bfloat16")
     assert costs is not None and costs.source.startswith("measured on ")
-    assert "is measuring float32 and bfloat16 kernel times" in caplog.text
+    assert re.search(r"is measuring every op type in float32 and bfloat16 on this CPU",
+                     caplog.text), caplog.text
     for op in ("MatMul", "Conv2D", "Relu", "Sigmoid", "FusedBatchNormV3", "Swish"):
         assert costs.knows(op) and costs.time(op, 10 ** 6, True) > 0
     assert len(costs.cast) == 4
@@ -120,6 +122,7 @@ def test_a_failed_measurement_turns_the_model_off_with_one_warning(tmp_path, mon
                                                                    caplog):
     config = _config.Config.from_env({_config.TF_MPT_CACHE_DIR: str(tmp_path)})
     monkeypatch.setattr(_state.STATE, "op_cost_tables", {})
+    monkeypatch.setattr(_state.STATE, "probe_server", None)  # a new child: it fails
     monkeypatch.setattr(op_costs.sys, "executable", "false")
     with caplog.at_level(logging.WARNING, logger="tf_mpt"):
         assert op_costs.costs_for(config, "bfloat16") is None
@@ -241,7 +244,7 @@ def test_decisions_only_read_the_node_times_one_measuring_step_takes_before(
     monkeypatch.setattr(_state.STATE, "op_cost_tables", {})
     calls = []
 
-    def child(directory, dtype, nodes=None):
+    def child(directory, dtype, nodes=None, ops=None):
         deciding = [f.function for f in inspect.stack()
                     if f.function == "choose_precision_by_measured_cost"]
         calls.append((sorted(json.loads(n)["op"] for n in nodes), deciding))
@@ -271,7 +274,7 @@ def test_this_cpu_is_one_idea_the_cache_key_follows_injected_flags(tmp_path, mon
     _seed_cache(tmp_path, _here(tmp_path, zen4))
     monkeypatch.setattr(_state.STATE, "op_cost_tables", {})
     measured = []
-    monkeypatch.setattr(op_costs, "_in_child", lambda directory, dtype, nodes=None:
+    monkeypatch.setattr(op_costs, "_in_child", lambda directory, dtype, nodes=None, ops=None:
                         measured.append(nodes) or json.dumps({n: [] for n in nodes or ()}))
     target = tf_mpt.rewrite.target_for(_here(tmp_path, zen4), "bfloat16")
     assert target.costs is not None and measured == []  # found under the injected flags
@@ -307,3 +310,91 @@ def test_a_table_carries_its_fusions_and_the_target_costs_by_them(tmp_path):
     path.write_text(json.dumps(dict(data, fusions=["swish", "winograd"])))
     with pytest.raises(ValueError, match=r"unknown fusions \['winograd'\]"):
         tf_mpt.rewrite.target_for(config, "bfloat16")
+
+
+def _dense_graph():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [64, 128], name="x")
+        h = tf.matmul(x, tf.constant(np.full((128, 64), 0.01, np.float32)), name="mm")
+        tf.identity(tf.nn.relu(h), name="y")
+    return graph.as_graph_def(add_shapes=True)
+
+
+def _conv_graph():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [8, 16, 16, 8], name="x")
+        k = tf.constant(np.full((3, 3, 8, 8), 0.01, np.float32))
+        h = tf.nn.relu(tf.nn.conv2d(x, k, 1, "SAME", name="conv"))
+        tf.identity(tf.nn.max_pool2d(h, 2, 2, "VALID"), name="y")
+    return graph.as_graph_def(add_shapes=True)
+
+
+def test_this_cpu_is_measured_by_the_op_types_each_graph_needs(tmp_path, monkeypatch):
+    """The target `here` times only the op types of the graphs it rewrites: the first
+    graph's, then those a second graph adds; the cache holds their union, and a new process
+    reading it measures nothing."""
+    import tf_mpt  # pylint: disable=import-outside-toplevel
+    from conftest import OP_COSTS_TABLE  # pylint: disable=import-outside-toplevel
+    from tf_mpt.rewrite.paint import probe_ops  # pylint: disable=import-outside-toplevel
+    with open(OP_COSTS_TABLE) as f:
+        (table,) = [t for t in json.load(f) if t["dtype"] == "bfloat16"]
+    config = _here(tmp_path)
+    monkeypatch.setattr(_state.STATE, "op_cost_tables", {})
+    asked = []
+
+    def child(directory, dtype, nodes=None, ops=None):
+        if nodes is not None:
+            return json.dumps({n: [4e-5, 2e-5] for n in nodes})
+        asked.append(sorted(ops))
+        part = {k: {op: v for op, v in table[k].items() if op in ops}
+                for k in ("float32", "half")}
+        return json.dumps(dict(table, probed=sorted(ops), **part))
+
+    monkeypatch.setattr(op_costs, "_in_child", child)
+    for graph in (_dense_graph, _conv_graph, _dense_graph):
+        report = tf_mpt.rewrite_graph_def(graph(), dtype="bfloat16", fetches=["y"],
+                                          config=config, strict=True).report
+        assert report.target == "here" and report.error is None
+    assert len(asked) == 2 and {"MatMul", "Relu"} <= set(asked[0]) and "Conv2D" not in asked[0]
+    assert {"Conv2D", "MaxPool"} <= set(asked[1]) and not {"MatMul", "Relu"} & set(asked[1])
+    assert set(asked[0] + asked[1]) <= probe_ops.PROBED_OPS  # never an op no probe times
+    path = op_costs._table_path(str(tmp_path), "bfloat16", _cpu.identity(config))
+    with open(path) as f:
+        cached = op_costs.OpCosts.from_json(f.read())
+    assert set(asked[0] + asked[1]) == set(cached.probed)
+    assert {"MatMul", "Relu", "Conv2D", "MaxPool"} <= set(cached.half) and cached.cast
+    monkeypatch.setattr(_state.STATE, "op_cost_tables", {})  # a new process: the cache
+    for graph in (_conv_graph, _dense_graph):
+        tf_mpt.rewrite_graph_def(graph(), dtype="bfloat16", fetches=["y"], config=config)
+    assert len(asked) == 2
+
+
+def test_one_child_process_measures_everything_a_process_asks(tmp_path, monkeypatch):
+    """The ProbeServer: one child (one TensorFlow import) answers an op-table request and a
+    node request, then exits when its stdin closes."""
+    monkeypatch.setattr(_state.STATE, "probe_server", None)
+    costs = op_costs.OpCosts.from_json(
+        op_costs._in_child(str(tmp_path), "bfloat16", ops=["Relu", "NoSuchOp"]))
+    server = _state.STATE.probe_server
+    assert set(costs.half) == set(costs.float32) == {"Relu"} and len(costs.cast) == 4
+    assert costs.probed == ("NoSuchOp", "Relu")  # asked for: never asked again
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.matmul(tf.compat.v1.placeholder(tf.float32, [64, 64]), tf.ones([64, 64]), name="mm")
+    node = next(n for n in graph.as_graph_def().node if n.name == "mm")
+    key = op_costs.node_spec(node, [(64, 64), (64, 64)], (64, 64), [False, True])
+    times = json.loads(op_costs._in_child(str(tmp_path), "bfloat16", nodes=[key]))
+    assert set(times) == {key} and all(t > 0 for t in times[key])
+    assert _state.STATE.probe_server is server and server.process.poll() is None
+    op_costs._discard_probe_server()
+    assert server.process.returncode == 0 and _state.STATE.probe_server is None
+
+
+def test_every_named_op_type_has_a_probe():
+    from tf_mpt.rewrite.paint import probe_ops  # pylint: disable=import-outside-toplevel
+    from tf_mpt.rewrite.paint import probes  # pylint: disable=import-outside-toplevel
+    with tf.Graph().as_default():
+        built = set(probes._probes(tf, tf.bfloat16, 0))
+    assert built == probe_ops.PROBED_OPS | set(probe_ops.CASTS)

@@ -113,7 +113,7 @@ def test_the_summary_and_the_report_name_the_target():
 def test_an_explicit_target_wins_over_the_config_and_measures_nothing(monkeypatch):
     from tf_mpt.rewrite.paint import op_costs
     monkeypatch.setattr(op_costs, "_in_child", _no_measuring)
-    monkeypatch.setattr(op_costs, "_cached_or_measured", _no_measuring)
+    monkeypatch.setattr(op_costs, "_measured", _no_measuring)
     config = _config_of(TARGET="here", CPU_FLAGS=ZEN4)  # here, no stand-in table: would measure
     for target in ("rules", TABLE):
         report = tf_mpt.rewrite_graph_def(_mlp_graph_def(), dtype="bfloat16", config=config,
@@ -121,5 +121,5 @@ def test_an_explicit_target_wins_over_the_config_and_measures_nothing(monkeypatc
         assert report.target == os.path.basename(target) and report.error is None
 
 
-def _no_measuring(*args):
-    raise AssertionError(f"measured for a target that needs no measurement: {args}")
+def _no_measuring(*args, **kwargs):
+    raise AssertionError(f"measured for a target that needs no measurement: {args} {kwargs}")

@@ -21,6 +21,7 @@ from tf_mpt.automatic import optimizers as _optimizers
 from tf_mpt.automatic import sessions as _sessions
 from tf_mpt.automatic import state as _state
 from tf_mpt.automatic.native import rewriter as _session_rewrite
+from tf_mpt.rewrite.paint import op_costs as _op_costs
 from tf_mpt.training import gradient_records as _records
 
 _log = logging.getLogger(__name__)
@@ -58,6 +59,9 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
     settings = _state.Settings(config=config, dtype=dtype, rewrite=config.graph_rewrite,
                                loss_scaling=config.loss_scaling_for(dtype),
                                loss_scale=config.loss_scale)
+    if settings.rewrite:  # the first rewrite will measure this CPU: its child imports now,
+        # while the optimizer compiles and the script builds its graph
+        _op_costs.start_measuring_early(config, dtype, gpu_visible)
     settings = dataclasses.replace(settings, session_rewrite=_sessions.patch_sessions(
         config, dtype, settings.rewrite, settings.loss_scaling))
     if settings.rewrite:

@@ -296,21 +296,30 @@ def _once(source):
     return call
 
 
-def _measure_workloads(target, jobs):
-    """The measuring step, apart from every decision: the matrix products and convolutions
-    of every graph with static shapes (cost.workloads), timed on this CPU where the target is
-    `here` and this CPU's cache lacks them (one child process for the rewrite), recorded for
-    `tf-mpt measure --model`. The decisions then only read the table."""
+def _measure_workloads(target, jobs, config, dtype):
+    """The measuring step, apart from every decision: the op types and the matrix products
+    and convolutions with static shapes of every graph (cost.cost_keys, cost.workloads),
+    for the target `here` timed on this CPU where its cache lacks them (one child process
+    for the process, op_costs.ProbeServer), recorded for `tf-mpt measure --model`. Returns
+    the target bound to the table the decisions then only read (its costs None where
+    measuring failed: the op lists decide, as said in one warning)."""
     try:
-        specs = set()
+        ops, specs = set(), set()
         for job in jobs:
+            ops |= _cost.cost_keys(job.view)
             specs |= _cost.workloads(job.view, job.shapes())
+        if target.measures:
+            target = dataclasses.replace(
+                target, costs=_op_costs.costs_for(config, dtype, ops))
+            if target.costs is None:
+                return target
         target.costs.measure_nodes(specs)
     except Exception as error:  # pylint: disable=broad-except
         _state.warn_once(("measure_workloads", type(error).__name__),
                          "tf_mpt could not collect or time the matrix product / convolution "
                          "shapes of a graph (%s: %s); its cost model uses its per-op lines for "
                          "them", type(error).__name__, error)
+    return target
 
 
 def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots, shapes,
@@ -355,7 +364,8 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
                                            fdef.signature.name in loop_bodies),
                 assumed_batch)
     if costed:
-        _measure_workloads(target, [main] + [job for job in functions.values() if job])
+        target = _measure_workloads(target, [main] + [job for job in functions.values() if job],
+                                    config, half.name)
     new_graph_def, report, modified, error = _rewrite_one(
         main, half, lists, signatures, strict, target)
     if error is not None:

@@ -242,6 +242,15 @@ def node_spec(p, shapes, v):
         [p.view.nodes[p.view.fanin[i][port][0]].op == "Const" for port in ports])
 
 
+def cost_keys(view):
+    """The op types (op_costs keys) a graph's vertices may be costed as: what the measuring
+    step has this CPU's table hold before the cost model decides."""
+    keys = {_cost_key(node) for node in view.nodes}
+    if "Sigmoid" in keys:
+        keys.add("Swish")
+    return keys
+
+
 def workloads(view, shape_table):
     """The op_costs.node_spec keys of every float32 matrix product and convolution of a graph
     with static shapes: what the cost model may ask times for, collected before it decides

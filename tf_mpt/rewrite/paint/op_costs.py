@@ -10,11 +10,16 @@ with stride 2 is 15-80x slower. No fixed table is right on every CPU, so (probes
       time(op, dtype, n)               n = FLOPs (contractions.FLOP_OPS) or elements
   interpolates linearly between those points (beyond the largest: the last segment's slope;
   below the smallest: the smallest time), cached as JSON in TF_MPT_CACHE_DIR under a key of
-  the CPU model, its half-precision flags, TensorFlow's version and MEASURE_VERSION
-  (measured once per machine, ~10 s);
+  this CPU's identity (_cpu.identity: its model and half-precision flags, as `auto` sees
+  them), TensorFlow's version and MEASURE_VERSION. Only the op types a graph has are timed,
+  the first time a graph has them (a convolutional net's training step: 16 op types, ~1.5 s
+  on a Zen 4; all 68: ~7 s), so the table grows with the graphs a machine rewrites;
 * each matrix product or convolution (contractions.NODE_TIMED_OPS) is timed at its own
-  shapes and attrs the first time a graph has it, in one child process per rewrite, and
-  cached the same way.
+  shapes and attrs the first time a graph has it, and cached the same way.
+
+Both are measured in one child process per process (ProbeServer: TensorFlow imported there
+once, started early by the automatic path while its optimizer compiles), in the measuring
+step a rewrite takes before it decides anything (rewrite._measure_workloads).
 
 TF_MPT_OP_COSTS=<file> uses a table written before (`python -m tf_mpt.rewrite.paint.probes
 --out FILE`; a JSON list of such tables holds one per half type) and measures nothing:
@@ -22,27 +27,31 @@ per-node times then come from the op types' points (tests inject a table that wa
 decisions do not depend on the machine).
 """
 
+import atexit
+import base64
 import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
-import base64
+import select
 import subprocess
 import sys
 import tempfile
+import threading
 import typing
 
 from tf_mpt import _cpu
 from tf_mpt import _state
 from tf_mpt import config as _config
 from tf_mpt.rewrite.paint import contractions as _contractions
+from tf_mpt.rewrite.paint import probe_ops as _probe_ops
 
 _log = logging.getLogger("tf_mpt")
 
 MEASURE_VERSION = 9
-MEASURE_TIMEOUT = 600  # seconds for one child process (a table takes ~5, a node ~0.1)
+MEASURE_TIMEOUT = 600  # seconds for one measurement (a table takes ~5, a node ~0.1)
 
 # The attrs that change such an op's kernel time (besides its shapes and T).
 NODE_ATTRS = ("strides", "padding", "explicit_paddings", "dilations", "data_format",
@@ -80,6 +89,8 @@ class OpCosts:
         fusions: the remapper fusions of the machine measured (_cpu.REMAPPER_FUSIONS names;
             a table written before they were recorded: all of them).
         threads: the CPU threads of the machine measured (0: not recorded).
+        probed: the op types measured for it, those whose kernels did not run included (a
+            table of this CPU grows by the op types each graph needs).
         nodes: per-node times (NodeTimes for this CPU, TableNodes for a file), or None.
     """
     dtype: str
@@ -89,6 +100,7 @@ class OpCosts:
     cast: tuple
     fusions: tuple = tuple(sorted(_cpu.REMAPPER_FUSIONS))
     threads: int = 0
+    probed: tuple = ()
     nodes: typing.Optional["NodeTimes"] = dataclasses.field(default=None, compare=False)
 
     def knows(self, op):
@@ -128,6 +140,14 @@ class OpCosts:
         if isinstance(self.nodes, NodeTimes) and specs:
             self.nodes.measure(specs)
 
+    def merged(self, other):
+        """This table with `other`'s op types and Casts added (`other` wins where both
+        have one)."""
+        return dataclasses.replace(
+            self, float32={**self.float32, **other.float32}, half={**self.half, **other.half},
+            cast=other.cast or self.cast, threads=other.threads or self.threads,
+            probed=tuple(sorted(set(self.probed) | set(other.probed))))
+
     def to_json(self):
         data = {k: v for k, v in dataclasses.asdict(self).items() if k != "nodes"}
         return json.dumps(data, indent=1, sort_keys=True)
@@ -151,6 +171,8 @@ class OpCosts:
                    half={k: _points(v) for k, v in data["half"].items()},
                    cast=_points(data["cast"]), fusions=tuple(sorted(fusions)),
                    threads=int(data.get("threads", 0)),
+                   probed=tuple(sorted(data.get("probed", set(data["float32"]) |
+                                                set(data["half"])))),
                    nodes=None if nodes is None else TableNodes(nodes))
 
 
@@ -207,11 +229,13 @@ def cache_key(dtype, machine):
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def bind(target, config, dtype):
+def bind(target, config, dtype, ops=()):
     """`target` (a tf_mpt.targets.Target) with what its decisions read, made once per
     rewrite: its table (`costs`, None for `rules`), the machine the table stands for, its
-    fusions and threads. Raises ValueError for a bad table file."""
-    costs = table_for(target, config, dtype)
+    fusions and threads. For `here`, the table holds what this CPU's cache holds and the op
+    types in `ops` (measured now where missing; None: every op type a probe times).
+    Raises ValueError for a bad table file."""
+    costs = table_for(target, config, dtype, ops)
     if costs is None:
         return target
     machine = _cpu.identity(config) if target.measures else costs.source
@@ -219,44 +243,56 @@ def bind(target, config, dtype):
                                fusions=frozenset(costs.fusions), threads=costs.threads)
 
 
-def table_for(target, config, dtype):
+def table_for(target, config, dtype, ops=None):
     """The OpCosts decisions for `target` (a tf_mpt.targets.Target) read for `dtype` (a name):
     None for `rules`; the target's table file; for `here` the table standing in for this CPU
     (TF_MPT_OP_COSTS) or `costs_for`. Raises ValueError for a bad file."""
     if target.kind == "rules":
         return None
     if target.table is None:
-        return costs_for(config, dtype)
-    return _memoised(("file", target.table, dtype), None)
+        return costs_for(config, dtype, ops)
+    return _file_table(target.table, dtype)
 
 
-def costs_for(config, dtype):
+def costs_for(config, dtype, ops=None):
     """This CPU's OpCosts for `dtype` (a name): the file TF_MPT_OP_COSTS names, else this
-    machine's cached table, else measured now and cached; None if that failed (the cost model
-    is then off, with one warning). Raises ValueError for a bad file."""
+    machine's table: cached, with the op types of `ops` it lacks measured now (None: every
+    op type a probe times, where none is cached yet; (): none, and no Casts either) and
+    cached; None if a measurement
+    failed (the cost model is then off in this process, with one warning). Raises
+    ValueError for a bad file."""
     if config.op_costs:
-        return _memoised(("file", config.op_costs, dtype), None)
+        return _file_table(config.op_costs, dtype)
     directory = config.cache_dir or _config.default_cache_dir()
     machine = _cpu.identity(config)
-    return _memoised(("measured", directory, dtype, machine),
-                     lambda: _cached_or_measured(directory, dtype, machine))
-
-
-def _memoised(key, load):
-    """load() (a file: _read(path, dtype)) for key (kind, path, dtype, ...), once per
-    process (for a file: once per version of it, so a table `tf-mpt measure` rewrites is
-    read again)."""
     tables = _state.STATE.op_cost_tables
-    if key[0] == "file":
-        path, dtype = key[1], key[2]
-        load = lambda: _read(path, dtype)  # pylint: disable=unnecessary-lambda-assignment
-        try:
-            stat = os.stat(path)
-            key = key + (stat.st_mtime_ns, stat.st_size)
-        except OSError:
-            pass  # _read says what is wrong with it
+    key = ("measured", directory, dtype, machine)
     if key not in tables:
-        tables[key] = load()
+        tables[key] = _cached(directory, dtype, machine)
+    costs = tables[key]
+    if costs is None or ops == ():
+        return costs
+    if ops is None:  # every op type, unless some were measured already
+        wanted = None if not costs.probed else set()
+    else:
+        wanted = (set(ops) & _probe_ops.PROBED_OPS) - set(costs.probed)
+    if wanted is None or wanted or not costs.cast:
+        tables[key] = costs = _measured(directory, dtype, machine, costs, wanted)
+    return costs
+
+
+def _file_table(path, dtype):
+    """The table for `dtype` in the file at `path`, read once per version of the file (a
+    table `tf-mpt measure` rewrites is read again)."""
+    key = ("file", path, dtype)
+    try:
+        stat = os.stat(path)
+        key = key + (stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        pass  # _read says what is wrong with it
+    tables = _state.STATE.op_cost_tables
+    if key not in tables:
+        tables[key] = _read(path, dtype)
     return tables[key]
 
 
@@ -307,33 +343,112 @@ class MeasureFailed(RuntimeError):
     """The child process measuring kernel times failed (the message says how)."""
 
 
-def _in_child(directory, dtype, nodes=None):
-    """Runs probes.py in a child process (TensorFlow's trace warnings and the probe Sessions
-    stay out of this one); returns the text it wrote. Raises MeasureFailed."""
+def _in_child(directory, dtype, nodes=None, ops=None):
+    """The op table for `dtype` (nodes None; `ops`: the op types to time, None: all) or the
+    times of `nodes` (node_spec keys), as JSON text, measured by this process's ProbeServer
+    (a child process: TensorFlow's trace warnings and the probe Sessions stay out of this
+    one). Raises MeasureFailed."""
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=directory) as scratch:
-            out = os.path.join(scratch, "out.json")
-            command = [sys.executable, "-m", "tf_mpt.rewrite.paint.probes", "--dtype", dtype,
-                       "--out", out]
-            if nodes is not None:
-                specs = os.path.join(scratch, "nodes.json")
-                with open(specs, "w") as f:
-                    json.dump(sorted(nodes), f)
-                command += ["--nodes", specs]
-            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_ENABLE="0",
-                       TF_MPT_GRAPH_REWRITE="0", TF_MPT_LOSS_SCALING="0")
-            done = subprocess.run(command, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                  timeout=MEASURE_TIMEOUT, check=False)
-            if done.returncode != 0:
-                tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:]
-                raise MeasureFailed(f"the measurement exited with {done.returncode}: "
-                                    f"{' '.join(tail)}")
-            with open(out) as f:
-                return f.read()
-    except (OSError, subprocess.SubprocessError) as error:
+        return _probe_server(directory).request(dtype, nodes, ops)
+    except (OSError, ValueError, subprocess.SubprocessError) as error:
+        _discard_probe_server()
         raise MeasureFailed(f"{type(error).__name__}: {error}") from error
+    except MeasureFailed:
+        _discard_probe_server()
+        raise
+
+
+class ProbeServer:
+    """One child process that measures for this process (`python -m
+    tf_mpt.rewrite.paint.probes --serve`): TensorFlow is imported there once, however many
+    graphs ask for new shapes, and can be imported early (`start_measuring_early`) while
+    this process does other work. It reads one JSON request per line and exits when its
+    stdin closes: at this process's exit, or when this process dies."""
+
+    def __init__(self, directory):
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        self.log = tempfile.TemporaryFile(dir=directory)  # its stderr, for a failure's tail
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_ENABLE="0",
+                   TF_MPT_GRAPH_REWRITE="0", TF_MPT_LOSS_SCALING="0")
+        self.owner = os.getpid()  # a forked child starts its own
+        self.lock = threading.Lock()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tf_mpt.rewrite.paint.probes", "--serve"], env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
+
+    def request(self, dtype, nodes, ops=None):
+        """The reply's result as JSON text; MeasureFailed if the child fails or exits."""
+        line = json.dumps({"dtype": dtype, "nodes": None if nodes is None else sorted(nodes),
+                           "ops": None if ops is None else sorted(ops)})
+        with self.lock:
+            self.process.stdin.write((line + "\n").encode())
+            self.process.stdin.flush()
+            ready, _, _ = select.select([self.process.stdout], [], [], MEASURE_TIMEOUT)
+            line = self.process.stdout.readline() if ready else b""
+        if not line:
+            self.close()
+            raise MeasureFailed(f"the measurement exited with {self.process.returncode}: "
+                                f"{self._tail()}" if ready else
+                                f"the measurement took over {MEASURE_TIMEOUT} s")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise MeasureFailed(f"the measurement failed: {reply['error']}")
+        return json.dumps(reply["ok"])
+
+    def _tail(self):
+        try:
+            self.log.seek(0)
+            lines = self.log.read().decode(errors="replace").strip().splitlines()
+            return lines[-1] if lines else ""
+        except OSError:
+            return ""
+
+    def close(self):
+        """Ends the child (its stdin closed; killed if it does not exit within 5 s)."""
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+def _probe_server(directory):
+    """This process's ProbeServer, started if there is none."""
+    server = _state.STATE.probe_server
+    if server is None or server.owner != os.getpid():
+        server = _state.STATE.probe_server = ProbeServer(directory)
+        if not _state.STATE.probe_server_atexit:
+            _state.STATE.probe_server_atexit = True
+            atexit.register(_discard_probe_server)
+    return server
+
+
+def _discard_probe_server():
+    server, _state.STATE.probe_server = _state.STATE.probe_server, None
+    if server is not None and server.owner == os.getpid():
+        server.close()
+
+
+def start_measuring_early(config, dtype, gpu_visible=False):
+    """Starts the ProbeServer now (its TensorFlow import runs beside this process's work)
+    when the first rewrite to `dtype` will measure this CPU: the target is `here`, measured,
+    and this CPU's table is not cached. Never raises; measures nothing itself."""
+    from tf_mpt import targets as _targets  # pylint: disable=import-outside-toplevel
+    try:
+        target = _targets.resolve(config, dtype, gpu_visible)
+        if not target.measures or _state.STATE.probe_server is not None:
+            return
+        directory = config.cache_dir or _config.default_cache_dir()
+        if os.path.exists(_table_path(directory, dtype, _cpu.identity(config))):
+            return
+        _probe_server(directory)
+    except Exception as error:  # pylint: disable=broad-except
+        _log.debug("tf_mpt did not start measuring early: %s", error)
 
 
 def _write_atomically(path, text):
@@ -347,30 +462,50 @@ def _write_atomically(path, text):
                   "next process", path, error)
 
 
-def _cached_or_measured(directory, dtype, machine):
-    """This machine's table from the cache, else measured and cached; None, with one
-    warning, if it cannot be measured. `machine`: _cpu.identity."""
-    key = cache_key(dtype, machine)
-    path = os.path.join(directory, f"op_costs-{dtype}-{key}.json")
-    nodes = NodeTimes(os.path.join(directory, f"node_costs-{dtype}-{key}.json"), directory,
-                      dtype)
+def _table_path(directory, dtype, machine):
+    return os.path.join(directory, f"op_costs-{dtype}-{cache_key(dtype, machine)}.json")
+
+
+def _read_cached(path):
     try:
         with open(path) as f:
-            return dataclasses.replace(OpCosts.from_json(f.read()), nodes=nodes)
+            return OpCosts.from_json(f.read())
     except (OSError, ValueError, KeyError, TypeError):
-        pass
-    _log.info("tf_mpt is measuring float32 and %s kernel times on this CPU for its cost model "
-              "(once, a few seconds; cached in %s)", dtype, directory)
+        return None
+
+
+def _cached(directory, dtype, machine):
+    """This machine's table as cached (`machine`: _cpu.identity), or an empty one (nothing
+    measured yet); its node times from the cache beside it."""
+    key = cache_key(dtype, machine)
+    nodes = NodeTimes(os.path.join(directory, f"node_costs-{dtype}-{key}.json"), directory,
+                      dtype)
+    costs = _read_cached(_table_path(directory, dtype, machine))
+    if costs is None:
+        costs = OpCosts(dtype=dtype, source=f"measured on {_cpu.cpu_model()}", float32={},
+                        half={}, cast=())
+    return dataclasses.replace(costs, nodes=nodes)
+
+
+def _measured(directory, dtype, machine, costs, ops):
+    """`costs` with the op types `ops` (None: all) and the Casts measured on this CPU and
+    merged in, the cache updated; None, with one warning, if the measurement failed."""
+    _log.info("tf_mpt is measuring %s in float32 and %s on this CPU for its cost model (once; "
+              "cached in %s)", "every op type" if ops is None else f"{len(ops)} op type(s)",
+              dtype, directory)
     try:
-        text = _in_child(directory, dtype)
-        costs = OpCosts.from_json(text)
+        measured = OpCosts.from_json(_in_child(directory, dtype,
+                                               ops=None if ops is None else sorted(ops)))
     except (MeasureFailed, ValueError, KeyError, TypeError) as error:
         _log.warning("tf_mpt could not measure op costs on this CPU (%s); its cost model is off "
                      "in this process (set %s to a table to use one)", error,
                      _config.TF_MPT_OP_COSTS)
         return None
-    _write_atomically(path, text)
-    return dataclasses.replace(costs, nodes=nodes)
+    costs = costs.merged(measured)
+    path = _table_path(directory, dtype, machine)
+    on_disk = _read_cached(path)  # another process may have added op types meanwhile
+    _write_atomically(path, (on_disk.merged(costs) if on_disk is not None else costs).to_json())
+    return costs
 
 
 class NodeTimes:

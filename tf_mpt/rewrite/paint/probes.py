@@ -19,6 +19,7 @@ time and 3.2 us the next, enough to flip the model's decisions.
     python -m tf_mpt.rewrite.paint.probes [--dtype bfloat16]          # print the table
     python -m tf_mpt.rewrite.paint.probes --out FILE                  # write it (JSON)
     python -m tf_mpt.rewrite.paint.probes --nodes SPECS --out FILE    # time NodeSpecs
+    python -m tf_mpt.rewrite.paint.probes --serve                     # op_costs.ProbeServer
 """
 
 import base64
@@ -31,6 +32,7 @@ from tf_mpt import _cpu
 from tf_mpt.rewrite.paint import contractions as _contractions
 from tf_mpt.rewrite.paint import flops as _flops_module
 from tf_mpt.rewrite.paint import op_costs as _op_costs
+from tf_mpt.rewrite.paint import probe_ops as _ops
 
 _log = logging.getLogger("tf_mpt")
 
@@ -43,23 +45,6 @@ CHAIN = 4  # copies of a node probe run in a chain (see _node_graph)
 # (each holds two Sessions).
 SPREAD_CHUNK = 64
 
-# op -> (kind, input names) of the elementwise probes; kind: unary / binary (two inputs of
-# the same shape).
-_UNARY = {op: "x" for op in (
-    "Sigmoid", "Tanh", "Erf", "Erfc", "Exp", "Log", "Sqrt", "Rsqrt", "Square", "Neg", "Abs",
-    "Reciprocal", "Log1p", "Expm1", "Sin", "Cos")}
-_UNARY.update({op: "features" for op in ("Relu", "Relu6", "Elu", "Selu", "Softplus",
-                                          "LeakyRelu", "Softsign")})
-_BINARY = {op: ("x", "y") for op in (
-    "Add", "AddV2", "Sub", "Mul", "RealDiv", "DivNoNan", "Maximum", "Minimum",
-    "SquaredDifference", "Pow")}
-_BINARY.update({op: ("gradients", "features") for op in (
-    "ReluGrad", "Relu6Grad", "LeakyReluGrad", "SoftplusGrad")})
-_BINARY["EluGrad"] = ("gradients", "outputs")
-_BINARY.update({op: ("y", "dy") for op in ("SigmoidGrad", "TanhGrad", "RsqrtGrad",
-                                           "SqrtGrad")})
-
-# Matrix products and convolutions: (small, large) problem per op, timed per FLOP.
 # Matrix products and convolutions: (small, middle, large) problems, timed per FLOP (the
 # depthwise convolutions, memory-bound, per output element).
 MATMUL_SHAPES = (((16, 128), (128, 128)), ((64, 256), (256, 256)), ((256, 512), (512, 512)))
@@ -71,6 +56,8 @@ CONV_SHAPES = (((4, 16, 16, 16), (3, 3, 16, 16)), ((8, 32, 32, 16), (3, 3, 16, 3
                ((16, 32, 32, 32), (3, 3, 32, 32)))
 DEPTHWISE_SHAPES = (((4, 16, 16, 32), (3, 3, 32, 1)), ((8, 32, 32, 32), (3, 3, 32, 1)),
                     ((16, 32, 32, 64), (3, 3, 64, 1)))
+
+
 
 
 
@@ -86,9 +73,9 @@ def _probes(tf, dtype, size):
         return tf1.placeholder(dt, shp or shape)
 
     probes = {}
-    for op, arg in _UNARY.items():
+    for op, arg in _ops.UNARY.items():
         probes[op] = (getattr(raw, op)(**{arg: ph()}), n)
-    for op, (a, b) in _BINARY.items():
+    for op, (a, b) in _ops.BINARY.items():
         probes[op] = (getattr(raw, op)(**{a: ph(), b: ph()}), n)
     x = ph()
     probes["Swish"] = (raw.Mul(x=x, y=raw.Sigmoid(x=x)), n)  # the remapper's _MklSwish
@@ -240,17 +227,26 @@ def _traced_run(tf1, session, target, feeds):
             for device in metadata.step_stats.dev_stats for stats in device.node_stats}
 
 
-def measure(dtype="bfloat16"):
-    """Times every probe op in float32 and `dtype` at every size; returns OpCosts."""
+def measure(dtype="bfloat16", ops=None):
+    """Times the probe ops (`ops`: those of probe_ops.PROBED_OPS named, None: all) and the
+    Casts in float32 and `dtype` at every size; returns OpCosts (`probed`: the ops asked
+    for, those no probe times included, so that nobody asks for them again)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     half = tf.as_dtype(dtype)
+    asked = _ops.PROBED_OPS if ops is None else frozenset(ops)
+    wanted = asked & _ops.PROBED_OPS
+
+    def probes_of(dt, size):
+        return {op: probe for op, probe in _probes(tf, dt, size).items()
+                if op in wanted or op in _ops.CASTS}
+
     seconds = {}
     with tf.Graph().as_default():  # the process's first kernels run slow: not timed
-        _kernel_seconds(tf, _probes(tf, half, 0))
+        _kernel_seconds(tf, probes_of(half, 0))
     for size in range(len(ELEMENTS)):  # the dtypes alternate: see time_nodes
         for name, dt in (("float32", tf.float32), ("half", half)):
             with tf.Graph().as_default():
-                probes = _probes(tf, dt, size)
+                probes = probes_of(dt, size)
                 units = {op: u for op, (_, u) in probes.items()}
                 for op, t in _kernel_seconds(tf, probes).items():
                     seconds.setdefault((name, op), []).append((units[op], t))
@@ -263,7 +259,7 @@ def measure(dtype="bfloat16"):
     # the remapper fusions: TensorFlow's x86 build fuses them all (oneDNN)
     return _op_costs.OpCosts(dtype=half.name, source=f"measured on {_cpu.cpu_model()}",
                              float32=points["float32"], half=points["half"], cast=cast,
-                             threads=os.cpu_count() or 0)
+                             threads=os.cpu_count() or 0, probed=tuple(sorted(asked)))
 
 
 def _node_graph(tf, spec, dtype):
@@ -385,13 +381,45 @@ class _NodeRun:
         return statistics.median(nanos[f"probe_{k}"] for k in range(1, CHAIN)) * 1e-9
 
 
+def serve(requests, replies):
+    """Answers measurement requests, one JSON line each, until `requests` ends:
+
+        {"dtype": d, "nodes": null, "ops": [op types] or null}  -> {"ok": measure(d, ops)}
+        {"dtype": d, "nodes": [NodeSpec keys]}                  -> {"ok": time_nodes(...)}
+        a failure                                               -> {"error": "..."}
+
+    One process answers every measurement of its parent (op_costs.ProbeServer): TensorFlow
+    is imported once."""
+    import tensorflow  # pylint: disable=import-outside-toplevel,unused-import
+    for line in requests:
+        try:
+            request = json.loads(line)
+            if request.get("nodes") is None:
+                result = json.loads(measure(request["dtype"], request.get("ops")).to_json())
+            else:
+                result = time_nodes(request["nodes"], request["dtype"])
+            reply = {"ok": result}
+        except Exception as error:  # pylint: disable=broad-except
+            reply = {"error": f"{type(error).__name__}: {error}"}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
 def _main(argv=None):
     import argparse  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     parser.add_argument("--nodes", help="a JSON list of NodeSpec keys to time")
     parser.add_argument("--out", help="write the result here (JSON) instead of printing it")
+    parser.add_argument("--serve", action="store_true",
+                        help="answer requests on stdin (op_costs.ProbeServer's protocol)")
     args = parser.parse_args(argv)
+    if args.serve:
+        replies = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)  # anything else printed goes to stderr, never into the replies
+        serve(sys.stdin, replies)
+        return
     if args.nodes:
         with open(args.nodes) as f:
             text = json.dumps(time_nodes(json.load(f), args.dtype))
