@@ -245,17 +245,37 @@ def _validate_and_fix(model, conversion, lists, keep, feeds, options):
     if not options.keep_io_types:
         raise _model_io.ModelError("--auto-deny works with --keep-io-types (the default).")
     print(f"validation failed ({failing}); searching for the nodes to keep in float32 ...")
-    conversion, kept = _auto_deny.auto_deny(model, options.dtype, lists, keep, feeds, tolerance)
+    found = _auto_deny.auto_deny(model, options.dtype, lists, keep, feeds, tolerance,
+                                 blame_first=not options.bisect)
+    conversion, kept = found.conversion, found.kept
     ops = {(d.function, d.name): d.op for report in conversion.reports.values()
            for d in report.decisions.values()}
+    how = ("one-pass blame, validated once" if found.method == "blame" else
+           "bisection" + (" (one-pass blame's nodes did not pass)" if found.blamed else ""))
+    print(f"--auto-deny found them by {how}: {found.trials} trial(s), {found.seconds:.1f} s")
     print(f"--auto-deny kept {len(kept)} node(s) in float32:")
     for function, name in kept:
         where = f"{function}/" if function else ""
         print(f"  {where}{name} ({ops.get((function, name), '?')})")
+    if found.blamed:
+        print("\n".join(_blame_lines(found.blamed, options.dtype)))
     for label, report in conversion.reports.items():
         print(f"{label}: {report.summary()}")
     _validation_errors(model, conversion, feeds, options)
     return conversion
+
+
+def _blame_lines(blamed, dtype):
+    """Lines: each blamed node, its error, its inputs' and (when known) its error once kept
+    float32."""
+    from tf_mpt.models import blame as _blame  # pylint: disable=g-import-not-at-top
+    lines = [f"one-pass blame: {len(blamed)} node(s) whose own {dtype} error jumps (relative "
+             f"L2 > {_blame.FLOOR[dtype]:g} and > {_blame.JUMP:g}x their inputs')"]
+    for error, after in blamed:
+        kept = "" if after is None else f" -> {after:.3g} kept float32"
+        lines.append(f"  {error.name} ({error.op}): error {error.error:.3g} (inputs "
+                     f"{error.input_error:.3g}){kept}")
+    return lines
 
 
 def _inspect_command(options):
@@ -263,6 +283,10 @@ def _inspect_command(options):
     from tf_mpt.models import sources as _sources  # pylint: disable=g-import-not-at-top
     from tf_mpt.models import validation as _validation  # pylint: disable=g-import-not-at-top
     from tf_mpt.models import inspection as _inspect  # pylint: disable=g-import-not-at-top
+    if options.blame and not options.numerics:
+        from tf_mpt.models import model_io as _model_io  # pylint: disable=g-import-not-at-top
+        raise _model_io.ModelError("--blame runs on --numerics' samples: pass --numerics "
+                                   "--blame.")
     model = _sources.open_model(options.src)
     lists = _lists(options)
     conversion = model.convert(options.dtype, lists)
@@ -312,6 +336,19 @@ def _inspect_command(options):
             print(f"== numerics of {label}")
             print("\n".join(_inspect.numerics_lines(ranges, skipped, options.dtype,
                                                      len(feeds))))
+        if options.blame:
+            from tf_mpt.models import blame as _blame  # pylint: disable=g-import-not-at-top
+            found = _blame.find(model, conversion, options.dtype, feeds)
+            if found:
+                print("\n".join(_blame_lines([(error, None) for error, _ in found],
+                                              options.dtype)))
+                print("keep them float32: tf-mpt convert ... --keep-fp32 " + ",".join(
+                    name if function is None else f"{function}/{name}"
+                    for _, keys in found for function, name in keys))
+            else:
+                print(f"one-pass blame: no node's own {options.dtype} error jumps (relative "
+                      f"L2 > {_blame.FLOOR[options.dtype]:g} and > {_blame.JUMP:g}x its "
+                      "inputs') on these samples")
 
 
 def main(argv=None):
@@ -337,6 +374,10 @@ def main(argv=None):
                           "tensors outside the half type's range")
     inspect_.add_argument("--samples", type=int, default=8, metavar="N",
                           help="random samples for --numerics (default 8)")
+    inspect_.add_argument("--blame", action="store_true",
+                          help="with --numerics: run the float32 and the converted model once "
+                          "and name the nodes whose own half error jumps beyond their "
+                          "inputs' (what --auto-deny keeps float32)")
     measure = commands.add_parser("measure", help="time float32 and half kernels on this CPU "
                                   "and write a cost table for --target FILE on any machine")
     measure.add_argument("--out", required=True, metavar="FILE", help="the table to write")
@@ -384,7 +425,10 @@ def main(argv=None):
     convert.add_argument("--atol", type=float, help="also require every element within atol + "
                          "rtol * |float32| (default atol: float16 1e-2, bfloat16 5e-2)")
     convert.add_argument("--auto-deny", action="store_true",
-                         help="if validation fails, find the nodes to keep float32 (bisection)")
+                         help="if validation fails, find the nodes to keep float32 (one-pass "
+                         "blame, validated once; bisection if that does not pass)")
+    convert.add_argument("--bisect", action="store_true",
+                         help="with --auto-deny: bisection only (no one-pass blame)")
     options = parser.parse_args(argv)
     if options.command == "run":
         _run(options.script, options.args)

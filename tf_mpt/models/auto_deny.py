@@ -1,22 +1,78 @@
 """`tf-mpt convert --auto-deny`: the converted nodes to keep float32 so the model passes
-validation, found by bisection."""
+validation, found by one-pass blame (blame.py) and, where that does not pass, by bisection."""
 
+import dataclasses
+import logging
+import time
+
+from tf_mpt.models import blame as _blame
 from tf_mpt.models import progress as _progress
 from tf_mpt.models.model_io import ModelError
 from tf_mpt.models.validation import validate
 
+_log = logging.getLogger("tf_mpt")
 
-def auto_deny(model, dtype, lists, keep, feeds, tolerance, max_trials=400):
-    """Finds converted nodes to keep float32 so the model passes validation.
 
-    Bisection over the converted nodes in graph order: keeping every converted node float32
-    passes (that is the float32 model); the smallest prefix that still passes ends with a node
-    that is needed, which joins the kept set, and the search repeats on the nodes before it
-    until the kept set alone passes. Each needed node costs about log2(candidates) trials.
+@dataclasses.dataclass
+class Found:
+    """What --auto-deny found.
 
-    Returns (conversion, [(function or None, node name)] kept float32 by the search).
+    Attributes:
+        conversion: the conversion with `kept` kept float32.
+        kept: [(function or None, node name)] kept float32.
+        method: 'blame' (one pass, validated once) or 'bisection'.
+        trials: conversions validated.
+        seconds: wall time of the search.
+        blamed: [(blame.NodeError, error after or None)]: the nodes one-pass blame named,
+            their error in the conversion that was searched and in the one returned (where
+            blame's answer passed).
     """
+    conversion: object
+    kept: list
+    method: str
+    trials: int
+    seconds: float
+    blamed: list
+
+
+def auto_deny(model, dtype, lists, keep, feeds, tolerance, max_trials=400, blame_first=True):
+    """Finds converted nodes to keep float32 so the model passes validation: the nodes
+    one-pass blame names (one run of each model, every tensor compared), validated once;
+    where that does not pass (or blames nothing), bisection. Returns a Found."""
+    start = time.perf_counter()
     base = model.convert(dtype, lists, keep)
+    blamed, tried = [], 0
+    if blame_first:
+        found = _blame.find(model, base, dtype, feeds)
+        names = {}  # the decision keys, in graph order, once each
+        for _, keys in found:
+            names.update(dict.fromkeys(keys))
+        blamed = [(error, None) for error, _ in found]
+        if names:
+            kept = list(names)
+            conversion = model.convert(dtype, lists, set(keep) | set(_names(kept)))
+            tried = 1
+            if all(e.ok(tolerance) for e in validate(model, conversion, feeds, tolerance,
+                                                     progress=False)):
+                after = _blame.errors_of(model, conversion, dtype, feeds,
+                                         [(e.label, e.name) for e, _ in found])
+                blamed = [(e, after.get((e.label, e.name))) for e, _ in found]
+                return Found(conversion, kept, "blame", tried, time.perf_counter() - start,
+                             blamed)
+            _log.info("one-pass blame's %d node(s) do not pass validation; bisecting",
+                      len(kept))
+    conversion, kept, trials = _bisect(model, dtype, lists, keep, feeds, tolerance, base,
+                                       max_trials)
+    return Found(conversion, kept, "bisection", tried + trials, time.perf_counter() - start,
+                 blamed)
+
+
+def _bisect(model, dtype, lists, keep, feeds, tolerance, base, max_trials):
+    """Bisection over the converted nodes in graph order: keeping every converted node
+    float32 passes (that is the float32 model); the smallest prefix that still passes ends
+    with a node that is needed, which joins the kept set, and the search repeats on the nodes
+    before it until the kept set alone passes. Each needed node costs about log2(candidates)
+    trials. Returns (conversion, kept, trials)."""
     candidates = [(function, name) for _, function, name in base.converted_nodes]
     trials = {}
 
@@ -52,7 +108,7 @@ def auto_deny(model, dtype, lists, keep, feeds, tolerance, max_trials=400):
             remaining = remaining[:low - 1]
     finally:
         bar.close()
-    return model.convert(dtype, lists, set(keep) | set(_names(kept))), kept
+    return model.convert(dtype, lists, set(keep) | set(_names(kept))), kept, len(trials)
 
 
 def _names(pairs):
