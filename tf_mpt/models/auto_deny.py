@@ -43,7 +43,8 @@ def auto_deny(model, dtype, lists, keep, feeds, tolerance, max_trials=400, blame
     base = model.convert(dtype, lists, keep)
     blamed, tried = [], 0
     if blame_first:
-        found = _blame.find(model, base, dtype, feeds)
+        reference = model.frozen()
+        found = _blame.find(model, base, dtype, feeds, reference)
         names = {}  # the decision keys, in graph order, once each
         for _, keys in found:
             names.update(dict.fromkeys(keys))
@@ -51,11 +52,12 @@ def auto_deny(model, dtype, lists, keep, feeds, tolerance, max_trials=400, blame
         if names:
             kept = list(names)
             conversion = model.convert(dtype, lists, set(keep) | set(_names(kept)))
+            kept, conversion = _fewest(model, dtype, lists, keep, kept, conversion, base)
             tried = 1
             if all(e.ok(tolerance) for e in validate(model, conversion, feeds, tolerance,
                                                      progress=False)):
                 after = _blame.errors_of(model, conversion, dtype, feeds,
-                                         [(e.label, e.name) for e, _ in found])
+                                         [(e.label, e.name) for e, _ in found], reference)
                 blamed = [(e, after.get((e.label, e.name))) for e, _ in found]
                 return Found(conversion, kept, "blame", tried, time.perf_counter() - start,
                              blamed)
@@ -65,6 +67,21 @@ def auto_deny(model, dtype, lists, keep, feeds, tolerance, max_trials=400, blame
                                        max_trials)
     return Found(conversion, kept, "bisection", tried + trials, time.perf_counter() - start,
                  blamed)
+
+
+def _fewest(model, dtype, lists, keep, kept, conversion, base):
+    """(kept, conversion) with only the kept nodes of allow-list ops where those alone give
+    the same conversion: the infer / clear ops and constants blame named between them stay
+    float32 anyway (nothing half beside them), so the list says only what must be kept."""
+    ops = {(d.function, d.name): d.op for report in base.reports.values()
+           for d in report.decisions.values()}
+    allow = [key for key in kept if lists.list_of(ops.get(key, "")) == "allow"]
+    if not allow or len(allow) == len(kept):
+        return kept, conversion
+    fewer = model.convert(dtype, lists, set(keep) | set(_names(allow)))
+    if set(fewer.converted_nodes) == set(conversion.converted_nodes):
+        return allow, fewer
+    return kept, conversion
 
 
 def _bisect(model, dtype, lists, keep, feeds, tolerance, base, max_trials):

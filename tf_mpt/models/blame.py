@@ -69,10 +69,16 @@ def _relative_error(sum_sq_diff, sum_sq_ref):
     return math.sqrt(sum_sq_diff / sum_sq_ref) if sum_sq_ref else math.sqrt(sum_sq_diff)
 
 
-def _fetchable(reference, converted):
+def _fetchable(reference, converted, only=None):
     """Names of the tensors to compare: float32 outputs of the float32 graph whose node is
-    in the converted graph too and outside v1 control flow (Session.run cannot fetch those)."""
+    in the converted graph too and outside v1 control flow (Session.run cannot fetch those);
+    with `only` (node names), of those nodes and the nodes they read alone."""
     names = {node.name for node in converted.node}
+    if only is not None:
+        view = _graph_view.GraphView(reference)
+        wanted = set(only) | {view.nodes[src].name for name in only if name in view.index
+                              for src, _ in view.fanin[view.index[name]]}
+        names &= wanted
     skip = _inspection._in_control_flow(reference)  # pylint: disable=protected-access
     graph = _inspection._import(reference)  # pylint: disable=protected-access
     return [t.name for op in graph.get_operations() if op.name in names and op.name not in skip
@@ -92,10 +98,10 @@ def _run(graph_def, tensors, feeds):
     return out
 
 
-def node_errors(reference, converted, feeds, dtype, label="graph"):
+def node_errors(reference, converted, feeds, dtype, label="graph", only=None):
     """{node name: NodeError} of the nodes of a frozen float32 graph and its conversion's
-    frozen graph (same node names), over `feeds`."""
-    tensors = _fetchable(reference, converted)
+    frozen graph (same node names), over `feeds`; `only`: of these nodes (names) alone."""
+    tensors = _fetchable(reference, converted, only)
     if not tensors:
         return {}
     expected, actual = _run(reference, tensors, feeds), _run(converted, tensors, feeds)
@@ -125,6 +131,8 @@ def node_errors(reference, converted, feeds, dtype, label="graph"):
     limit = _inspection.HALF_RANGES[dtype][0]
     out = {}
     for node_name, error in by_node.items():
+        if only is not None and node_name not in only:
+            continue
         i = view.index[node_name]
         inputs = [f"{view.nodes[src].name}:{port}" for src, port in view.fanin[i]]
         outputs = outputs_of[node_name]
@@ -165,11 +173,13 @@ def decision_keys(frozen_name, converted_nodes):
     return [(function, name) for function, name in matches if len(name) == longest]
 
 
-def find(model, conversion, dtype, feeds):
+def find(model, conversion, dtype, feeds, reference=None):
     """[(NodeError, [(function or None, node name) keys to keep float32])] of the nodes
     blamed for `conversion` of `model` over `feeds` (validation samples: [{label: {input:
-    array}}]), in graph order per signature: one run of each frozen model."""
-    reference, converted = model.frozen(), model.frozen(conversion)
+    array}}]), in graph order per signature: one run of each frozen model. `reference`:
+    model.frozen(), when the caller has it."""
+    reference = reference or model.frozen()
+    converted = model.frozen(conversion)
     nodes = [(function, name) for _, function, name in conversion.converted_nodes]
     out = []
     for label, (graph_def, placeholders) in reference.items():
@@ -182,10 +192,12 @@ def find(model, conversion, dtype, feeds):
     return out
 
 
-def errors_of(model, conversion, dtype, feeds, names):
+def errors_of(model, conversion, dtype, feeds, names, reference=None):
     """{(label, frozen node name): error} of the nodes `names` ((label, name) pairs) in
-    `conversion`: what a blamed node's error became once it was kept float32."""
-    reference, converted = model.frozen(), model.frozen(conversion)
+    `conversion`: what a blamed node's error became once it was kept float32 (only they and
+    their inputs are fetched). `reference`: model.frozen(), when the caller has it."""
+    reference = reference or model.frozen()
+    converted = model.frozen(conversion)
     out = {}
     for label, (graph_def, placeholders) in reference.items():
         wanted = {name for lab, name in names if lab == label}
@@ -193,6 +205,7 @@ def errors_of(model, conversion, dtype, feeds, names):
             continue
         label_feeds = [{placeholders[k]: v for k, v in sample[label].items()}
                        for sample in feeds]
-        errors = node_errors(graph_def, converted[label][0], label_feeds, dtype, label)
+        errors = node_errors(graph_def, converted[label][0], label_feeds, dtype, label,
+                             only=wanted)
         out.update({(label, n): errors[n].error for n in wanted if n in errors})
     return out

@@ -1,0 +1,186 @@
+"""Real Keras models under `fit`, `evaluate` and `predict`: float32 vs Keras's own
+`mixed_bfloat16` policy vs tf_mpt's automatic path (TF_MPT_ENABLE=1, its default rewrite) vs
+tf_mpt setting the policy (TF_MPT_KERAS=policy).
+
+    python benchmarks/keras_models.py [--models resnet50 ...] [--rounds 3] [--steps 8]
+                                      [--dtype bfloat16] [--keras keras|tf_keras]
+
+Models (random data, weights=None): ResNet50, MobileNetV2, EfficientNetB0, DenseNet121
+(keras.applications, 128x128x3, batch 16, 10 classes), a Transformer encoder
+(Embedding, MultiHeadAttention, LayerNormalization, a GELU MLP; sequences of 128, batch 32)
+and an LSTM text classifier (Embedding, LSTM 256, Dense; sequences of 64, batch 32). Adam,
+sparse categorical cross-entropy.
+
+Each (model, way) runs in its own process: the model is built and compiled, one warm-up
+epoch of 3 steps of each phase runs (tracing, tf_mpt's rewrite, first-use measuring), then
+--steps timed steps of each phase; a phase's time is the median of its steps (Keras batch
+callbacks). The ways run in an interleaved order, --rounds times, and each way's speed-up is
+the median over rounds of float32's time / its time in the same round (paired ratios); the
+noise column is half the spread of the float32 times over the rounds, relative. The CPU and
+whether it computes bfloat16 natively are printed first; without native bfloat16 the speed
+figures mean nothing for the machines the tool targets (the table says so).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, ROOT)
+from tf_mpt import _cpu  # noqa: E402  (no TensorFlow import)
+
+MODELS = ("resnet50", "mobilenetv2", "efficientnetb0", "densenet121", "transformer", "lstm")
+WAYS = ("float32", "policy", "tf_mpt", "tf_mpt_policy")
+PHASES = ("fit", "evaluate", "predict")
+APPLICATIONS = {"resnet50": "ResNet50", "mobilenetv2": "MobileNetV2",
+                "efficientnetb0": "EfficientNetB0", "densenet121": "DenseNet121"}
+
+
+def _env(way, dtype, keras_module):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    if keras_module == "tf_keras":
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    if way.startswith("tf_mpt"):
+        env.update(TF_MPT_ENABLE="1", TF_MPT_DTYPE=dtype,
+                   TF_MPT_KERAS="policy" if way == "tf_mpt_policy" else "rewrite")
+    return env
+
+
+# --- the child process ------------------------------------------------------------------------
+
+def _build(keras, name, rng):
+    """(model, x, y, batch) of `name`."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    if name in APPLICATIONS:
+        batch = 16
+        model = getattr(keras.applications, APPLICATIONS[name])(
+            weights=None, input_shape=(128, 128, 3), classes=10)
+        x = rng.rand(batch * 4, 128, 128, 3).astype(np.float32)
+    elif name == "transformer":
+        batch, length = 32, 128
+        tokens = keras.Input((length,), dtype="int32")
+        h = keras.layers.Embedding(8000, 256)(tokens)
+        for _ in range(2):
+            attended = keras.layers.MultiHeadAttention(4, 64)(h, h)
+            h = keras.layers.LayerNormalization()(h + attended)
+            mlp = keras.layers.Dense(256)(keras.layers.Dense(1024, activation="gelu")(h))
+            h = keras.layers.LayerNormalization()(h + mlp)
+        out = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling1D()(h))
+        model = keras.Model(tokens, out)
+        x = rng.randint(1, 8000, size=(batch * 4, length)).astype(np.int32)
+    else:  # lstm
+        batch, length = 32, 64
+        tokens = keras.Input((length,), dtype="int32")
+        h = keras.layers.LSTM(256)(keras.layers.Embedding(8000, 128)(tokens))
+        model = keras.Model(tokens, keras.layers.Dense(10)(h))
+        x = rng.randint(1, 8000, size=(batch * 4, length)).astype(np.int32)
+    y = rng.randint(0, 10, size=len(x)).astype(np.int32)
+    return model, x, y, batch
+
+
+def _child(name, way, steps, dtype, keras_module):
+    import time  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    if keras_module == "tf_keras":
+        import tf_keras as keras  # pylint: disable=import-outside-toplevel
+    else:
+        import keras  # pylint: disable=import-outside-toplevel
+    keras.utils.set_random_seed(0)
+    if way == "policy":
+        keras.mixed_precision.set_global_policy(f"mixed_{dtype}")
+    model, x, y, batch = _build(keras, name, np.random.RandomState(0))
+    model.compile(optimizer=keras.optimizers.Adam(1e-4),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    times = {phase: [] for phase in PHASES}
+
+    class Timer(keras.callbacks.Callback):
+        def __init__(self, phase):
+            super().__init__()
+            self.phase, self.began = phase, 0.0
+
+        def _begin(self, batch, logs=None):
+            self.began = time.perf_counter()
+
+        def _end(self, batch, logs=None):
+            times[self.phase].append(time.perf_counter() - self.began)
+
+        on_train_batch_begin = on_test_batch_begin = on_predict_batch_begin = _begin
+        on_train_batch_end = on_test_batch_end = on_predict_batch_end = _end
+
+    repeat = max(1, -(-(steps + 3) * batch // len(x)))
+    data_x, data_y = np.concatenate([x] * repeat), np.concatenate([y] * repeat)
+    for warm in (True, False):
+        count = 3 if warm else steps
+        fx, fy = data_x[:count * batch], data_y[:count * batch]
+        for phase in PHASES:
+            timer = [Timer(phase)]
+            if phase == "fit":
+                model.fit(fx, fy, batch_size=batch, epochs=1, verbose=0, callbacks=timer)
+            elif phase == "evaluate":
+                model.evaluate(fx, fy, batch_size=batch, verbose=0, callbacks=timer)
+            else:
+                model.predict(fx, batch_size=batch, verbose=0, callbacks=timer)
+        if warm:
+            times = {phase: [] for phase in PHASES}
+    loss = float(model.evaluate(x[:batch], y[:batch], batch_size=batch, verbose=0))
+    print(json.dumps({phase: statistics.median(t) * 1e3 for phase, t in times.items()}
+                     | {"loss": loss}))
+
+
+# --- the parent -------------------------------------------------------------------------------
+
+def _measure(name, way, args):
+    command = [sys.executable, __file__, "--child", name, way, "--steps", str(args.steps),
+               "--dtype", args.dtype, "--keras", args.keras]
+    done = subprocess.run(command, env=_env(way, args.dtype, args.keras), cwd=ROOT,
+                          capture_output=True, text=True, timeout=3600, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{name} / {way} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    parser.add_argument("--keras", default="keras", choices=("keras", "tf_keras"))
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args.child[0], args.child[1], args.steps, args.dtype, args.keras)
+        return
+    native = _cpu.has_native_bfloat16(_cpu.cpu_flags())
+    print("; ".join(_cpu.facts()[:2]) + f"; {args.keras}, {args.dtype}, {args.rounds} "
+          f"rounds of {args.steps} steps per phase")
+    if args.dtype == "bfloat16" and not native:
+        print("(no native bfloat16 here: these speed-ups say nothing about Zen 4 / AMX)")
+    print("| model | phase | float32 ms/step | noise | policy | tf_mpt | tf_mpt policy |")
+    print("|---|---|---|---|---|---|---|")
+    ratios = {way: [] for way in WAYS[1:]}
+    for name in args.models:
+        runs = []
+        for k in range(args.rounds):
+            order = WAYS[k % len(WAYS):] + WAYS[:k % len(WAYS)]  # interleaved
+            runs.append({way: _measure(name, way, args) for way in order})
+        for phase in PHASES:
+            base = [r["float32"][phase] for r in runs]
+            noise = (max(base) - min(base)) / 2 / statistics.median(base)
+            cells = []
+            for way in WAYS[1:]:
+                paired = statistics.median(r["float32"][phase] / r[way][phase] for r in runs)
+                ratios[way].append(paired)
+                cells.append(f"{paired:.2f}x")
+            print(f"| {name} | {phase} | {statistics.median(base):.1f} | "
+                  f"±{noise:.0%} | " + " | ".join(cells) + " |", flush=True)
+    means = [statistics.geometric_mean(ratios[way]) for way in WAYS[1:]]
+    print("| geometric mean | | | | " + " | ".join(f"{m:.2f}x" for m in means) + " |")
+
+
+if __name__ == "__main__":
+    main()
