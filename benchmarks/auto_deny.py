@@ -57,6 +57,7 @@ def _mlp24(path):
 
 def _resnet50(path):
     import keras  # pylint: disable=import-outside-toplevel
+    keras.utils.set_random_seed(0)
     model = keras.applications.ResNet50(weights=None, input_shape=(64, 64, 3), classes=10)
     layer = model.get_layer("conv3_block1_1_conv")
     kernel, bias = layer.get_weights()
@@ -67,6 +68,7 @@ def _resnet50(path):
 
 def _transformer(path):
     import keras  # pylint: disable=import-outside-toplevel
+    keras.utils.set_random_seed(0)
     tokens = keras.Input((16,), dtype="int32", name="tokens")
     x = keras.layers.Embedding(100, 64)(tokens)
     mask = keras.ops.expand_dims(keras.ops.not_equal(tokens, 0), 1)

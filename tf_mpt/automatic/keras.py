@@ -65,9 +65,11 @@ def mixed_policy_in_effect():
     return False
 
 
-def patch_tf_function(dtype, keras_steps=True):
+def patch_tf_function(dtype, keras_steps=True, leave_own_half=True):
     """`tf.function` in user code becomes tf_mpt.function, and so do Keras's step functions
-    when `keras_steps` (other Keras and TF internals keep theirs)."""
+    when `keras_steps` (other Keras and TF internals keep theirs). `leave_own_half`: a traced
+    graph that already computes in half runs as traced (the script's own mixed precision;
+    False where tf_mpt set Keras's mixed policy itself)."""
     from tf_mpt.rewrite import tf_functions as _functions  # pylint: disable=g-import-not-at-top
     original = _functions._TF_FUNCTION  # pylint: disable=protected-access
 
@@ -78,7 +80,8 @@ def patch_tf_function(dtype, keras_steps=True):
         if module.split(".")[0] in _LIBRARY_PREFIXES and not (keras_steps and _keras_step(func)):
             return original(func, **kwargs)
         try:
-            return _functions.Function(func, dtype, kwargs, on_trace=_report_unclaimed)
+            return _functions.Function(func, dtype, kwargs, on_trace=_report_unclaimed,
+                                       leave_own_half=leave_own_half)
         except Exception as error:  # pylint: disable=broad-except
             _log.warning("tf_mpt left tf.function %s in float32 (%s: %s)",
                          getattr(func, "__name__", func), type(error).__name__, error)

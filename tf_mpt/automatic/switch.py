@@ -65,7 +65,8 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
     settings = dataclasses.replace(settings, session_rewrite=_sessions.patch_sessions(
         config, dtype, settings.rewrite, settings.loss_scaling))
     if settings.rewrite:
-        _keras.patch_tf_function(dtype, keras_steps=settings.keras_rewrite)
+        _keras.patch_tf_function(dtype, keras_steps=settings.keras_rewrite,
+                                 leave_own_half=not settings.keras_policy)
     if settings.keras_policy:
         _keras.set_keras_policy(dtype)
     if settings.loss_scaling:

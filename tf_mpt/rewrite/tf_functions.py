@@ -228,8 +228,11 @@ class Function:
     """A tf.function whose traced graphs are rewritten to mixed precision (see `function`)."""
 
     def __init__(self, fn, dtype, tf_function_kwargs, tf_function=None, on_trace=None,
-                 target=None):
+                 target=None, leave_own_half=False):
         self._dtype = _dtypes.parse(dtype).name
+        # the automatic path: a traced graph that already computes in half (the script's own
+        # mixed precision) runs as the script wrote it
+        self._leave_own_half = leave_own_half
         self._target = None if target is None else _targets.parse(target)
         self._on_trace = on_trace  # called with each newly traced graph, before the rewrite
         self._jit_compile = tf_function_kwargs.get("jit_compile")
@@ -252,7 +255,8 @@ class Function:
         if bound is None:
             bound = Function(self.__wrapped__, self._dtype, {"jit_compile": self._jit_compile},
                              tf_function=self._tf_function.__get__(instance, owner),
-                             on_trace=self._on_trace, target=self._target)
+                             on_trace=self._on_trace, target=self._target,
+                             leave_own_half=self._leave_own_half)
             try:
                 self._bound[instance] = bound
             except TypeError:
@@ -276,6 +280,14 @@ class Function:
             if rewritten is None:
                 if self._on_trace is not None:
                     self._on_trace(original.graph)
+                own = _half_ops(original.graph) if self._leave_own_half else 0
+                if own:
+                    self._rewritten[original.name] = original
+                    _log.info("tf_mpt leaves tf.function %s as the script wrote it: %d of its "
+                              "ops already compute in bfloat16 or float16 (the script's own "
+                              "mixed precision: a layer's dtype policy, or a global one), so "
+                              "it is not converted again", getattr(self, "__name__", "?"), own)
+                    return original
                 config, batch = None, _shapes.leading_size((args, kwargs)) if called else None
                 if batch is not None:
                     config = dataclasses.replace(_config.Config.from_env(os.environ),
@@ -306,9 +318,24 @@ class Function:
         # Anything else a tf.function offers (input_signature, experimental_* ...) is the
         # wrapped tf.function's.
         if name.startswith("__") or name in ("_tf_function", "_bound", "_on_trace", "_warned",
-                                             "_jit_compile", "_target"):
+                                             "_jit_compile", "_target", "_leave_own_half"):
             raise AttributeError(name)
         return getattr(self._tf_function, name)
+
+
+_HALF_ENUMS = frozenset((tf.float16.as_datatype_enum, tf.bfloat16.as_datatype_enum))
+
+
+def _half_ops(graph):
+    """How many ops of a traced graph (its functions included) compute in float16 or
+    bfloat16: a type attr, or an entry of a type-list attr, is one."""
+    graph_def = graph.as_graph_def()
+    nodes = list(graph_def.node)
+    for fdef in graph_def.library.function:
+        nodes.extend(fdef.node_def)
+    return sum(1 for node in nodes if any(
+        value.type in _HALF_ENUMS or _HALF_ENUMS.intersection(value.list.type)
+        for value in node.attr.values()))
 
 
 def function(fn=None, *, dtype="float16", target=None, **tf_function_kwargs):
