@@ -18,7 +18,9 @@ import numpy as np
 import tensorflow as tf
 
 from tf_mpt.rewrite.paint import flops as _flops
+from tf_mpt.rewrite import function_bodies as _function_bodies
 from tf_mpt.rewrite import graph_view as _graph_view
+from tf_mpt.rewrite import type_attrs as ta
 
 # (largest finite, smallest normal, smallest subnormal) per half type.
 HALF_RANGES = {
@@ -76,14 +78,9 @@ def half_node_names(converted_frozen_graph_def, dtype):
     """Names of the nodes of a converted model's frozen graph (`model.frozen(conversion)`)
     that run in `dtype`: a type attr, or an entry of a type-list attr, is `dtype` (the
     decisions `convert` writes, read off the graph it writes)."""
-    half = tf.as_dtype(dtype).as_datatype_enum
-    names = set()
-    for node in converted_frozen_graph_def.node:
-        for value in node.attr.values():
-            if value.type == half or half in value.list.type:
-                names.add(node.name)
-                break
-    return names
+    half = {tf.as_dtype(dtype).as_datatype_enum}
+    return {node.name for node in converted_frozen_graph_def.node
+            if ta.computes_in(node, half)}
 
 
 def annotated(graph_def, report):
@@ -225,6 +222,6 @@ def reduction_ops(graph_def):
     """Sorted distinct [op type, dtype] of the ops that can sum values across replicas
     (collectives, NCCL, AddN) in a GraphDef and its function library: which dtype a
     distributed training step all-reduces its gradients in."""
-    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+    nodes = list(_function_bodies.all_nodes(graph_def))
     return sorted({(n.op, tf.as_dtype(n.attr["T"].type).name) for n in nodes
                    if n.op in REDUCTION_OPS and "T" in n.attr})

@@ -15,6 +15,7 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.python.framework import op_def_registry
 
 from tf_mpt.rewrite import casts as _casts
+from tf_mpt.rewrite import function_bodies as _function_bodies
 
 
 class ModelError(Exception):
@@ -56,11 +57,8 @@ def read_graph_def(path):
 def check_known_ops(graph_def, path):
     """ModelError naming the ops (in the graph or its functions) TensorFlow does not know."""
     library = {f.signature.name for f in graph_def.library.function}
-    nodes = list(graph_def.node)
-    for fdef in graph_def.library.function:
-        nodes.extend(fdef.node_def)
-    unknown = sorted({n.op for n in nodes if op_def_registry.get(n.op) is None
-                      and n.op not in library})
+    unknown = sorted({n.op for n in _function_bodies.all_nodes(graph_def)
+                      if op_def_registry.get(n.op) is None and n.op not in library})
     if unknown:
         raise ModelError(f"{path!r} uses ops this TensorFlow does not know: "
                          f"{', '.join(unknown)}. Load the library that defines them "
@@ -83,10 +81,8 @@ def load_signatures(path):
 
 def is_converted(graph_def):
     """True if tf_mpt already rewrote this graph (its Casts are in it)."""
-    names = [n.name for n in graph_def.node]
-    for fdef in graph_def.library.function:
-        names.extend(n.name for n in fdef.node_def)
-    return any(n.endswith(_casts.CAST_SUFFIX) for n in names)
+    return any(n.name.endswith(_casts.CAST_SUFFIX)
+               for n in _function_bodies.all_nodes(graph_def))
 
 
 def check_destination(path):

@@ -26,17 +26,12 @@ from tf_mpt.models.model_io import ModelError
 from tf_mpt.rewrite import casts as _casts
 from tf_mpt.rewrite import editor as _editor
 from tf_mpt.rewrite import function_bodies as _function_bodies
+from tf_mpt.rewrite import type_attrs as ta
 
 SOURCE_ATTR = "_tf_mpt_source"
 FROM_FLOAT32, FROM_MIXED = "float32", "mixed"
-HALF_TYPES = {types_pb2.DT_HALF: "float16", types_pb2.DT_BFLOAT16: "bfloat16"}
+HALF_TYPES = ta.HALF_TYPES
 _FLOAT = types_pb2.DT_FLOAT
-
-
-def _all_nodes(graph_def):
-    yield from graph_def.node
-    for fdef in graph_def.library.function:
-        yield from fdef.node_def
 
 
 def _is_our_cast(node):
@@ -44,12 +39,7 @@ def _is_our_cast(node):
 
 
 def _our_casts(graph_def):
-    return [n for n in _all_nodes(graph_def) if _is_our_cast(n)]
-
-
-def _half_types_of(value):
-    """The half types an AttrValue holds (as `type` or in `list.type`)."""
-    return {t for t in [value.type] + list(value.list.type) if t in HALF_TYPES}
+    return [n for n in _function_bodies.all_nodes(graph_def) if _is_our_cast(n)]
 
 
 def mark_source(graph_def, source):
@@ -61,9 +51,9 @@ def mark_source(graph_def, source):
 def half_types_in(graph_def):
     """The names of the half types any node, argument or result of `graph_def` uses."""
     found = set()
-    for node in _all_nodes(graph_def):
+    for node in _function_bodies.all_nodes(graph_def):
         for value in node.attr.values():
-            found.update(HALF_TYPES[t] for t in _half_types_of(value))
+            found.update(HALF_TYPES[t] for t in ta.half_types_of(value))
     for fdef in graph_def.library.function:
         for arg in list(fdef.signature.input_arg) + list(fdef.signature.output_arg):
             if arg.type in HALF_TYPES:
@@ -156,4 +146,4 @@ def to_float32(graph_def):
 
 
 def _has_half(node):
-    return any(_half_types_of(v) for v in node.attr.values())
+    return any(ta.half_types_of(v) for v in node.attr.values())

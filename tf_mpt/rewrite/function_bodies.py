@@ -24,6 +24,13 @@ class UnsupportedFunction(Exception):
     """The function uses a form the conversion does not handle; it is left as it is."""
 
 
+def all_nodes(graph_def):
+    """Every NodeDef of `graph_def`: its own, then each library function's body's."""
+    yield from graph_def.node
+    for fdef in graph_def.library.function:
+        yield from fdef.node_def
+
+
 def called_functions(node):
     """The NameAttrLists of a node's function-valued attrs (While body/cond, call targets).
 

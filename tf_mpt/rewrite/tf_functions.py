@@ -22,6 +22,7 @@ import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops as _resource_variable_ops
 
 from tf_mpt.rewrite import function_bodies as _function_library
+from tf_mpt.rewrite import type_attrs as _ta
 from tf_mpt import _dtypes
 from tf_mpt import config as _config
 from tf_mpt import targets as _targets
@@ -323,19 +324,12 @@ class Function:
         return getattr(self._tf_function, name)
 
 
-_HALF_ENUMS = frozenset((tf.float16.as_datatype_enum, tf.bfloat16.as_datatype_enum))
-
-
 def _half_ops(graph):
     """How many ops of a traced graph (its functions included) compute in float16 or
     bfloat16: a type attr, or an entry of a type-list attr, is one."""
-    graph_def = graph.as_graph_def()
-    nodes = list(graph_def.node)
-    for fdef in graph_def.library.function:
-        nodes.extend(fdef.node_def)
-    return sum(1 for node in nodes if any(
-        value.type in _HALF_ENUMS or _HALF_ENUMS.intersection(value.list.type)
-        for value in node.attr.values()))
+    halves = set(_ta.HALF_TYPES)
+    return sum(1 for node in _function_library.all_nodes(graph.as_graph_def())
+               if _ta.computes_in(node, halves))
 
 
 def function(fn=None, *, dtype="float16", target=None, **tf_function_kwargs):

@@ -22,6 +22,7 @@ from tf_mpt.rewrite.graph_view import GraphDefError
 DT_FLOAT = types_pb2.DT_FLOAT
 DT_HALF = types_pb2.DT_HALF
 DT_BFLOAT16 = types_pb2.DT_BFLOAT16
+HALF_TYPES = {DT_HALF: "float16", DT_BFLOAT16: "bfloat16"}
 
 KEEP_FP32_ATTR = _opt_out.KEEP_FP32_ATTR  # the attr keep_fp32 sets
 
@@ -54,6 +55,18 @@ NEWER_HALF_FORM = {
     "FusedBatchNorm": ("FusedBatchNormV2", {"U": DT_FLOAT}),
     "FusedBatchNormGrad": ("FusedBatchNormGradV2", {"U": DT_FLOAT}),
 }
+
+
+def half_types_of(value):
+    """The half types (enums) an AttrValue holds, as `type` or in `list.type`."""
+    return {t for t in [value.type] + list(value.list.type) if t in HALF_TYPES}
+
+
+def computes_in(node, types):
+    """Whether an attr of `node` holds one of `types` (DataType enums), as `type` or in
+    `list.type`: the node computes in (or takes, or makes) that type."""
+    return any(value.type in types or not types.isdisjoint(value.list.type)
+               for value in node.attr.values())
 
 
 def as_newer_half_form(node):

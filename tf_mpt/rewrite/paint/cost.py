@@ -22,6 +22,7 @@ measured costs 0 (only its Casts count). The model is on by default for bfloat16
 import typing
 
 from tf_mpt import _cpu
+from tf_mpt.rewrite import function_bodies as _function_bodies
 from tf_mpt.rewrite.paint import contractions as _contractions
 from tf_mpt.rewrite.paint import flops as _flops
 from tf_mpt.rewrite.paint import op_costs as _op_costs
@@ -79,10 +80,7 @@ FUSED_AFTER_CONTRACTION = frozenset(("BiasAdd", "Relu", "Relu6", "Elu", "LeakyRe
 
 def loop_bodies(graph_def):
     """Names of the functions a While of the graph or of any function runs as its body."""
-    nodes = list(graph_def.node)
-    for function in graph_def.library.function:
-        nodes.extend(function.node_def)
-    return {node.attr["body"].func.name for node in nodes
+    return {node.attr["body"].func.name for node in _function_bodies.all_nodes(graph_def)
             if node.op in ("While", "StatelessWhile") and "body" in node.attr}
 
 
