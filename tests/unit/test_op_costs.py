@@ -398,3 +398,15 @@ def test_every_named_op_type_has_a_probe():
     with tf.Graph().as_default():
         built = set(probes._probes(tf, tf.bfloat16, 0))
     assert built == probe_ops.PROBED_OPS | set(probe_ops.CASTS)
+
+
+def test_a_measurement_that_exits_says_how_with_its_last_stderr_line(tmp_path, monkeypatch):
+    child = tmp_path / "python"
+    child.write_text("#!/bin/sh\nread request\necho 'no TensorFlow here' >&2\nexit 3\n")
+    child.chmod(0o755)
+    monkeypatch.setattr(_state.STATE, "probe_server", None)
+    monkeypatch.setattr(op_costs.sys, "executable", str(child))
+    with pytest.raises(op_costs.MeasureFailed,
+                       match=r"^the measurement exited with 3: no TensorFlow here$"):
+        op_costs._in_child(str(tmp_path), "bfloat16", ops=["Relu"])
+    assert _state.STATE.probe_server is None  # ended: the next measurement starts another

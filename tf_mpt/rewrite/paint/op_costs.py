@@ -258,9 +258,8 @@ def costs_for(config, dtype, ops=None):
     """This CPU's OpCosts for `dtype` (a name): the file TF_MPT_OP_COSTS names, else this
     machine's table: cached, with the op types of `ops` it lacks measured now (None: every
     op type a probe times, where none is cached yet; (): none, and no Casts either) and
-    cached; None if a measurement
-    failed (the cost model is then off in this process, with one warning). Raises
-    ValueError for a bad file."""
+    cached; None if a measurement failed (the cost model is then off in this process, with
+    one warning). Raises ValueError for a bad file."""
     if config.op_costs:
         return _file_table(config.op_costs, dtype)
     directory = config.cache_dir or _config.default_cache_dir()
@@ -385,11 +384,11 @@ class ProbeServer:
             self.process.stdin.flush()
             ready, _, _ = select.select([self.process.stdout], [], [], MEASURE_TIMEOUT)
             line = self.process.stdout.readline() if ready else b""
-        if not line:
-            self.close()
-            raise MeasureFailed(f"the measurement exited with {self.process.returncode}: "
-                                f"{self._tail()}" if ready else
-                                f"the measurement took over {MEASURE_TIMEOUT} s")
+        if not ready:
+            raise MeasureFailed(f"the measurement took over {MEASURE_TIMEOUT} s")
+        if not line:  # it exited: its stderr's last line says why (_in_child ends it)
+            returncode = self.process.wait(timeout=5)
+            raise MeasureFailed(f"the measurement exited with {returncode}: {self._tail()}")
         reply = json.loads(line)
         if "error" in reply:
             raise MeasureFailed(f"the measurement failed: {reply['error']}")
