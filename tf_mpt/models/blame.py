@@ -69,26 +69,24 @@ def _relative_error(sum_sq_diff, sum_sq_ref):
     return math.sqrt(sum_sq_diff / sum_sq_ref) if sum_sq_ref else math.sqrt(sum_sq_diff)
 
 
-def _fetchable(reference, converted, only=None):
-    """Names of the tensors to compare: float32 outputs of the float32 graph whose node is
-    in the converted graph too and outside v1 control flow (Session.run cannot fetch those);
-    with `only` (node names), of those nodes and the nodes they read alone."""
+def _fetchable(reference, graph, view, converted, only=None):
+    """Names of the tensors to compare: float32 outputs of the float32 graph (`reference`,
+    imported as `graph`, indexed as `view`) whose node is in the converted graph too and
+    outside v1 control flow (Session.run cannot fetch those); with `only` (node names), of
+    those nodes and the nodes they read alone."""
     names = {node.name for node in converted.node}
     if only is not None:
-        view = _graph_view.GraphView(reference)
         wanted = set(only) | {view.nodes[src].name for name in only if name in view.index
                               for src, _ in view.fanin[view.index[name]]}
         names &= wanted
     skip = _inspection._in_control_flow(reference)  # pylint: disable=protected-access
-    graph = _inspection._import(reference)  # pylint: disable=protected-access
     return [t.name for op in graph.get_operations() if op.name in names and op.name not in skip
             and op.type not in ("Placeholder",) for t in op.outputs if t.dtype == tf.float32]
 
 
-def _run(graph_def, tensors, feeds):
-    """[[array per tensor] per sample] of `tensors` (names) over `feeds` ({placeholder:
-    array} per sample), as float64."""
-    graph = _inspection._import(graph_def)  # pylint: disable=protected-access
+def _run(graph, tensors, feeds):
+    """[[array per tensor] per sample] of `tensors` (names) of `graph` (a tf.Graph) over
+    `feeds` ({placeholder: array} per sample), as float64."""
     targets = [graph.get_tensor_by_name(name) for name in tensors]
     out = []
     with tf.compat.v1.Session(graph=graph) as session:
@@ -101,10 +99,14 @@ def _run(graph_def, tensors, feeds):
 def node_errors(reference, converted, feeds, dtype, label="graph", only=None):
     """{node name: NodeError} of the nodes of a frozen float32 graph and its conversion's
     frozen graph (same node names), over `feeds`; `only`: of these nodes (names) alone."""
-    tensors = _fetchable(reference, converted, only)
+    graph = _inspection._import(reference)  # pylint: disable=protected-access
+    view = _graph_view.GraphView(reference)
+    tensors = _fetchable(reference, graph, view, converted, only)
     if not tensors:
         return {}
-    expected, actual = _run(reference, tensors, feeds), _run(converted, tensors, feeds)
+    expected = _run(graph, tensors, feeds)
+    converted_graph = _inspection._import(converted)  # pylint: disable=protected-access
+    actual = _run(converted_graph, tensors, feeds)
     sums = {name: [0.0, 0.0] for name in tensors}
     largest = {name: 0.0 for name in tensors}  # of the float32 values
     for sample_expected, sample_actual in zip(expected, actual):
@@ -127,7 +129,6 @@ def node_errors(reference, converted, feeds, dtype, label="graph", only=None):
         node = name.rsplit(":", 1)[0]
         by_node[node] = max(by_node.get(node, 0.0), error)
         outputs_of.setdefault(node, []).append(name)
-    view = _graph_view.GraphView(reference)
     limit = _inspection.HALF_RANGES[dtype][0]
     out = {}
     for node_name, error in by_node.items():

@@ -284,18 +284,6 @@ class _Job:
     noise_floor: float
 
 
-def _once(source):
-    """`source` (a callable), called at most once: the measuring step and the decisions read
-    one shape table."""
-    kept = []
-
-    def call():
-        if not kept:
-            kept.append(source())
-        return kept[0]
-    return call
-
-
 def _measure_workloads(target, jobs, config, dtype):
     """The measuring step, apart from every decision: the op types and the matrix products
     and convolutions with static shapes of every graph (cost.cost_keys, cost.workloads),
@@ -349,11 +337,11 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
     # a graph fed batches of any size is costed at TF_MPT_COST_BATCH, bodies and all
     assumed_batch = config.cost_batch if costed and \
         _shapes.batch_left_open(view, fetched) else 0
-    main = _Job(graph_def, view, fetched, shapes, _cost.noise_floor(False))
-    if costed:
-        main.shapes = _once(_shapes.with_assumed_batch(
+    if costed:  # one table for the measuring step and the decisions
+        shapes = functools.cache(_shapes.with_assumed_batch(
             shapes or functools.partial(_shapes.output_shapes_from_attrs, view),
             assumed_batch))
+    main = _Job(graph_def, view, fetched, shapes, _cost.noise_floor(False))
     reachable = _reachable_functions(graph_def, function_roots)
     functions = {}  # library index -> _Job, or None where the body cannot be rewritten
     for index, fdef in enumerate(graph_def.library.function):
@@ -498,7 +486,7 @@ def _function_job(fdef, signatures, costed, callers, assumed_batch):
     library, argument_shapes, loop_body = callers
     shapes = None
     if costed:
-        shapes = _once(_shapes.with_assumed_batch(functools.partial(
+        shapes = functools.cache(_shapes.with_assumed_batch(functools.partial(
             _shapes.function_body_shapes, body, fdef, library, argument_shapes),
             assumed_batch))
     return _Job(body, view, set(fetches), shapes, _cost.noise_floor(loop_body))
