@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from support.tolerances import TOLERANCES
-from support.helpers import cli_main, run
+from support.helpers import cli_main, run, write_frozen
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -37,14 +37,10 @@ class _Model(tf.Module):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from tensorflow.python.framework.convert_to_constants import (
-        convert_variables_to_constants_v2)
     root = tmp_path_factory.mktemp("models")
     model = _Model()
     tf.saved_model.save(model, str(root / "sm"), signatures={"serving_default": model.serve})
-    frozen = convert_variables_to_constants_v2(model.serve.get_concrete_function())
-    data = frozen.graph.as_graph_def().SerializeToString()
-    (root / "frozen.pb").write_bytes(data)
+    data = write_frozen(model.serve.get_concrete_function(), root / "frozen.pb")
     (root / "truncated.pb").write_bytes(data[:40])
     (root / "notes.txt").write_bytes(b"just some text, not a model\n")
     (root / "not_a_model").mkdir()
@@ -52,7 +48,7 @@ def models(tmp_path_factory):
     (root / "broken_sm").mkdir()
     (root / "broken_sm" / "saved_model.pb").write_bytes(
         (root / "sm" / "saved_model.pb").read_bytes()[:100])
-    return root, frozen
+    return root
 
 
 def _run_graph_def(graph_def, x):
@@ -62,7 +58,7 @@ def _run_graph_def(graph_def, x):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_convert_frozen_graph_keeps_io_types_and_numbers(models, tmp_path, dtype):
-    root, _ = models
+    root = models
     dst = tmp_path / "half.pb"
     proc = _cli("convert", str(root / "frozen.pb"), str(dst), "--dtype", dtype)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -79,7 +75,7 @@ def test_convert_frozen_graph_keeps_io_types_and_numbers(models, tmp_path, dtype
 
 
 def test_convert_options_deny_keep_fp32_and_force(models, tmp_path, capsys):
-    root, _ = models  # in-process (cli.main): the options, not the console start-up, are tested
+    root = models  # in-process (cli.main): the options, not the console start-up, are tested
     denied = tmp_path / "denied.pb"
     assert cli_main(capsys, "convert", root / "frozen.pb", denied, "--deny", "MatMul")[0] == 0
     graph_def = tf.compat.v1.GraphDef()
@@ -109,7 +105,7 @@ def test_convert_options_deny_keep_fp32_and_force(models, tmp_path, capsys):
 def test_bad_sources_get_a_clear_error_and_nothing_is_written(models, tmp_path, capsys, source,
                                                               message):
     import re
-    root, _ = models
+    root = models
     dst = tmp_path / "out.pb"
     code, _, err = cli_main(capsys, "convert", root / source, dst)  # in-process: no start-up
     assert code == 2
@@ -118,7 +114,7 @@ def test_bad_sources_get_a_clear_error_and_nothing_is_written(models, tmp_path, 
 
 
 def test_existing_destination_is_never_overwritten(models, tmp_path, capsys):
-    root, _ = models
+    root = models
     dst = tmp_path / "exists.pb"
     dst.write_bytes(b"keep me")
     code, _, err = cli_main(capsys, "convert", root / "frozen.pb", dst)
@@ -128,7 +124,7 @@ def test_existing_destination_is_never_overwritten(models, tmp_path, capsys):
 
 @pytest.mark.parametrize("source", ["frozen.pb", "sm"])
 def test_inspect_prints_a_table_and_json(models, source, no_cost_model):
-    root, _ = models
+    root = models
     proc = _cli("inspect", str(root / source), "--dtype", "bfloat16")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "nodes to bfloat16 using" in proc.stdout

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from support.tolerances import TOLERANCES
-from support.helpers import cli_main
+from support.helpers import cli_main, write_frozen
 
 
 class _Dense(tf.Module):
@@ -199,11 +199,8 @@ def test_inspect_shows_flop_share_and_writes_an_annotated_tensorboard_graph(save
 
 
 def test_frozen_graph_with_half_inputs_and_outputs(saved, tmp_path, capsys):
-    from tensorflow.python.framework.convert_to_constants import (
-        convert_variables_to_constants_v2)
-    module = _Dense()
-    frozen = convert_variables_to_constants_v2(module.serve.get_concrete_function())
-    (tmp_path / "f.pb").write_bytes(frozen.graph.as_graph_def().SerializeToString())
+    module = _Dense()  # alive while its function is frozen
+    write_frozen(module.serve.get_concrete_function(), tmp_path / "f.pb")
     code, out, err = cli_main(capsys, "convert", tmp_path / "f.pb", tmp_path / "half.pb",
                            "--no-keep-io-types", "--validate", "2")
     assert code == 0, err

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from support.helpers import cli_main
+from support.helpers import cli_main, write_frozen
 from support.tolerances import TOLERANCES
 
 FLOAT = tf.float32.as_datatype_enum
@@ -39,13 +39,10 @@ class _ConvNet(tf.Module):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from tensorflow.python.framework.convert_to_constants import (
-        convert_variables_to_constants_v2)
     root = tmp_path_factory.mktemp("retarget")
     module = _ConvNet()
     tf.saved_model.save(module, str(root / "sm"), signatures={"serving_default": module.serve})
-    frozen = convert_variables_to_constants_v2(module.serve.get_concrete_function())
-    (root / "frozen.pb").write_bytes(frozen.graph.as_graph_def().SerializeToString())
+    write_frozen(module.serve.get_concrete_function(), root / "frozen.pb")
     return root
 
 

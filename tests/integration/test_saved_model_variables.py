@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from support.helpers import cli_main
+from support.helpers import cli_main, write_frozen
 
 DTYPES = ["float16", "bfloat16"]
 
@@ -184,12 +184,9 @@ def test_keras_model_stores_dense_weights_in_half(tmp_path, capsys, no_cost_mode
 
 
 def test_frozen_graph_variables_option_says_there_are_none(saved, tmp_path, capsys):
-    from tensorflow.python.framework import convert_to_constants
     loaded = tf.saved_model.load(str(saved / "mixed"))  # holds the variables
-    function = loaded.signatures["serving_default"]
-    frozen = convert_to_constants.convert_variables_to_constants_v2(function)
     pb = tmp_path / "frozen.pb"
-    pb.write_bytes(frozen.graph.as_graph_def().SerializeToString())
+    write_frozen(loaded.signatures["serving_default"], pb)
     code, out, err = cli_main(capsys, "convert", pb, tmp_path / "half.pb", "--dtype", "bfloat16",
                            "--variables", "half")
     assert code == 0, err

@@ -60,3 +60,13 @@ def cli_main(capsys, *args):
         code = exit_.code if isinstance(exit_.code, int) else 1
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def write_frozen(function, path):
+    """Freezes a ConcreteFunction (its variables as constants) into the GraphDef file `path`
+    (a pathlib.Path); returns the bytes written."""
+    from tensorflow.python.framework import convert_to_constants  # pylint: disable=import-outside-toplevel
+    frozen = convert_to_constants.convert_variables_to_constants_v2(function)
+    data = frozen.graph.as_graph_def().SerializeToString()
+    path.write_bytes(data)
+    return data
