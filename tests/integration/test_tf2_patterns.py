@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 
-from support.tolerances import HALF_DTYPES
+from support.tolerances import FINAL_LOSS_RTOL, HALF_DTYPES
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 WORKER = os.path.join(ROOT, "tests", "support", "tf2_patterns_worker.py")
@@ -33,8 +33,6 @@ HAS_TF_KERAS = importlib.util.find_spec("tf_keras") is not None
 RUNNABLE = tuple(p for p in PATTERNS if HAS_TF_KERAS or p not in NEEDS_TF_KERAS)
 PROBE = ("eager_raw", "function_loop", "keras_fit", "gan", "mirrored")
 PROBE_FACTOR = "1e-5"
-# Final loss, half vs float32, relative (12 steps of small models; bfloat16 rounds more).
-FINAL_LOSS_RTOL = {"float16": 0.03, "bfloat16": 0.08}
 # The underflow probe: an unscaled float16 run's final loss stays this far above float32's
 # (or is NaN).
 UNDERFLOW_GAP = 0.05
