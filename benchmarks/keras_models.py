@@ -15,8 +15,9 @@ Each (model, way) runs in its own process: the model is built and compiled, one 
 epoch of 3 steps of each phase runs (tracing, tf_mpt's rewrite, first-use measuring), then
 --steps timed steps of each phase; a phase's time is the median of its steps (Keras batch
 callbacks). The ways run in an interleaved order, --rounds times, and each way's speed-up is
-the median over rounds of float32's time / its time in the same round (paired ratios); the
-noise column is half the spread of the float32 times over the rounds, relative. The CPU and
+the median over rounds of float32's time / its time in the same round (paired ratios), with
+half the spread of those ratios over the rounds, relative (±); the noise column is half the
+spread of the float32 times over the rounds, relative. The CPU and
 whether it computes bfloat16 natively are printed first; without native bfloat16 the speed
 figures mean nothing for the machines the tool targets (the table says so).
 """
@@ -173,9 +174,10 @@ def main():
             noise = (max(base) - min(base)) / 2 / statistics.median(base)
             cells = []
             for way in WAYS[1:]:
-                paired = statistics.median(r["float32"][phase] / r[way][phase] for r in runs)
+                each = [r["float32"][phase] / r[way][phase] for r in runs]
+                paired = statistics.median(each)
                 ratios[way].append(paired)
-                cells.append(f"{paired:.2f}x")
+                cells.append(f"{paired:.2f}x ±{(max(each) - min(each)) / 2 / paired:.0%}")
             print(f"| {name} | {phase} | {statistics.median(base):.1f} | "
                   f"±{noise:.0%} | " + " | ".join(cells) + " |", flush=True)
     means = [statistics.geometric_mean(ratios[way]) for way in WAYS[1:]]
