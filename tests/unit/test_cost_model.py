@@ -12,7 +12,9 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
+from tf_mpt import rewrite as _rewrite
 from tf_mpt.rewrite.paint import op_costs as _op_costs
+from tf_mpt.rewrite.paint import shapes as _shapes
 from tf_mpt import config as _config
 
 
@@ -154,6 +156,59 @@ def test_a_loop_body_is_weighed_at_its_shapes_without_a_noise_floor(cost_model):
                                       strict=True)
     assert [d.converted for name, d in result.report.decisions.items()
             if name.endswith("/mm")] == [True]
+
+
+def _body_matmul_decisions(result):
+    return [d for name, d in result.report.decisions.items() if name.endswith("/mm")]
+
+
+_WEIGHED = "cost model: float32 here (bfloat16 MatMul over 1 MFLOP measured"
+
+
+@pytest.mark.parametrize("where", ["tf1_graph", "tf_function"])
+def test_a_loop_body_reading_a_variable_is_weighed_at_the_variables_shape(cost_model, where):
+    """The body gets a resource handle, a scalar: the shape of what it reads comes from the
+    variable. A TF1 graph's body carries it in `_output_shapes`; a tf.function's does not,
+    and its captured variable's handle data gives it (before, the body was left to the op
+    lists: Keras 3's LSTM reads its kernels that way in every time step)."""
+    cost_model(None)
+    start = np.eye(128, dtype=np.float32) * 0.5
+
+    def body(i, h, w):
+        return i + 1, tf.tanh(tf.sigmoid(tf.matmul(h, w, name="mm")))
+
+    if where == "tf1_graph":
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [32, 128], name="x")
+            w = tf.compat.v1.get_variable("w", initializer=start, use_resource=True)
+            _, h = tf.while_loop(lambda i, h: i < 30, lambda i, h: body(i, h, w), [0, x])
+            tf.identity(h, name="out")
+        graph_def, fetches = graph.as_graph_def(add_shapes=True), ["out"]
+        shapes = None
+        assert "VarHandleOp" in {n.op for n in graph_def.node}
+    else:
+        w = tf.Variable(start)
+
+        @tf.function
+        def step(x):
+            return tf.while_loop(lambda i, h: i < 30, lambda i, h: body(i, h, w), [0, x])[1]
+
+        concrete = step.get_concrete_function(tf.TensorSpec([32, 128], tf.float32))
+        graph_def = concrete.graph.as_graph_def()
+        fetches = [concrete.outputs[0].op.name] + [t.op.name for t in concrete.inputs]
+        shapes = lambda: _shapes.shapes_of_graph(concrete.graph)  # noqa: E731 (as tf_mpt.function)
+    result = _rewrite.rewrite_with_library(graph_def, dtype="bfloat16", fetches=fetches,
+                                           lists=None, strict=True, shapes=shapes,
+                                           config=_config.Config.from_env(os.environ))
+    (matmul,) = _body_matmul_decisions(result)
+    assert not matmul.converted and matmul.reason.startswith(_WEIGHED), matmul.reason
+    assert _casts(result.graph_def) == []
+    cost_model("0")
+    result = _rewrite.rewrite_with_library(graph_def, dtype="bfloat16", fetches=fetches,
+                                           lists=None, strict=True, shapes=shapes,
+                                           config=_config.Config.from_env(os.environ))
+    assert [d.converted for d in _body_matmul_decisions(result)] == [True]
 
 
 def test_big_layers_stay_half(cost_model):

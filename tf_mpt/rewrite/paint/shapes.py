@@ -4,7 +4,8 @@ Sources, each a {node name: [static shape or None per output]} table (a dimensio
 does not know is -1):
 
     output_shapes_from_attrs   `_output_shapes` attrs (as_graph_def(add_shapes=True))
-    shapes_of_graph            a tf.Graph's (or FuncGraph's) own inference
+    shapes_of_graph            a tf.Graph's (or FuncGraph's) own inference, with the shapes
+                               of the variables its resource handles hold
     function_body_shapes       a library function's body, imported alone, its arguments
                                shaped by its signature attrs or its callers
                                (call_argument_shapes)
@@ -36,15 +37,50 @@ def output_shapes_from_attrs(view):
     return shapes
 
 
+class ShapeTable(dict):
+    """{node name: [static shape or None per output]}, and `variables`: {(node name, port):
+    static shape of the variable whose resource handle that output is} (a handle is a
+    scalar; what the function bodies it is passed to read from it has this shape)."""
+
+    def __init__(self, table=(), variables=None):
+        super().__init__(table)
+        self.variables = dict(variables or {})
+
+
+class VariableValue(tuple):
+    """A function argument's entry in call_argument_shapes when the argument is a resource
+    handle: the shape of the variable's value (the handle itself is a scalar)."""
+
+
+def _handle_value_shape(tensor):
+    """The static shape of the variable a graph tensor of dtype resource is a handle to,
+    from TensorFlow's handle data; None if unknown."""
+    from tensorflow.python.ops import handle_data_util  # pylint: disable=import-outside-toplevel
+    try:
+        data = handle_data_util.get_resource_handle_data(tensor)
+    except Exception:  # pylint: disable=broad-except
+        return None
+    if not data.is_set or len(data.shape_and_type) != 1:
+        return None
+    shape = data.shape_and_type[0].shape
+    return None if shape.unknown_rank else tuple(d.size for d in shape.dim)
+
+
 def shapes_of_graph(graph):
-    """{op name: [static shape or None per output]} of a tf.Graph (or FuncGraph)."""
-    shapes = {}
+    """ShapeTable of a tf.Graph (or FuncGraph): its ops' static output shapes, and the
+    shapes of the variables its resource outputs are handles to."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    shapes = ShapeTable()
     for op in graph.get_operations():
         entry = []
-        for tensor in op.outputs:
+        for port, tensor in enumerate(op.outputs):
             shape = tensor.shape
             entry.append(None if shape.rank is None else tuple(
                 -1 if d is None else d for d in shape.as_list()))
+            if tensor.dtype == tf.resource:
+                value = _handle_value_shape(tensor)
+                if value is not None:
+                    shapes.variables[op.name, port] = value
         shapes[op.name] = entry
     return shapes
 
@@ -57,10 +93,29 @@ _CALLERS = {"While": (("body", "cond"), 0), "StatelessWhile": (("body", "cond"),
             "PartitionedCall": (("f",), 0), "StatefulPartitionedCall": (("f",), 0)}
 
 
+def _variable_shapes(graph_def, shape_table):
+    """{(node name, port): shape of the variable that output is a handle to}: the table's
+    own (ShapeTable.variables), a VarHandleOp's `shape`, or the shape of a ReadVariableOp
+    of the graph reading the handle."""
+    found = dict(getattr(shape_table, "variables", {}))
+    for node in graph_def.node:
+        if node.op == "VarHandleOp" and "shape" in node.attr and \
+                not node.attr["shape"].shape.unknown_rank:
+            found.setdefault((node.name, 0), tuple(d.size for d in node.attr["shape"].shape.dim))
+        elif node.op == "ReadVariableOp" and node.input:
+            name, _, port = node.input[0].partition(":")
+            entry = shape_table.get(node.name)
+            if entry and entry[0] is not None:
+                found.setdefault((name, int(port or 0)), tuple(entry[0]))
+    return found
+
+
 def call_argument_shapes(graph_def, shape_table):
     """{function name: [static shape or None per argument]} from the main graph's calls
-    (While, If, PartitionedCall); an argument whose callers disagree is None."""
+    (While, If, PartitionedCall); an argument that is a variable's resource handle is the
+    VariableValue of that variable's shape; an argument whose callers disagree is None."""
     found = {}
+    variables = _variable_shapes(graph_def, shape_table)
     for node in graph_def.node:
         if node.op not in _CALLERS:
             continue
@@ -70,6 +125,9 @@ def call_argument_shapes(graph_def, shape_table):
             name, _, port = ref.partition(":")
             entry = shape_table.get(name)
             port = int(port or 0)
+            if (name, port) in variables:
+                shapes.append(VariableValue(variables[name, port]))
+                continue
             shapes.append(entry[port] if entry is not None and port < len(entry) else None)
         for attr in attrs:
             if attr not in node.attr:
@@ -85,8 +143,11 @@ def call_argument_shapes(graph_def, shape_table):
 def function_body_shapes(body, fdef, library, caller_shapes):
     """{node name: output shapes} of a function body (a GraphDef from
     function_bodies.function_to_graph_def) by TensorFlow's shape inference, its arguments
-    shaped by the FunctionDef's `_output_shapes` arg attrs or else by its callers'; {} when
-    TensorFlow cannot import it."""
+    shaped by the FunctionDef's `_output_shapes` arg attrs or else by its callers'; a
+    ReadVariableOp of a resource argument whose callers pass a variable of known shape
+    (VariableValue) reads a value of that shape (imported alone, the body's handles carry
+    no shapes: a loop body's matrix products would have unknown sizes); {} when TensorFlow
+    cannot import it."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     graph_def = type(body)()
     functions = {f.signature.name: f for f in library.function}
@@ -100,15 +161,30 @@ def function_body_shapes(body, fdef, library, caller_shapes):
     # the return-value Identity nodes have names TensorFlow refuses; nothing else reads them
     graph_def.node.extend(n for n in body.node if not n.name.startswith("__"))
     args = {arg.name: k for k, arg in enumerate(fdef.signature.input_arg)}
+    variables = {}  # argument placeholder name -> the shape of the variable it handles
     for node in graph_def.node:
         k = args.get(node.name)
         if node.op != "Placeholder" or k is None:
             continue
         attrs = fdef.arg_attr[k].attr if k in fdef.arg_attr else {}
-        if "_output_shapes" in attrs and attrs["_output_shapes"].list.shape:
+        caller = caller_shapes[k] if caller_shapes and k < len(caller_shapes) else None
+        if isinstance(caller, VariableValue):
+            variables[node.name] = caller
+        elif "_output_shapes" in attrs and attrs["_output_shapes"].list.shape:
             node.attr["shape"].shape.CopyFrom(attrs["_output_shapes"].list.shape[0])
-        elif caller_shapes and k < len(caller_shapes) and caller_shapes[k] is not None:
-            for d in caller_shapes[k]:
+        elif caller is not None:
+            for d in caller:
+                node.attr["shape"].shape.dim.add(size=d)
+    for node in graph_def.node:  # (this copy is for shape inference only)
+        if node.op == "ReadVariableOp" and node.input and \
+                node.input[0].partition(":")[0] in variables:
+            shape = variables[node.input[0].partition(":")[0]]
+            dtype = node.attr["dtype"].type
+            node.op = "Placeholder"
+            del node.input[:]
+            node.attr.clear()
+            node.attr["dtype"].type = dtype
+            for d in shape:
                 node.attr["shape"].shape.dim.add(size=d)
     try:
         with tf.Graph().as_default() as graph:
