@@ -17,9 +17,12 @@ epoch of 3 steps of each phase runs (tracing, tf_mpt's rewrite, first-use measur
 callbacks). The ways run in an interleaved order, --rounds times, and each way's speed-up is
 the median over rounds of float32's time / its time in the same round (paired ratios), with
 half the spread of those ratios over the rounds, relative (±); the noise column is half the
-spread of the float32 times over the rounds, relative. The CPU and
-whether it computes bfloat16 natively are printed first; without native bfloat16 the speed
-figures mean nothing for the machines the tool targets (the table says so).
+spread of the float32 times over the rounds, relative. A tf_mpt cell marked "(float32's
+graph)" is a phase whose steps tf_mpt's cost model left entirely float32 (its rewrites
+converted 0 nodes, from its log): Keras's own graph ran, and the ratio measures only tf_mpt's
+per-call overhead and the noise. The CPU and whether it computes bfloat16 natively are
+printed first; without native bfloat16 the speed figures mean nothing for the machines the
+tool targets (the table says so).
 """
 
 import argparse
@@ -114,10 +117,12 @@ def _child(name, way, steps, dtype, keras_module):
 
     repeat = max(1, -(-(steps + 3) * batch // len(x)))
     data_x, data_y = np.concatenate([x] * repeat), np.concatenate([y] * repeat)
+    rewrites = _Rewrites()
     for warm in (True, False):
         count = 3 if warm else steps
         fx, fy = data_x[:count * batch], data_y[:count * batch]
         for phase in PHASES:
+            rewrites.phase = phase
             timer = [Timer(phase)]
             if phase == "fit":
                 model.fit(fx, fy, batch_size=batch, epochs=1, verbose=0, callbacks=timer)
@@ -129,7 +134,32 @@ def _child(name, way, steps, dtype, keras_module):
             times = {phase: [] for phase in PHASES}
     loss = float(model.evaluate(x[:batch], y[:batch], batch_size=batch, verbose=0))
     print(json.dumps({phase: statistics.median(t) * 1e3 for phase, t in times.items()}
-                     | {"loss": loss}))
+                     | {"loss": loss, "converted": rewrites.converted}))
+
+
+class _Rewrites:
+    """Counts the nodes tf_mpt's rewrites converted, per phase, from its log ('Converted
+    N/M nodes ...', one per traced step function): 0 in a phase means that phase ran
+    Keras's own float32 graph."""
+
+    def __init__(self):
+        import logging  # pylint: disable=import-outside-toplevel
+        import re  # pylint: disable=import-outside-toplevel
+        self.phase, self.converted = None, {}
+        pattern = re.compile(r"Converted (\d+)/\d+ nodes")
+        rewrites = self
+
+        class Handler(logging.Handler):
+            def emit(self, record):
+                found = pattern.match(record.getMessage())
+                if found and rewrites.phase is not None:
+                    rewrites.converted[rewrites.phase] = (
+                        rewrites.converted.get(rewrites.phase, 0) + int(found.group(1)))
+
+        logger = logging.getLogger("tf_mpt")
+        logger.addHandler(Handler(level=logging.INFO))
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
 
 
 # --- the parent -------------------------------------------------------------------------------
@@ -177,7 +207,11 @@ def main():
                 each = [r["float32"][phase] / r[way][phase] for r in runs]
                 paired = statistics.median(each)
                 ratios[way].append(paired)
-                cells.append(f"{paired:.2f}x ±{(max(each) - min(each)) / 2 / paired:.0%}")
+                cell = f"{paired:.2f}x ±{(max(each) - min(each)) / 2 / paired:.0%}"
+                if way.startswith("tf_mpt") and all(
+                        r[way].get("converted", {}).get(phase) == 0 for r in runs):
+                    cell += " (float32's graph)"  # tf_mpt converted nothing: noise only
+                cells.append(cell)
             print(f"| {name} | {phase} | {statistics.median(base):.1f} | "
                   f"±{noise:.0%} | " + " | ".join(cells) + " |", flush=True)
     means = [statistics.geometric_mean(ratios[way]) for way in WAYS[1:]]
