@@ -9,7 +9,7 @@ import tensorflow as tf
 import tf_mpt
 from support.tolerances import TOLERANCES
 from support import digits
-from support.helpers import half_tag, run
+from support.helpers import executed_ops, half_tag, run
 
 ACCURACY_POINTS = 0.01
 
@@ -430,3 +430,28 @@ def test_gradient_tape_around_a_tf_mpt_function_reaches_the_variables_it_reads(h
     np.testing.assert_allclose(eager_grad.numpy(), expected.numpy(), **TOLERANCES[half_dtype])
     np.testing.assert_allclose(graph_grad(x).numpy(), expected.numpy(),
                                **TOLERANCES[half_dtype])
+
+
+def test_tf_keras_lstm_runs_its_rewritten_implementation(half_dtype):
+    """tf_keras's LSTM calls gpu_lstm_with_fallback and TensorFlow's implementation selector
+    swaps in the function with the same `api_implements` preferred on this device
+    (standard_lstm on a CPU). The rewritten copies carry their own `api_implements`, so the
+    selector picks the rewritten standard_lstm, not the float32 original (which ran before:
+    the rewrite converted the loop and none of its Casts ran)."""
+    tf_keras = pytest.importorskip("tf_keras")
+    tf_keras.utils.set_random_seed(0)
+    tokens = tf_keras.Input((12,), dtype="int32")
+    hidden = tf_keras.layers.LSTM(32)(tf_keras.layers.Embedding(50, 16)(tokens))
+    model = tf_keras.Model(tokens, tf_keras.layers.Dense(4)(hidden))
+    x = tf.constant(np.random.RandomState(0).randint(0, 50, size=(8, 12)), tf.int32)
+    expected = model(x, training=False).numpy()
+    step = tf_mpt.function(lambda t: model(t, training=False), dtype=half_dtype,
+                           target="rules")
+    step(x)  # traced and rewritten
+    got = []
+    ran = executed_ops(lambda: got.append(step(x)))
+    assert got[0].dtype == tf.float32
+    loop_casts = [name for name, op in ran if op == "Cast" and "while" in name
+                  and name.endswith("-TfMpt")]
+    assert loop_casts, sorted({op for _, op in ran})  # the rewritten cell ran
+    np.testing.assert_allclose(got[0].numpy(), expected, **TOLERANCES[half_dtype])

@@ -70,3 +70,31 @@ def write_frozen(function, path):
     data = frozen.graph.as_graph_def().SerializeToString()
     path.write_bytes(data)
     return data
+
+
+def executed_ops(call):
+    """[(node name, op type)] of every op TensorFlow's executor ran during `call()`, from its
+    profiler: unlike run metadata, it sees the functions a call runs on its own (tf_keras's
+    LSTM, which the implementation selector picks)."""
+    import glob  # pylint: disable=import-outside-toplevel
+    import tempfile  # pylint: disable=import-outside-toplevel
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=import-outside-toplevel
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        try:
+            call()
+        finally:
+            tf.profiler.experimental.stop()
+        (path,) = glob.glob(f"{logdir}/plugins/profile/*/*.xplane.pb")
+        space = xplane_pb2.XSpace()
+        with open(path, "rb") as f:
+            space.ParseFromString(f.read())
+    ran = []
+    for plane in space.planes:
+        for line in plane.lines:
+            if line.name.startswith("tf_Compute"):
+                for event in line.events:
+                    name = plane.event_metadata[event.metadata_id].name
+                    if ":" in name:
+                        ran.append(tuple(name.rsplit(":", 1)))
+    return ran

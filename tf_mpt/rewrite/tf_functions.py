@@ -87,7 +87,8 @@ def rewrite_function(concrete_function, *, dtype="float16", config=None, jit_com
 
 
 def _rename_library(graph_def, suffix):
-    """A copy with every library function renamed `<name><suffix>`, references included.
+    """A copy with every library function renamed `<name><suffix>`, references included,
+    and every `api_implements` attr value suffixed the same way.
 
     The eager context already holds the original functions under their names, and importing
     a function whose name is taken keeps the registered (float32) body.
@@ -110,6 +111,11 @@ def _rename_library(graph_def, suffix):
     for fdef in out.library.function:
         fdef.signature.name = renamed[fdef.signature.name]
         fix(fdef.node_def)
+        if "api_implements" in fdef.attr:
+            # TensorFlow's implementation selector swaps a call for any registered function
+            # with the same `api_implements` (tf_keras's LSTM: standard_lstm on a CPU); the
+            # original float32 functions are registered under the old value
+            fdef.attr["api_implements"].s += suffix.encode()
     for gradient in out.library.gradient:
         for field in ("function_name", "gradient_func"):
             name = getattr(gradient, field)
