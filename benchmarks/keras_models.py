@@ -27,7 +27,9 @@ tool targets (the table says so).
 
 import argparse
 import json
+import logging
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -137,29 +139,25 @@ def _child(name, way, steps, dtype, keras_module):
                      | {"loss": loss, "converted": rewrites.converted}))
 
 
-class _Rewrites:
+class _Rewrites(logging.Handler):
     """Counts the nodes tf_mpt's rewrites converted, per phase, from its log ('Converted
     N/M nodes ...', one per traced step function): 0 in a phase means that phase ran
-    Keras's own float32 graph."""
+    Keras's own float32 graph. Set `phase` before each phase runs."""
+
+    _CONVERTED = re.compile(r"Converted (\d+)/\d+ nodes")
 
     def __init__(self):
-        import logging  # pylint: disable=import-outside-toplevel
-        import re  # pylint: disable=import-outside-toplevel
+        super().__init__(level=logging.INFO)
         self.phase, self.converted = None, {}
-        pattern = re.compile(r"Converted (\d+)/\d+ nodes")
-        rewrites = self
-
-        class Handler(logging.Handler):
-            def emit(self, record):
-                found = pattern.match(record.getMessage())
-                if found and rewrites.phase is not None:
-                    rewrites.converted[rewrites.phase] = (
-                        rewrites.converted.get(rewrites.phase, 0) + int(found.group(1)))
-
         logger = logging.getLogger("tf_mpt")
-        logger.addHandler(Handler(level=logging.INFO))
+        logger.addHandler(self)
         if logger.getEffectiveLevel() > logging.INFO:
             logger.setLevel(logging.INFO)
+
+    def emit(self, record):
+        found = self._CONVERTED.match(record.getMessage())
+        if found and self.phase is not None:
+            self.converted[self.phase] = self.converted.get(self.phase, 0) + int(found.group(1))
 
 
 # --- the parent -------------------------------------------------------------------------------

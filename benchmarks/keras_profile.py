@@ -24,17 +24,15 @@ Then the --top op types and Cast nodes by time, each way. The CPU is printed fir
 
 import argparse
 import collections
-import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # support.helpers.executed_ops, in the child
 import keras_models  # noqa: E402  (no TensorFlow import)
 from tf_mpt import _cpu  # noqa: E402
 
@@ -68,31 +66,9 @@ def kind_of(name, op_type):
 
 # --- the child process ------------------------------------------------------------------------
 
-def _op_events(logdir):
-    """{(name, op type): picoseconds} of every op event the executor threads recorded."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=import-outside-toplevel
-    found = glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb"))
-    if len(found) != 1:
-        raise SystemExit(f"expected one profile under {logdir}, found {found}")
-    space = xplane_pb2.XSpace()
-    with open(found[0], "rb") as f:
-        space.ParseFromString(f.read())
-    times = collections.Counter()
-    for plane in space.planes:
-        for line in plane.lines:
-            if not line.name.startswith("tf_Compute"):
-                continue
-            for event in line.events:
-                name = plane.event_metadata[event.metadata_id].name
-                if ":" in name and not name.startswith("ExecutorState"):
-                    node, op_type = name.rsplit(":", 1)
-                    times[node, op_type] += event.duration_ps
-    return times
-
-
 def _child(name, way, phases, steps, dtype, keras_module):
     import numpy as np  # pylint: disable=import-outside-toplevel
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from support.helpers import executed_ops  # pylint: disable=import-outside-toplevel
     if keras_module == "tf_keras":
         import tf_keras as keras  # pylint: disable=import-outside-toplevel
     else:
@@ -103,24 +79,19 @@ def _child(name, way, phases, steps, dtype, keras_module):
     model, x, y, batch = keras_models._build(keras, name, np.random.RandomState(0))  # pylint: disable=protected-access
     model.compile(optimizer=keras.optimizers.Adam(1e-4),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = np.concatenate([x] * max(1, -(-steps * batch // len(x))))
+    y = np.concatenate([y] * max(1, -(-steps * batch // len(y))))
     run = {"fit": lambda n: model.fit(x[:n * batch], y[:n * batch], batch_size=batch,
                                       epochs=1, verbose=0),
            "evaluate": lambda n: model.evaluate(x[:n * batch], y[:n * batch],
                                                 batch_size=batch, verbose=0),
            "predict": lambda n: model.predict(x[:n * batch], batch_size=batch, verbose=0)}
-    x = np.concatenate([x] * max(1, -(-steps * batch // len(x))))
-    y = np.concatenate([y] * max(1, -(-steps * batch // len(y))))
     out = {}
     for phase in phases:
         run[phase](3)
-        logdir = tempfile.mkdtemp(prefix="tf_mpt_profile_")
-        try:
-            tf.profiler.experimental.start(logdir)
-            run[phase](steps)
-            tf.profiler.experimental.stop()
-            events = _op_events(logdir)
-        finally:
-            shutil.rmtree(logdir, ignore_errors=True)
+        events = collections.Counter()
+        for node, op_type, ps in executed_ops(lambda: run[phase](steps)):  # pylint: disable=cell-var-from-loop
+            events[node, op_type] += ps
         kinds, types = collections.Counter(), collections.Counter()
         for (node, op_type), ps in events.items():
             kinds[kind_of(node, op_type)] += ps / 1e9 / steps  # ms per step

@@ -451,7 +451,7 @@ def test_tf_keras_lstm_runs_its_rewritten_implementation(half_dtype):
     got = []
     ran = executed_ops(lambda: got.append(step(x)))
     assert got[0].dtype == tf.float32
-    loop_casts = [name for name, op in ran if op == "Cast" and "while" in name
+    loop_casts = [name for name, op, _ in ran if op == "Cast" and "while" in name
                   and name.endswith("-TfMpt")]
-    assert loop_casts, sorted({op for _, op in ran})  # the rewritten cell ran
+    assert loop_casts, sorted({op for _, op, _ in ran})  # the rewritten cell ran
     np.testing.assert_allclose(got[0].numpy(), expected, **TOLERANCES[half_dtype])

@@ -73,9 +73,10 @@ def write_frozen(function, path):
 
 
 def executed_ops(call):
-    """[(node name, op type)] of every op TensorFlow's executor ran during `call()`, from its
-    profiler: unlike run metadata, it sees the functions a call runs on its own (tf_keras's
-    LSTM, which the implementation selector picks)."""
+    """[(node name, op type, picoseconds)] of every op TensorFlow's executor threads ran
+    during `call()`, from its profiler: unlike run metadata, it sees the functions a call
+    runs on its own (tf_keras's LSTM, which the implementation selector picks). Also used
+    by benchmarks/keras_profile.py."""
     import glob  # pylint: disable=import-outside-toplevel
     import tempfile  # pylint: disable=import-outside-toplevel
     from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=import-outside-toplevel
@@ -92,9 +93,11 @@ def executed_ops(call):
     ran = []
     for plane in space.planes:
         for line in plane.lines:
-            if line.name.startswith("tf_Compute"):
-                for event in line.events:
-                    name = plane.event_metadata[event.metadata_id].name
-                    if ":" in name:
-                        ran.append(tuple(name.rsplit(":", 1)))
+            if not line.name.startswith("tf_Compute"):
+                continue
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                if ":" in name and not name.startswith("ExecutorState"):  # (its Process)
+                    node, op_type = name.rsplit(":", 1)
+                    ran.append((node, op_type, event.duration_ps))
     return ran

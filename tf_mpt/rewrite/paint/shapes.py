@@ -42,9 +42,9 @@ class ShapeTable(dict):
     static shape of the variable whose resource handle that output is} (a handle is a
     scalar; what the function bodies it is passed to read from it has this shape)."""
 
-    def __init__(self, table=(), variables=None):
-        super().__init__(table)
-        self.variables = dict(variables or {})
+    def __init__(self):
+        super().__init__()
+        self.variables = {}
 
 
 class VariableValue(tuple):
@@ -93,29 +93,12 @@ _CALLERS = {"While": (("body", "cond"), 0), "StatelessWhile": (("body", "cond"),
             "PartitionedCall": (("f",), 0), "StatefulPartitionedCall": (("f",), 0)}
 
 
-def _variable_shapes(graph_def, shape_table):
-    """{(node name, port): shape of the variable that output is a handle to}: the table's
-    own (ShapeTable.variables), a VarHandleOp's `shape`, or the shape of a ReadVariableOp
-    of the graph reading the handle."""
-    found = dict(getattr(shape_table, "variables", {}))
-    for node in graph_def.node:
-        if node.op == "VarHandleOp" and "shape" in node.attr and \
-                not node.attr["shape"].shape.unknown_rank:
-            found.setdefault((node.name, 0), tuple(d.size for d in node.attr["shape"].shape.dim))
-        elif node.op == "ReadVariableOp" and node.input:
-            name, _, port = node.input[0].partition(":")
-            entry = shape_table.get(node.name)
-            if entry and entry[0] is not None:
-                found.setdefault((name, int(port or 0)), tuple(entry[0]))
-    return found
-
-
 def call_argument_shapes(graph_def, shape_table):
     """{function name: [static shape or None per argument]} from the main graph's calls
     (While, If, PartitionedCall); an argument that is a variable's resource handle is the
     VariableValue of that variable's shape; an argument whose callers disagree is None."""
     found = {}
-    variables = _variable_shapes(graph_def, shape_table)
+    variables = getattr(shape_table, "variables", {})  # (a ShapeTable's: shapes_of_graph)
     for node in graph_def.node:
         if node.op not in _CALLERS:
             continue
