@@ -3,7 +3,8 @@
 tf_mpt setting the policy (TF_MPT_KERAS=policy).
 
     python benchmarks/keras_models.py [--models resnet50 ...] [--rounds 3] [--steps 8]
-                                      [--dtype bfloat16] [--keras keras|tf_keras]
+                                      [--min-seconds 2] [--dtype bfloat16]
+                                      [--keras keras|tf_keras]
 
 Models (random data, weights=None): ResNet50, MobileNetV2, EfficientNetB0, DenseNet121
 (keras.applications, 128x128x3, batch 16, 10 classes), a Transformer encoder
@@ -13,8 +14,10 @@ sparse categorical cross-entropy.
 
 Each (model, way) runs in its own process: the model is built and compiled, one warm-up
 epoch of 3 steps of each phase runs (tracing, tf_mpt's rewrite, first-use measuring), then
---steps timed steps of each phase; a phase's time is the median of its steps (Keras batch
-callbacks). The ways run in an interleaved order, --rounds times, and each way's speed-up is
+the timed steps of each phase: --steps, or more where they would take less than
+--min-seconds by the warm-up's later steps (a 30 ms predict step gets ~70: a few steps of a
+short phase read a shared machine's passing slowdowns as the phase's speed); a phase's time
+is the median of its steps (Keras batch callbacks). The ways run in an interleaved order, --rounds times, and each way's speed-up is
 the median over rounds of float32's time / its time in the same round (paired ratios), with
 half the spread of those ratios over the rounds, relative (±); the noise column is half the
 spread of the float32 times over the rounds, relative. A tf_mpt cell marked "(float32's
@@ -28,6 +31,7 @@ tool targets (the table says so).
 import argparse
 import json
 import logging
+import math
 import os
 import re
 import statistics
@@ -41,6 +45,7 @@ from tf_mpt import _cpu  # noqa: E402  (no TensorFlow import)
 MODELS = ("resnet50", "mobilenetv2", "efficientnetb0", "densenet121", "transformer", "lstm")
 WAYS = ("float32", "policy", "tf_mpt", "tf_mpt_policy")
 PHASES = ("fit", "evaluate", "predict")
+WARM_UP_STEPS = 3
 APPLICATIONS = {"resnet50": "ResNet50", "mobilenetv2": "MobileNetV2",
                 "efficientnetb0": "EfficientNetB0", "densenet121": "DenseNet121"}
 
@@ -88,7 +93,7 @@ def _build(keras, name, rng):
     return model, x, y, batch
 
 
-def _child(name, way, steps, dtype, keras_module):
+def _child(name, way, steps, min_seconds, dtype, keras_module):
     import time  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
     if keras_module == "tf_keras":
@@ -117,13 +122,14 @@ def _child(name, way, steps, dtype, keras_module):
         on_train_batch_begin = on_test_batch_begin = on_predict_batch_begin = _begin
         on_train_batch_end = on_test_batch_end = on_predict_batch_end = _end
 
-    repeat = max(1, -(-(steps + 3) * batch // len(x)))
-    data_x, data_y = np.concatenate([x] * repeat), np.concatenate([y] * repeat)
     rewrites = _Rewrites()
+    counts = {phase: WARM_UP_STEPS for phase in PHASES}
     for warm in (True, False):
-        count = 3 if warm else steps
-        fx, fy = data_x[:count * batch], data_y[:count * batch]
         for phase in PHASES:
+            count = counts[phase]
+            repeat = -(-count * batch // len(x))
+            fx, fy = np.concatenate([x] * repeat)[:count * batch], \
+                np.concatenate([y] * repeat)[:count * batch]
             rewrites.phase = phase
             timer = [Timer(phase)]
             if phase == "fit":
@@ -132,11 +138,13 @@ def _child(name, way, steps, dtype, keras_module):
                 model.evaluate(fx, fy, batch_size=batch, verbose=0, callbacks=timer)
             else:
                 model.predict(fx, batch_size=batch, verbose=0, callbacks=timer)
-        if warm:
+        if warm:  # a short step gets more timed steps: at least min_seconds of them
+            counts = {phase: max(steps, math.ceil(min_seconds / max(
+                statistics.median(times[phase][1:]), 1e-3))) for phase in PHASES}
             times = {phase: [] for phase in PHASES}
     loss = float(model.evaluate(x[:batch], y[:batch], batch_size=batch, verbose=0))
     print(json.dumps({phase: statistics.median(t) * 1e3 for phase, t in times.items()}
-                     | {"loss": loss, "converted": rewrites.converted}))
+                     | {"loss": loss, "converted": rewrites.converted, "steps": counts}))
 
 
 class _Rewrites(logging.Handler):
@@ -164,7 +172,8 @@ class _Rewrites(logging.Handler):
 
 def _measure(name, way, args):
     command = [sys.executable, __file__, "--child", name, way, "--steps", str(args.steps),
-               "--dtype", args.dtype, "--keras", args.keras]
+               "--min-seconds", str(args.min_seconds), "--dtype", args.dtype,
+               "--keras", args.keras]
     done = subprocess.run(command, env=_env(way, args.dtype, args.keras), cwd=ROOT,
                           capture_output=True, text=True, timeout=3600, check=False)
     if done.returncode != 0:
@@ -177,16 +186,20 @@ def main():
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--min-seconds", type=float, default=2.0,
+                        help="timed steps per phase: at least --steps, and at least this "
+                             "many seconds of them (by the warm-up steps' time)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     parser.add_argument("--keras", default="keras", choices=("keras", "tf_keras"))
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _child(args.child[0], args.child[1], args.steps, args.dtype, args.keras)
+        _child(args.child[0], args.child[1], args.steps, args.min_seconds, args.dtype,
+               args.keras)
         return
     native = _cpu.has_native_bfloat16(_cpu.cpu_flags())
     print("; ".join(_cpu.facts()[:2]) + f"; {args.keras}, {args.dtype}, {args.rounds} "
-          f"rounds of {args.steps} steps per phase")
+          f"rounds of at least {args.steps} steps and {args.min_seconds:g} s per phase")
     if args.dtype == "bfloat16" and not native:
         print("(no native bfloat16 here: these speed-ups say nothing about Zen 4 / AMX)")
     print("| model | phase | float32 ms/step | noise | policy | tf_mpt | tf_mpt policy |")
