@@ -17,13 +17,13 @@ epoch of 3 steps of each phase runs (tracing, tf_mpt's rewrite, first-use measur
 the timed steps of each phase: --steps, or more where they would take less than
 --min-seconds by the warm-up's later steps (a 30 ms predict step gets ~70: a few steps of a
 short phase read a shared machine's passing slowdowns as the phase's speed); a phase's time
-is the median of its steps (Keras batch callbacks). The ways run in an interleaved order, --rounds times, and each way's speed-up is
-the median over rounds of float32's time / its time in the same round (paired ratios), with
-half the spread of those ratios over the rounds, relative (±); the noise column is half the
-spread of the float32 times over the rounds, relative. A tf_mpt cell marked "(float32's
-graph)" is a phase whose steps tf_mpt's cost model left entirely float32 (its rewrites
-converted 0 nodes, from its log): Keras's own graph ran, and the ratio measures only tf_mpt's
-per-call overhead and the noise. The CPU and whether it computes bfloat16 natively are
+is the median of its steps (Keras batch callbacks). The ways run in an interleaved order,
+--rounds times, and each way's speed-up is the median over rounds of float32's time / its
+time in the same round (paired ratios), with half the spread of those ratios over the
+rounds, relative (±); the noise column is half the spread of the float32 times over the
+rounds, relative. A tf_mpt cell marked "(float32's graph)" is a phase whose steps tf_mpt's
+cost model left entirely float32 (its rewrites converted 0 nodes, from its log): Keras's own
+graph ran, and the ratio measures only tf_mpt's per-call overhead and the noise. The CPU and whether it computes bfloat16 natively are
 printed first; without native bfloat16 the speed figures mean nothing for the machines the
 tool targets (the table says so).
 """
@@ -93,8 +93,9 @@ def _build(keras, name, rng):
     return model, x, y, batch
 
 
-def _child(name, way, steps, min_seconds, dtype, keras_module):
-    import time  # pylint: disable=import-outside-toplevel
+def compiled_model(name, way, dtype, keras_module):
+    """(keras module, compiled model, x, y, batch) of `name` as `way` runs it (the policy
+    way sets Keras's mixed `dtype` policy first); in a child process (imports TensorFlow)."""
     import numpy as np  # pylint: disable=import-outside-toplevel
     if keras_module == "tf_keras":
         import tf_keras as keras  # pylint: disable=import-outside-toplevel
@@ -106,6 +107,13 @@ def _child(name, way, steps, min_seconds, dtype, keras_module):
     model, x, y, batch = _build(keras, name, np.random.RandomState(0))
     model.compile(optimizer=keras.optimizers.Adam(1e-4),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return keras, model, x, y, batch
+
+
+def _child(name, way, steps, min_seconds, dtype, keras_module):
+    import time  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    keras, model, x, y, batch = compiled_model(name, way, dtype, keras_module)
     times = {phase: [] for phase in PHASES}
 
     class Timer(keras.callbacks.Callback):
@@ -126,10 +134,8 @@ def _child(name, way, steps, min_seconds, dtype, keras_module):
     counts = {phase: WARM_UP_STEPS for phase in PHASES}
     for warm in (True, False):
         for phase in PHASES:
-            count = counts[phase]
-            repeat = -(-count * batch // len(x))
-            fx, fy = np.concatenate([x] * repeat)[:count * batch], \
-                np.concatenate([y] * repeat)[:count * batch]
+            size = counts[phase] * batch  # (np.resize repeats the data to that size)
+            fx, fy = np.resize(x, (size,) + x.shape[1:]), np.resize(y, (size,))
             rewrites.phase = phase
             timer = [Timer(phase)]
             if phase == "fit":

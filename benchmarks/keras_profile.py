@@ -69,16 +69,7 @@ def kind_of(name, op_type):
 def _child(name, way, phases, steps, dtype, keras_module):
     import numpy as np  # pylint: disable=import-outside-toplevel
     from support.helpers import executed_ops  # pylint: disable=import-outside-toplevel
-    if keras_module == "tf_keras":
-        import tf_keras as keras  # pylint: disable=import-outside-toplevel
-    else:
-        import keras  # pylint: disable=import-outside-toplevel
-    keras.utils.set_random_seed(0)
-    if way == "policy":
-        keras.mixed_precision.set_global_policy(f"mixed_{dtype}")
-    model, x, y, batch = keras_models._build(keras, name, np.random.RandomState(0))  # pylint: disable=protected-access
-    model.compile(optimizer=keras.optimizers.Adam(1e-4),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    _, model, x, y, batch = keras_models.compiled_model(name, way, dtype, keras_module)
     x = np.concatenate([x] * max(1, -(-steps * batch // len(x))))
     y = np.concatenate([y] * max(1, -(-steps * batch // len(y))))
     run = {"fit": lambda n: model.fit(x[:n * batch], y[:n * batch], batch_size=batch,

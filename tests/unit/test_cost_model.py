@@ -139,6 +139,13 @@ def _loop(batch, width):
     return graph
 
 
+_WEIGHED = "cost model: float32 here (bfloat16 MatMul over 1 MFLOP measured"
+
+
+def _body_matmul_decisions(result):
+    return [d for name, d in result.report.decisions.items() if name.endswith("/mm")]
+
+
 def test_a_loop_body_is_weighed_at_its_shapes_without_a_noise_floor(cost_model):
     """A while_v2 body has no static shapes of its own: they come from the While's inputs.
     Per iteration the body saves less than the 50 us floor, but it runs every iteration."""
@@ -146,23 +153,14 @@ def test_a_loop_body_is_weighed_at_its_shapes_without_a_noise_floor(cost_model):
     graph_def = _loop(32, 128).as_graph_def(add_shapes=True)
     result = tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", fetches=["out"],
                                       strict=True)
-    body_mm = [d for name, d in result.report.decisions.items() if name.endswith("/mm")]
+    body_mm = _body_matmul_decisions(result)
     assert len(body_mm) == 1 and not body_mm[0].converted
-    assert body_mm[0].reason.startswith(
-        "cost model: float32 here (bfloat16 MatMul over 1 MFLOP measured")
+    assert body_mm[0].reason.startswith(_WEIGHED)
     assert _casts(result.graph_def) == []
     cost_model("0")
     result = tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", fetches=["out"],
                                       strict=True)
-    assert [d.converted for name, d in result.report.decisions.items()
-            if name.endswith("/mm")] == [True]
-
-
-def _body_matmul_decisions(result):
-    return [d for name, d in result.report.decisions.items() if name.endswith("/mm")]
-
-
-_WEIGHED = "cost model: float32 here (bfloat16 MatMul over 1 MFLOP measured"
+    assert [d.converted for d in _body_matmul_decisions(result)] == [True]
 
 
 @pytest.mark.parametrize("where", ["tf1_graph", "tf_function"])
