@@ -160,6 +160,57 @@ def test_lstm_tensor_array_v1_loop_forward_and_gradients(half_dtype):
         np.testing.assert_allclose(a, e, **TOLERANCES[half_dtype])
 
 
+def _keras_lstm_training_step():
+    """A Keras 3 LSTM classifier's loss and gradients under a GradientTape, as a
+    ConcreteFunction (x, y) -> (loss, gradients): a while_v2 forward loop whose h and c come
+    back through Identity nodes, and whose c a gradient accumulator reads in float32."""
+    import keras
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((12,), dtype="int32"),
+                              keras.layers.Embedding(50, 16), keras.layers.LSTM(24),
+                              keras.layers.Dense(4)])
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function(input_signature=[tf.TensorSpec([8, 12], tf.int32),
+                                  tf.TensorSpec([8], tf.int32)])
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    return step.get_concrete_function()
+
+
+def test_keras_lstm_carries_h_and_c_half_through_its_forward_loop(half_dtype):
+    """h returns through an Identity after its Cast to float32 and c is also pushed, in
+    float32, to the gradient's accumulator: both still cross the loop in half, so the forward
+    body casts only the time step's input and the three weight reads per iteration."""
+    cf = _keras_lstm_training_step()
+    result = tf_mpt.rewrite_graph_def(cf.graph.as_graph_def(), dtype=half_dtype, strict=True,
+                                      fetches=[t.op.name for t in cf.outputs])
+    gd, half = result.graph_def, tf.as_dtype(half_dtype).as_datatype_enum
+    forward = [n for n in gd.node if n.op in ("While", "StatelessWhile")
+               and "grad" not in n.name][0]
+    body = [f for f in gd.library.function
+            if f.signature.name == forward.attr["body"].func.name][0]
+    kinds = sorted(n.input[0].split(":")[0].rsplit("/", 2)[-2] for n in body.node_def
+                   if n.op == "Cast")
+    assert kinds == ["BiasAdd", "Cast", "Cast_1", "TensorArrayV2Read"], kinds
+    assert list(forward.attr["T"].list.type).count(half) == 2  # h and c
+    # h and c forward, and the gradient loop's three weight-gradient sums
+    assert result.report.loop_variables_kept_half == 5
+    rng = np.random.RandomState(0)
+    x, y = rng.randint(0, 50, (8, 12)).astype(np.int32), rng.randint(0, 4, 8).astype(np.int32)
+    (loss32, grads32) = cf(x, y)
+    loss, grads = tf_mpt.rewrite_function(cf, dtype=half_dtype)(x, y)
+    np.testing.assert_allclose(loss, loss32, **TOLERANCES[half_dtype])
+    for g, g32 in zip(grads, grads32):
+        g, g32 = tf.convert_to_tensor(g), tf.convert_to_tensor(g32)
+        assert g.dtype == tf.float32
+        np.testing.assert_allclose(g, g32, atol=TOLERANCES[half_dtype]["atol"] *
+                                   float(tf.reduce_max(tf.abs(g32))), rtol=0)
+
+
 def test_while_loop_variable_stays_half_across_the_loop_boundary(half_dtype):
     w = tf.Variable(tf.random.stateless_uniform([4, 4], seed=(1, 2), minval=-0.5, maxval=0.5))
 
@@ -188,6 +239,27 @@ def test_while_loop_variable_stays_half_across_the_loop_boundary(half_dtype):
     x = tf.random.stateless_uniform([2, 4], seed=(3, 4))
     np.testing.assert_allclose(tf_mpt.rewrite_function(cf, dtype=half_dtype)(x), cf(x),
                                **TOLERANCES[half_dtype])
+
+
+def test_rewrite_function_keeps_a_loop_that_is_a_control_output_half_across_its_boundary(
+        half_dtype):
+    """The loop reads a variable, so the tf.function runs it as a control output (it must
+    run, whatever reads its outputs): its dtypes may still change, as in a function body."""
+    w = tf.Variable(tf.random.stateless_uniform([4, 4], seed=(1, 2), minval=-0.5, maxval=0.5))
+
+    @tf.function(input_signature=[tf.TensorSpec([2, 4], tf.float32)])
+    def f(x):
+        return tf.while_loop(lambda i, h: i < 3,
+                             lambda i, h: (i + 1, tf.tanh(tf.matmul(h, w))), [0, x])[1]
+
+    cf = f.get_concrete_function()
+    assert [op.type for op in cf.graph.control_outputs] == ["While"]
+    rewritten = tf_mpt.rewrite_function(cf, dtype=half_dtype)
+    loops = [op for op in rewritten.graph.get_operations() if op.type == "While"]
+    assert len(loops) == 1
+    assert loops[0].get_attr("T")[3] == tf.as_dtype(half_dtype)  # h crosses in half
+    x = tf.random.stateless_uniform([2, 4], seed=(3, 4))
+    np.testing.assert_allclose(rewritten(x), cf(x), **TOLERANCES[half_dtype])
 
 
 def test_tf_mpt_function_decorates_methods_per_instance(half_dtype):

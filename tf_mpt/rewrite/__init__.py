@@ -217,19 +217,21 @@ def rewrite_graph_def(graph_def, *, dtype="float16", fetches=None, lists=None, s
 
 
 def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_roots=(),
-                         shapes=None, config=None, target=None):
+                         shapes=None, config=None, target=None, control_outputs=()):
     """rewrite_graph_def that also rewrites the library functions named in `function_roots`
     (and what they call) when the graph itself does not call them: a SavedModel's object
     graph calls its functions from outside its GraphDef. `shapes`: a callable returning
     {node name: output shapes} of the graph, called only when the cost model is on (default:
-    the nodes' `_output_shapes` attrs)."""
+    the nodes' `_output_shapes` attrs). `control_outputs`: names among `fetches` that only
+    have to run (a tf.function's control outputs, e.g. the While of an RNN): the boundary
+    passes may change their dtypes, as they do a function body's."""
     # The rewrite allocates many small objects while TensorFlow keeps ~300k tracked ones:
     # pausing the cyclic collector halves the time on large graphs (nothing here is cyclic).
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         return _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
-                                  shapes, with_target(config, target))
+                                  shapes, with_target(config, target), control_outputs)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -311,7 +313,7 @@ def _measure_workloads(target, jobs, config, dtype):
 
 
 def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots, shapes,
-                       config):
+                       config, control_outputs=()):
     half = _dtypes.parse(dtype)
     _check_graph_def(graph_def)
     if lists is None:
@@ -377,7 +379,7 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
     kept = None
     if function_reports:
         kept = _boundaries.keep_values_half_across_boundaries(
-            new_graph_def, half.enum, fetched)
+            new_graph_def, half.enum, fetched - set(control_outputs))
         # also when painting changed nothing (a rewritten graph, now with fewer fetches)
         modified = modified or bool(kept)
     # 6. report

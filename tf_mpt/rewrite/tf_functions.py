@@ -68,12 +68,13 @@ def rewrite_function(concrete_function, *, dtype="float16", config=None, jit_com
     dtype_name = _dtypes.parse(dtype).name
     cf = concrete_function
     graph_def = cf.graph.as_graph_def()
-    fetches = ([t.op.name for t in cf.outputs] + [op.name for op in cf.graph.control_outputs]
-               + [t.op.name for t in cf.inputs])
+    fetches = [t.op.name for t in cf.outputs] + [t.op.name for t in cf.inputs]
+    control_outputs = [op.name for op in cf.graph.control_outputs if op.name not in fetches]
+    fetches += control_outputs
     result = _rewrite.rewrite_with_library(graph_def, dtype=dtype_name, fetches=fetches,
                                            lists=None, strict=False,
                                            shapes=lambda: _shapes.shapes_of_graph(cf.graph),
-                                           config=config)
+                                           config=config, control_outputs=control_outputs)
     if not result.modified:
         return cf
     graph_def = _rename_library(result.graph_def, f"_tf_mpt_{dtype_name}")

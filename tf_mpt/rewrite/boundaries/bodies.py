@@ -9,6 +9,7 @@ anything changed.
     body = Body(fdef, signatures, half)
     casts = body.entry_casts(k)          tf_mpt's Casts to half that alone read argument k
     body.remove_entry_casts(k, casts)    their readers read the argument itself
+    body.read_argument_half(k)           its Casts to half bypassed, other readers cast back
     cast = body.exit_cast(k)             tf_mpt's Cast to float32 that output k returns
     body.return_before_exit_cast(k, cast)
     body.set_half(inputs=[k], outputs=[k]); body.write_back()
@@ -107,22 +108,58 @@ class Body:
             return None
         return readers
 
+    def readers_of_argument(self, k):
+        """(tf_mpt's Casts to half reading argument k, its other data readers), or None when
+        a return value reads it."""
+        readers = [node for node, _ in self.editor.readers(self.arg(k))]
+        if any(node.name.startswith(_function_bodies.RET_PREFIX) for node in readers):
+            return None
+        casts = [node for node in readers if is_our_cast(node, DT_FLOAT, self.half)]
+        return casts, [node for node in readers if node not in casts]
+
+    def read_argument_half(self, k):
+        """Argument k is half from now on: its Casts to half are bypassed, its other readers
+        read one Cast of it to float32."""
+        self.editor.read_half(self.arg(k), 0)
+        self.changed = True
+
     def remove_entry_casts(self, k, casts):
         """The readers of these Casts of argument k read the argument itself."""
         for cast in casts:
             self.editor.bypass(cast.name, self.arg(k))
         self.changed = True
 
-    def exit_cast(self, k):
-        """tf_mpt's Cast to float32 whose output return value k is, or None."""
-        producer, _ = self.editor.producer(self.ret_node(k).input[0])
+    def _exit_chain(self, k):
+        """(tf_mpt's Cast to float32 whose output return value k is, maybe through Identity
+        nodes nothing else reads, [those Identity nodes, the returned one first]), or
+        (None, [])."""
+        ret = self.ret_node(k)
+        chain, (producer, port) = [], self.editor.producer(ret.input[0])
+        while producer is not None and producer.op == "Identity" and port == 0:
+            data = [t for t in producer.input if not t.startswith("^")]
+            readers = self.editor.readers(producer.name, 0)
+            if len(data) != 1 or [r.name for r, _ in readers] != \
+                    [(chain[-1] if chain else ret).name]:
+                return None, []
+            chain.append(producer)
+            producer, port = self.editor.producer(data[0])
         if producer is not None and is_our_cast(producer, self.half, DT_FLOAT):
-            return producer
-        return None
+            return producer, chain
+        return None, []
+
+    def exit_cast(self, k):
+        """tf_mpt's Cast to float32 whose output return value k is (directly, or through
+        Identity nodes only it reads: while_v2 returns a body's values so), or None."""
+        return self._exit_chain(k)[0]
 
     def return_before_exit_cast(self, k, cast):
-        """Return value k is the exit Cast's input; the Cast goes when nothing else reads it."""
-        self.editor.set_input(self.ret_node(k), 0, cast.input[0])
+        """Return value k is the exit Cast's input (its Identity nodes made half); the Cast
+        goes when nothing else reads it."""
+        _, chain = self._exit_chain(k)
+        for node in chain:
+            node.attr["T"].type = self.half
+        # (an Identity's data input, like a return value's, is its first)
+        self.editor.set_input(chain[-1] if chain else self.ret_node(k), 0, cast.input[0])
         self.editor.drop_unread([cast.name])
         self.changed = True
 

@@ -4,7 +4,8 @@ After each body is rewritten with its signature fixed, a float32 loop variable w
 casts it to half on entry and back to float32 on exit pays two Casts per iteration. When the
 loop condition does not need it in float32 either, the variable is switched to half in the
 While's `T`, in the body and cond signatures, and the two Casts per iteration become at most
-one Cast on each side of the loop, run once:
+one Cast on each side of the loop, run once (a float32 reader in the body besides the Casts,
+as a gradient's accumulator of the values, then reads one Cast back: one per iteration):
 
     x -> While(T=[f32]) { a -> Cast(half) -> MatMul -> Cast(f32) -> ret }
     becomes
@@ -30,12 +31,17 @@ DT_FLOAT = _dtypes.DT_FLOAT
 
 
 def _try_switch(while_node, index, body, cond, half):
-    """Switches loop variable `index` to half in body and cond if that removes body Casts."""
-    entry = body.entry_casts(index)
+    """Switches loop variable `index` to half in body and cond if that removes body Casts:
+    the body casts it to half where it reads it and returns it through a Cast to float32.
+    Its other readers in the body (a gradient's accumulator that pushes it) then read one
+    Cast of it to float32, still a Cast fewer per iteration; they see the loop's initial
+    value rounded to half, as its half readers do (later values are half already)."""
+    found = body.readers_of_argument(index)
     exit_cast = body.exit_cast(index)
-    if not entry or exit_cast is None:
+    if found is None or not found[0] or exit_cast is None:
         return False
-    return _switch(while_node, index, body, cond, half, entry,
+    return _switch(while_node, index, body, cond, half, [],
+                   before=lambda: body.read_argument_half(index),
                    after=lambda: body.return_before_exit_cast(index, exit_cast))
 
 
