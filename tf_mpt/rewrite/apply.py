@@ -48,6 +48,14 @@ def _set_painted_dtypes(out, types, paint):
                 node.attr[name].type = dtype
 
 
+def _dtype_before(paint, types, i, port):
+    """The dtype output `port` of node i had before painting, or None (untyped, unknown)."""
+    nt = types[i]
+    if not nt.known or port >= len(nt.out_keys) or nt.out_keys[port] is None:
+        return None
+    return paint.v_dtype[paint.node_vertex[i][nt.out_keys[port]]]
+
+
 def apply_paint(graph_def, view, types, paint):
     """Returns (new GraphDef, names of the Casts added). `graph_def` is not modified."""
     out = graph_pb2.GraphDef()
@@ -76,18 +84,21 @@ def apply_paint(graph_def, view, types, paint):
     editor = _editor.Editor(out, half, reusable)
     for i, ports in enumerate(view.fanin):
         in_keys = types[i].in_keys
-        node_vertex = paint.node_vertex[i]
         for port, (src, src_port) in enumerate(ports):
             key = in_keys[port]
-            dst_half = key is not None and paint.converted[node_vertex[key]]
-            src_types = types[src]
-            src_half = False
-            if src_types.known and src_port < len(src_types.out_keys):
-                src_key = src_types.out_keys[src_port]
-                src_half = src_key is not None and paint.converted[paint.node_vertex[src][src_key]]
-            if src_half == dst_half:
+            # A Cast goes wherever the producer's final dtype differs from what the reader
+            # takes: an untyped input takes what its producer made before; an unknown
+            # producer makes what its reader took before.
+            src_dtype = new_dtype_of_output(src, src_port)
+            src_before = _dtype_before(paint, types, src, src_port)
+            if key is not None:
+                dst_dtype = new_dtype(i, key)
+                if src_dtype is None:
+                    src_dtype = paint.v_dtype[paint.node_vertex[i][key]]
+            else:
+                dst_dtype = src_before
+            if src_dtype is None or dst_dtype is None or src_dtype == dst_dtype:
                 continue
-            to = half if dst_half else ta.DT_FLOAT
             tensor = _editor.tensor_name(view.nodes[src].name, src_port)
-            editor.set_input(out.node[i], port, editor.cast(tensor, to))
+            editor.set_input(out.node[i], port, editor.cast(tensor, dst_dtype, src_dtype))
     return out, editor.finish()
