@@ -181,24 +181,33 @@ def _keras_lstm_training_step():
     return step.get_concrete_function()
 
 
-def test_keras_lstm_carries_h_and_c_half_through_its_forward_loop(half_dtype):
-    """h returns through an Identity after its Cast to float32 and c is also pushed, in
-    float32, to the gradient's accumulator: both still cross the loop in half, so the forward
-    body casts only the time step's input and the three weight reads per iteration."""
+def test_keras_lstm_carries_h_and_c_and_their_gradients_half_through_its_loops(half_dtype):
+    """Forward: h returns through an Identity after its Cast to float32 and c is also pushed,
+    in float32, to the gradient's accumulator; both still cross the loop in half, so the
+    body casts only the time step's input and the three weight reads per iteration.
+    Gradient: the incoming gradients of h and c enter in float32 and the cell's elementwise
+    gradients start from them; declared half (the body rewritten again), they cross in half
+    and only the output gradient read and the input gradient written are cast."""
     cf = _keras_lstm_training_step()
     result = tf_mpt.rewrite_graph_def(cf.graph.as_graph_def(), dtype=half_dtype, strict=True,
                                       fetches=[t.op.name for t in cf.outputs])
     gd, half = result.graph_def, tf.as_dtype(half_dtype).as_datatype_enum
-    forward = [n for n in gd.node if n.op in ("While", "StatelessWhile")
-               and "grad" not in n.name][0]
-    body = [f for f in gd.library.function
-            if f.signature.name == forward.attr["body"].func.name][0]
-    kinds = sorted(n.input[0].split(":")[0].rsplit("/", 2)[-2] for n in body.node_def
-                   if n.op == "Cast")
-    assert kinds == ["BiasAdd", "Cast", "Cast_1", "TensorArrayV2Read"], kinds
+    loops = [n for n in gd.node if n.op in ("While", "StatelessWhile")]
+    forward, = [n for n in loops if "grad" not in n.name]
+    backward, = [n for n in loops if "grad" in n.name]
+
+    def body_casts(loop):
+        body, = [f for f in gd.library.function
+                 if f.signature.name == loop.attr["body"].func.name]
+        return sorted(n.input[0].split(":")[0].rsplit("/", 2)[-2] for n in body.node_def
+                      if n.op == "Cast")
+
+    assert body_casts(forward) == ["BiasAdd", "Cast", "Cast_1", "TensorArrayV2Read"]
     assert list(forward.attr["T"].list.type).count(half) == 2  # h and c
-    # h and c forward, and the gradient loop's three weight-gradient sums
-    assert result.report.loop_variables_kept_half == 5
+    assert body_casts(backward) == ["MatMul_grad", "TensorListSetItem_grad"]
+    # the gradients of h and c, and of the three weights (summed over the time steps)
+    assert list(backward.attr["T"].list.type).count(half) == 5
+    assert result.report.loop_variables_kept_half == 7
     rng = np.random.RandomState(0)
     x, y = rng.randint(0, 50, (8, 12)).astype(np.int32), rng.randint(0, 4, 8).astype(np.int32)
     (loss32, grads32) = cf(x, y)
@@ -323,6 +332,46 @@ def _rewrite_and_check_numbers(f, half_dtype):
     np.testing.assert_allclose(tf_mpt.rewrite_function(cf, dtype=half_dtype)(x), cf(x),
                                **TOLERANCES[half_dtype])
     return result
+
+
+def _loop_reading_in_float32(first_op):
+    """A tf.function x -> loop of h -> MatMul(first_op(h), w) (w captured, [4, 4])."""
+    w = tf.Variable(tf.random.stateless_uniform([4, 4], seed=(1, 2), minval=-0.5, maxval=0.5))
+
+    @tf.function(input_signature=[tf.TensorSpec([4, 4], tf.float32, name="x")])
+    def f(x):
+        return tf.while_loop(lambda i, h: i < 3,
+                             lambda i, h: (i + 1, tf.matmul(first_op(h) * 0.5, w)), [0, x])[1]
+
+    return f
+
+
+def _body_casts(graph_def):
+    loop, = [n for n in graph_def.node if n.op in ("While", "StatelessWhile")]
+    body, = [f for f in graph_def.library.function
+             if f.signature.name == loop.attr["body"].func.name]
+    return loop, sorted(n.name for n in body.node_def if n.op == "Cast")
+
+
+def test_loop_variable_returned_half_and_read_in_float32_is_declared_half(half_dtype):
+    """h -> Tanh -> Mul -> MatMul -> h: the body, rewritten with h float32, runs Tanh and Mul
+    in float32 (nothing half before them) and casts h's next value back to float32; declared
+    half and the body rewritten again, only the weight read is cast per iteration."""
+    result = _rewrite_and_check_numbers(_loop_reading_in_float32(tf.tanh), half_dtype)
+    loop, casts = _body_casts(result.graph_def)
+    assert casts == [f"while/MatMul/ReadVariableOp-0-CastTo{half_tag(half_dtype)}-TfMpt"]
+    assert list(loop.attr["T"].list.type)[3] == tf.as_dtype(half_dtype).as_datatype_enum
+    assert result.report.loop_variables_kept_half == 1
+
+
+def test_loop_variable_whose_declaration_saves_no_cast_stays_float32(half_dtype):
+    """h -> Exp (deny: float32) -> Mul -> MatMul -> h: declared half, h would need a Cast to
+    float32 for Exp instead of one out of the MatMul, as many per iteration: not worth it."""
+    result = _rewrite_and_check_numbers(_loop_reading_in_float32(tf.exp), half_dtype)
+    loop, casts = _body_casts(result.graph_def)
+    assert len(casts) == 3  # the weight read, the Mul's output to half, h's next value back
+    assert list(loop.attr["T"].list.type)[3] == tf.float32.as_datatype_enum
+    assert result.report.loop_variables_kept_half == 0
 
 
 def test_loop_variable_kept_half_shares_the_cast_of_its_input(half_dtype):

@@ -94,9 +94,8 @@ def test_losses_match_float32_within_the_pattern_tolerance(runs, case):
 
 # Where the rewrite still runs more Casts per step than the policy (Keras 3.x, TF 2.21):
 # the Transformer keeps its Softmax and its bias gradients' Sums float32 (73 vs 70); the
-# LSTM's gradient loop runs the cell's elementwise gradients in float32, its body rewritten
-# with float32 arguments for the gradients of h and c (29 vs 19, 13 vs 6 in the loop
-# bodies; the forward loop carries h and c half). The issue: 38, item 2.
+# LSTM runs as many in its loops (6) but 22 vs 19 in all, the 3 more outside them. The
+# issue: 38, item 2.
 _MORE_CASTS = pytest.mark.xfail(strict=True, reason="tf_mpt casts more than the policy here")
 
 

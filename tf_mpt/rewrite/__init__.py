@@ -36,7 +36,10 @@ Phases, in the order the code runs them (`_rewrite_graph_def` and, per graph, `_
                    (tensor, dtype), shared by every reader
     4. functions   every library function the graph calls, rewritten by phases 1-3 with its
                    signature fixed (function_bodies.py)
-    5. boundaries  values kept half across loop, call and TensorList boundaries (boundaries/)
+    5. boundaries  a loop variable a body returns half but reads in float32 (a gradient
+                   loop's incoming gradient) declared half, the body rewritten again, where
+                   that leaves fewer Casts (_declare_loop_variables_half); then values kept
+                   half across loop, call and TensorList boundaries (boundaries/)
     6. report      one report for the graph and its functions, Casts counted after phase 5
 
 Example:
@@ -57,6 +60,8 @@ from tensorflow.core.framework import graph_pb2
 from tf_mpt.rewrite.paint import tensor_arrays as _arrays
 from tf_mpt.rewrite import apply as _apply
 from tf_mpt.rewrite import boundaries as _boundaries
+from tf_mpt.rewrite.boundaries import bodies as _bodies
+from tf_mpt.rewrite.boundaries import loops as _loops
 from tf_mpt.rewrite.paint import cost as _cost
 from tf_mpt.rewrite.paint import op_costs as _op_costs
 from tf_mpt.rewrite.paint import shapes as _shapes
@@ -345,14 +350,15 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
             assumed_batch))
     main = _Job(graph_def, view, fetched, shapes, _cost.noise_floor(False))
     reachable = _reachable_functions(graph_def, function_roots)
+    def function_job(fdef):
+        return _function_job(fdef, signatures, costed,
+                             (graph_def.library, argument_shapes.get(fdef.signature.name),
+                              fdef.signature.name in loop_bodies), assumed_batch)
+
     functions = {}  # library index -> _Job, or None where the body cannot be rewritten
     for index, fdef in enumerate(graph_def.library.function):
         if fdef.signature.name in reachable:  # else e.g. a While body TF replaced by its
-            functions[index] = _function_job(  # '_rewritten' copy: never runs
-                fdef, signatures, costed, (graph_def.library,
-                                           argument_shapes.get(fdef.signature.name),
-                                           fdef.signature.name in loop_bodies),
-                assumed_batch)
+            functions[index] = function_job(fdef)  # '_rewritten' copy: never runs
     if costed:
         target = _measure_workloads(target, [main] + [job for job in functions.values() if job],
                                     config, half.name)
@@ -378,8 +384,13 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
     # 5. boundaries (only functions have any)
     kept = None
     if function_reports:
+        declared = _declare_loop_variables_half(
+            graph_def, new_graph_def, functions, function_reports, function_job,
+            (half, lists, signatures, strict, target), fetched - set(control_outputs))
         kept = _boundaries.keep_values_half_across_boundaries(
             new_graph_def, half.enum, fetched - set(control_outputs))
+        kept.loop_variables += declared
+        modified = modified or bool(declared)
         # also when painting changed nothing (a rewritten graph, now with fewer fetches)
         modified = modified or bool(kept)
     # 6. report
@@ -398,6 +409,101 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
     if config.dump_dir:
         _dump(config.dump_dir, original, new_graph_def, lists, report)
     return RewriteResult(new_graph_def, report, modified)
+
+
+# How many times a loop body is rewritten again with more of its loop variables declared half
+# (each round may make another one a body returns in half).
+_DECLARE_ROUNDS = 3
+
+
+def _casts_after_boundaries(graph_def, half, fetched):
+    """(tf_mpt's Casts in While bodies, in all) of a copy of `graph_def` after phase 5: what
+    a choice of phase 5's first step is judged by (the boundary passes remove many Casts of
+    a loop body, e.g. at a gradient's TensorLists)."""
+    copy = graph_pb2.GraphDef()
+    copy.CopyFrom(graph_def)
+    _boundaries.keep_values_half_across_boundaries(copy, half.enum, fetched)
+    bodies = _cost.loop_bodies(copy)
+    in_loops = sum(_loops.our_casts(f) for f in copy.library.function
+                   if f.signature.name in bodies)
+    everywhere = sum(_loops.our_casts(f) for f in copy.library.function) + sum(
+        1 for n in copy.node if n.op == "Cast" and n.name.endswith(_dtypes.CAST_SUFFIX))
+    return in_loops, everywhere
+
+
+def _with_declared(graph_def, index, new_fdef, while_name, indices, signatures, half):
+    """A copy of `graph_def` whose library function `index` is `new_fdef` (a body rewritten
+    with `indices` declared half) and whose While `while_name` carries them in half."""
+    copy = graph_pb2.GraphDef()
+    copy.CopyFrom(graph_def)
+    copy.library.function[index].CopyFrom(new_fdef)
+    node = next(n for n in copy.node if n.name == while_name)
+    cond = next(f for f in copy.library.function
+                if f.signature.name == node.attr["cond"].func.name)
+    _loops.switch_declared(copy, node, indices, cond, signatures, half.enum)
+    return copy
+
+
+def _declare_loop_variables_half(graph_def, new_graph_def, functions, reports, function_job,
+                                 settings, fetched):
+    """Phase 5's first step: a float32 loop variable of a main-graph While that its rewritten
+    body returns through a Cast to float32 but reads in float32 (a gradient loop's incoming
+    gradient) has its body rewritten again from the original with it declared half, so its
+    readers are painted from a half source. Kept where the graph then runs fewer of tf_mpt's
+    Casts in loop bodies after the boundary passes (then fewer in all); the While then
+    carries it in half (loops.switch_declared).
+
+    graph_def / new_graph_def: the input and the rewritten graph (edited in place);
+    functions: library index -> _Job or None; reports: function name -> report (updated);
+    function_job: FunctionDef -> _Job; settings: (half, lists, signatures, strict, target).
+    Returns the number of loop variables declared half.
+    """
+    half, lists, signatures, strict, target = settings
+    position = {f.signature.name: k for k, f in enumerate(graph_def.library.function)}
+    declared, score = 0, None
+    for name in [n.name for n in _bodies.switchable_nodes(new_graph_def, _loops.WHILE_OPS,
+                                                            fetched)]:
+        library = _bodies.Library(new_graph_def)
+        node = next(n for n in new_graph_def.node if n.name == name)
+        body_name, cond_name = node.attr["body"].func.name, node.attr["cond"].func.name
+        index = position.get(body_name)
+        if index is None or functions.get(index) is None or \
+                cond_name not in library.functions or \
+                library.references.get(body_name) != 1 or \
+                library.references.get(cond_name) != 1:
+            continue
+        cond = library.functions[cond_name]
+        indices = _loops.returned_half_read_float32(library.functions[body_name], signatures,
+                                                    half.enum, cond)
+        chosen = None
+        for _ in range(_DECLARE_ROUNDS):
+            if not indices:
+                break
+            original = _loops.declared_half(graph_def.library.function[index], indices,
+                                            half.enum)
+            job = function_job(original)
+            if job is None:
+                break
+            new_fdef, report = _rewrite_function_body(original, job, half, lists, signatures,
+                                                      strict, target)
+            if new_fdef is None:
+                break
+            trial = _with_declared(new_graph_def, index, new_fdef, name, indices, signatures,
+                                   half)
+            if score is None:
+                score = _casts_after_boundaries(new_graph_def, half, fetched)
+            trial_score = _casts_after_boundaries(trial, half, fetched)
+            if trial_score < score:
+                chosen, score = (trial, report, len(indices)), trial_score
+            more = _loops.returned_half_read_float32(new_fdef, signatures, half.enum, cond)
+            if not more:
+                break
+            indices = sorted(set(indices) | set(more))
+        if chosen is not None:
+            trial, reports[body_name], count = chosen
+            new_graph_def.CopyFrom(trial)
+            declared += count
+    return declared
 
 
 def _reachable_functions(graph_def, roots=()):

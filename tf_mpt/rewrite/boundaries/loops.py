@@ -24,9 +24,9 @@ While (its outputs and attrs keep their dtypes).
 from tf_mpt import _dtypes
 from tf_mpt.rewrite import editor as _editor
 from tf_mpt.rewrite.boundaries import bodies as _bodies
-from tf_mpt.rewrite.casts import is_our_cast
+from tf_mpt.rewrite.casts import CAST_SUFFIX, is_our_cast
 
-_WHILE_OPS = ("While", "StatelessWhile")
+WHILE_OPS = ("While", "StatelessWhile")
 DT_FLOAT = _dtypes.DT_FLOAT
 
 
@@ -105,7 +105,7 @@ def keep_loop_variables_half(graph_def, half, fetched, library):
     """
     outer = _editor.Editor(graph_def, half)
     switched = 0
-    for node in _bodies.switchable_nodes(graph_def, _WHILE_OPS, fetched):
+    for node in _bodies.switchable_nodes(graph_def, WHILE_OPS, fetched):
         body = library.functions.get(node.attr["body"].func.name)
         cond = library.functions.get(node.attr["cond"].func.name)
         if body is None or cond is None or DT_FLOAT not in node.attr["T"].list.type or \
@@ -133,3 +133,68 @@ def keep_loop_variables_half(graph_def, half, fetched, library):
         cond.write_back()
     outer.finish()
     return switched
+
+
+# --- loop variables declared half before a body is painted -----------------------------------
+#
+# A body is rewritten with its signature fixed, so a loop variable it reads in float32 and
+# returns in half (a gradient loop's incoming gradient: float32 elementwise ops start from
+# it, a half MatMul makes the next one) pays a Cast out at every iteration, and the ops
+# reading it stay float32. The orchestrator then rewrites the original body again with such
+# variables declared half (`declared_half`): their readers are painted from a half source.
+
+
+def returned_half_read_float32(fdef, signatures, half, cond=None):
+    """Indices of the float32 loop variables that the rewritten body `fdef` returns through
+    an exit Cast to float32 but does not cast to half where it reads them (and that the
+    rewritten `cond`, when given, reads at most through Casts to half)."""
+    try:
+        body = _bodies.Body(fdef, signatures, half)
+        cond = _bodies.Body(cond, signatures, half) if cond is not None else None
+    except _bodies.UnsupportedFunction:
+        return []
+    found = []
+    for k, arg in enumerate(fdef.signature.input_arg):
+        if arg.type != DT_FLOAT or k >= len(fdef.signature.output_arg) or \
+                fdef.signature.output_arg[k].type != DT_FLOAT:
+            continue
+        readers = body.readers_of_argument(k)
+        if readers is None or readers[0] or body.exit_cast(k) is None:
+            continue
+        if cond is not None and cond.entry_casts(k) is None:
+            continue
+        found.append(k)
+    return found
+
+
+def declared_half(fdef, indices, half):
+    """A copy of FunctionDef `fdef` whose arguments and return values `indices` are half."""
+    copy = type(fdef)()
+    copy.CopyFrom(fdef)
+    for k in indices:
+        copy.signature.input_arg[k].type = half
+        copy.signature.output_arg[k].type = half
+    return copy
+
+
+def our_casts(fdef):
+    """How many of tf_mpt's Casts a FunctionDef's body runs (per iteration, in a loop)."""
+    return sum(1 for node in fdef.node_def
+               if node.op == "Cast" and node.name.endswith(CAST_SUFFIX))
+
+
+def switch_declared(graph_def, while_node, indices, cond_fdef, signatures, half):
+    """The While `while_node` of `graph_def` (its body already rewritten with `indices`
+    declared half) carries them in half: its T, the cond's signature (its Casts to half of
+    them undone) and the main graph's Casts around it. In place."""
+    cond = _bodies.Body(cond_fdef, signatures, half)
+    for k in indices:
+        cond.remove_entry_casts(k, cond.entry_casts(k))
+        cond.set_half(inputs=[k])
+        while_node.attr["T"].list.type[k] = half
+    cond.write_back()
+    outer = _editor.Editor(graph_def, half)
+    for k in indices:
+        outer.feed_half(while_node, k)
+        outer.read_half(while_node.name, k)
+    outer.finish()
