@@ -390,7 +390,6 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
         kept = _boundaries.keep_values_half_across_boundaries(
             new_graph_def, half.enum, fetched - set(control_outputs))
         kept.loop_variables += declared
-        modified = modified or bool(declared)
         # also when painting changed nothing (a rewritten graph, now with fewer fetches)
         modified = modified or bool(kept)
     # 6. report
