@@ -131,3 +131,42 @@ def test_a_cast_made_redundant_is_never_handed_out_again():
 def test_tensor_names():
     assert tensor_name("n", 0) == "n" and tensor_name("n", 2) == "n:2"
     assert tensor_name("n", -1) == "^n"
+
+
+def _fill_graph(value, readers=("loop",)):
+    """x -> Shape -> Fill(shape, Const value) -> `readers` (While-like ops fed half)."""
+    import numpy as np
+    from tensorflow.python.framework import tensor_util
+    graph_def = _graph(("x", "Placeholder", []), ("shape", "Shape", ["x"]),
+                       ("value", "Const", []), ("zeros", "Fill", ["shape", "value"]),
+                       *[(name, "While", ["zeros"]) for name in readers])
+    nodes = _by_name(graph_def)
+    nodes["value"].attr["dtype"].type = F32
+    nodes["value"].attr["value"].tensor.CopyFrom(
+        tensor_util.make_tensor_proto(np.float32(value), dtype=F32))
+    nodes["zeros"].attr["T"].type = F32
+    return graph_def
+
+
+def _fed_half(graph_def, dtype):
+    editor = Editor(graph_def, dtype)
+    for node in [n for n in graph_def.node if n.op == "While"]:
+        editor.feed_half(node, 0)
+    return editor.finish(), _by_name(graph_def)
+
+
+def test_a_fill_of_a_constant_fed_half_is_made_half_instead_of_cast():
+    for dtype in (BF16, _dtypes.DT_HALF):
+        added, nodes = _fed_half(_fill_graph(0.0), dtype)
+        assert added == [] and list(nodes["loop"].input) == ["zeros"]
+        assert nodes["zeros"].attr["T"].type == nodes["value"].attr["dtype"].type == dtype
+        assert nodes["value"].attr["value"].tensor.dtype == dtype
+
+
+def test_a_fill_read_elsewhere_or_of_a_value_half_rounds_is_cast():
+    added, nodes = _fed_half(_fill_graph(0.0, readers=("loop", "other")), BF16)
+    assert added == ["zeros-0-CastToBf16-TfMpt"]  # one Cast, shared by both
+    assert nodes["zeros"].attr["T"].type == F32
+    added, nodes = _fed_half(_fill_graph(0.1), _dtypes.DT_HALF)  # 0.1 is not a float16
+    assert added == ["zeros-0-CastToFp16-TfMpt"]
+    assert nodes["zeros"].attr["T"].type == nodes["value"].attr["dtype"].type == F32

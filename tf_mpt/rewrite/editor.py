@@ -13,6 +13,8 @@ Cast rules (the only place they live):
   in the graph that does the conversion (no control inputs) is reused;
 * no fp32 -> half -> fp32 round trip is added: half wanted from `Cast(h: half -> fp32)` is
   `h` itself (and tf_mpt's Cast, if that was one, goes when nobody reads it any more);
+* a Fill of a constant that only the value fed half reads is made half itself (a Cast of
+  Fill(shape, v) is Fill(shape, cast(v))) where the half type holds v exactly;
 * new Casts are named `<producer>-<port>-CastToFp16-TfMpt` (`Bf16`, `Fp32`), with `-<k>`
   before `-TfMpt` only if the name is taken, so reruns give identical graphs, and placed on
   their producer's device.
@@ -22,6 +24,10 @@ Tensor names are GraphDef names: `node` (port 0), `node:port`, `^node` (control 
 """
 
 import collections
+
+import numpy as np
+from tensorflow.python.framework import dtypes as tf_dtypes
+from tensorflow.python.framework import tensor_util
 
 from tf_mpt import _dtypes
 from tf_mpt.rewrite import casts as _casts
@@ -146,7 +152,33 @@ class Editor:
 
     def feed_half(self, node, k):
         """Input k of `node` (a While or call switched to half there) reads its tensor in half."""
-        self.set_input(node, k, self.cast(node.input[k], self.half))
+        if not self._fill_made_half(node.input[k], node):
+            self.set_input(node, k, self.cast(node.input[k], self.half))
+
+    def _fill_made_half(self, tensor, reader):
+        """If `tensor` is a float32 Fill of a scalar Const, the Fill read only by `reader`
+        and the Const only by the Fill, and the half type holds its value exactly (the zeros
+        a gradient loop starts its sums from): both become half in place. True if so."""
+        fill, port = self.producer(tensor)
+        if fill is None or port != 0 or fill.op != "Fill" or \
+                fill.attr["T"].type != DT_FLOAT or \
+                [r.name for r in self.all_readers(fill.name)] != [reader.name]:
+            return False
+        value, _ = self.producer(fill.input[1])
+        if value is None or value.op != "Const" or value.attr["dtype"].type != DT_FLOAT or \
+                [r.name for r in self.all_readers(value.name)] != [fill.name]:
+            return False
+        try:
+            number = tensor_util.MakeNdarray(value.attr["value"].tensor)
+        except (TypeError, ValueError):
+            return False
+        half = number.astype(tf_dtypes.as_dtype(self.half).as_numpy_dtype)
+        if number.shape != () or not np.array_equal(half.astype(np.float32), number):
+            return False
+        value.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(half, dtype=self.half))
+        value.attr["dtype"].type = self.half
+        fill.attr["T"].type = self.half
+        return True
 
     def read_half(self, name, port, original=None):
         """Output `port` of `name` is half from now on. tf_mpt's Casts of it to half are
