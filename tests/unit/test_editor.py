@@ -148,10 +148,10 @@ def _fill_graph(value, readers=("loop",)):
     return graph_def
 
 
-def _fed_half(graph_def, dtype):
+def _fed_half(graph_def, dtype, kept=frozenset()):
     editor = Editor(graph_def, dtype)
     for node in [n for n in graph_def.node if n.op == "While"]:
-        editor.feed_half(node, 0)
+        editor.feed_half(node, 0, kept=kept)
     return editor.finish(), _by_name(graph_def)
 
 
@@ -163,10 +163,22 @@ def test_a_fill_of_a_constant_fed_half_is_made_half_instead_of_cast():
         assert nodes["value"].attr["value"].tensor.dtype == dtype
 
 
-def test_a_fill_read_elsewhere_or_of_a_value_half_rounds_is_cast():
+def test_a_fill_read_elsewhere_fetched_or_of_a_value_half_rounds_is_cast():
     added, nodes = _fed_half(_fill_graph(0.0, readers=("loop", "other")), BF16)
     assert added == ["zeros-0-CastToBf16-TfMpt"]  # one Cast, shared by both
     assert nodes["zeros"].attr["T"].type == F32
     added, nodes = _fed_half(_fill_graph(0.1), _dtypes.DT_HALF)  # 0.1 is not a float16
     assert added == ["zeros-0-CastToFp16-TfMpt"]
     assert nodes["zeros"].attr["T"].type == nodes["value"].attr["dtype"].type == F32
+    for kept in ({"zeros"}, {"value"}):  # fetched: the script sees its dtype
+        added, nodes = _fed_half(_fill_graph(0.0), BF16, kept)
+        assert added == ["zeros-0-CastToBf16-TfMpt"], kept
+        assert nodes["zeros"].attr["T"].type == F32
+    graph_def = _fill_graph(0.0)
+    _by_name(graph_def)["zeros"].attr["_tf_mpt_keep_fp32"].b = True  # opted out
+    added, nodes = _fed_half(graph_def, BF16)
+    assert added == ["zeros-0-CastToBf16-TfMpt"] and nodes["zeros"].attr["T"].type == F32
+    # without `kept` (a caller that does not know the fetches) it is always a Cast
+    editor = Editor(_fill_graph(0.0), BF16)
+    editor.feed_half(_by_name(editor.graph_def)["loop"], 0)
+    assert editor.finish() == ["zeros-0-CastToBf16-TfMpt"]

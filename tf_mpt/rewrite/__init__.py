@@ -430,7 +430,8 @@ def _casts_after_boundaries(graph_def, half, fetched):
     return in_loops, everywhere
 
 
-def _with_declared(graph_def, index, new_fdef, while_name, indices, signatures, half):
+def _with_declared(graph_def, index, new_fdef, while_name, indices, signatures, half,
+                   fetched):
     """A copy of `graph_def` whose library function `index` is `new_fdef` (a body rewritten
     with `indices` declared half) and whose While `while_name` carries them in half."""
     copy = graph_pb2.GraphDef()
@@ -439,7 +440,7 @@ def _with_declared(graph_def, index, new_fdef, while_name, indices, signatures, 
     node = next(n for n in copy.node if n.name == while_name)
     cond = next(f for f in copy.library.function
                 if f.signature.name == node.attr["cond"].func.name)
-    _loops.switch_declared(copy, node, indices, cond, signatures, half.enum)
+    _loops.switch_declared(copy, node, indices, cond, signatures, half.enum, fetched)
     return copy
 
 
@@ -488,7 +489,7 @@ def _declare_loop_variables_half(graph_def, new_graph_def, functions, reports, f
             if new_fdef is None:
                 break
             trial = _with_declared(new_graph_def, index, new_fdef, name, indices, signatures,
-                                   half)
+                                   half, fetched)
             if score is None:
                 score = _casts_after_boundaries(new_graph_def, half, fetched)
             trial_score = _casts_after_boundaries(trial, half, fetched)

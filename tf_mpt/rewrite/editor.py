@@ -13,8 +13,9 @@ Cast rules (the only place they live):
   in the graph that does the conversion (no control inputs) is reused;
 * no fp32 -> half -> fp32 round trip is added: half wanted from `Cast(h: half -> fp32)` is
   `h` itself (and tf_mpt's Cast, if that was one, goes when nobody reads it any more);
-* a Fill of a constant that only the value fed half reads is made half itself (a Cast of
-  Fill(shape, v) is Fill(shape, cast(v))) where the half type holds v exactly;
+* a Fill of a constant that only the loop or call fed half reads is made half itself (a Cast
+  of Fill(shape, v) is Fill(shape, cast(v))) where the half type holds v exactly and
+  neither is fetched or opted out (feed_half's `kept`);
 * new Casts are named `<producer>-<port>-CastToFp16-TfMpt` (`Bf16`, `Fp32`), with `-<k>`
   before `-TfMpt` only if the name is taken, so reruns give identical graphs, and placed on
   their producer's device.
@@ -30,10 +31,17 @@ from tensorflow.python.framework import dtypes as tf_dtypes
 from tensorflow.python.framework import tensor_util
 
 from tf_mpt import _dtypes
+from tf_mpt import _opt_out
 from tf_mpt.rewrite import casts as _casts
 from tf_mpt.rewrite.graph_view import parse_input
 
 DT_FLOAT = _dtypes.DT_FLOAT
+
+
+def _changeable(node, kept):
+    """The node's dtypes may change: not in `kept` (names), not opted out."""
+    return node.name not in kept and not (
+        _opt_out.KEEP_FP32_ATTR in node.attr and node.attr[_opt_out.KEEP_FP32_ATTR].b)
 
 
 def tensor_name(node_name, port):
@@ -150,22 +158,28 @@ class Editor:
             name = self._casts[key] = cast.name
         return name
 
-    def feed_half(self, node, k):
-        """Input k of `node` (a While or call switched to half there) reads its tensor in half."""
-        if not self._fill_made_half(node.input[k], node):
+    def feed_half(self, node, k, kept=None):
+        """Input k of `node` (a While or call switched to half there) reads its tensor in half.
+
+        kept: names of the nodes whose dtypes must not change (the fetched ones); when
+        given, a Fill of a constant that only `node` reads may be made half instead of cast
+        (_fill_made_half)."""
+        if kept is None or not self._fill_made_half(node.input[k], node, kept):
             self.set_input(node, k, self.cast(node.input[k], self.half))
 
-    def _fill_made_half(self, tensor, reader):
+    def _fill_made_half(self, tensor, reader, kept):
         """If `tensor` is a float32 Fill of a scalar Const, the Fill read only by `reader`
-        and the Const only by the Fill, and the half type holds its value exactly (the zeros
-        a gradient loop starts its sums from): both become half in place. True if so."""
+        and the Const only by the Fill, neither in `kept` nor opted out, and the half type
+        holds the value exactly (the zeros a gradient loop starts its sums from): both
+        become half in place. True if so."""
         fill, port = self.producer(tensor)
         if fill is None or port != 0 or fill.op != "Fill" or \
-                fill.attr["T"].type != DT_FLOAT or \
+                fill.attr["T"].type != DT_FLOAT or not _changeable(fill, kept) or \
                 [r.name for r in self.all_readers(fill.name)] != [reader.name]:
             return False
         value, _ = self.producer(fill.input[1])
         if value is None or value.op != "Const" or value.attr["dtype"].type != DT_FLOAT or \
+                not _changeable(value, kept) or \
                 [r.name for r in self.all_readers(value.name)] != [fill.name]:
             return False
         try:

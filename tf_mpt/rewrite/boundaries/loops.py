@@ -121,7 +121,7 @@ def keep_loop_variables_half(graph_def, half, fetched, library):
             if dtype != DT_FLOAT:
                 continue
             if _try_switch(node, index, body, cond, half):
-                outer.feed_half(node, index)
+                outer.feed_half(node, index, kept=fetched)
                 outer.read_half(node.name, index)
                 switched += 1
             elif _try_switch_invariant(node, index, body, cond, half):
@@ -183,10 +183,11 @@ def our_casts(fdef):
                if node.op == "Cast" and node.name.endswith(CAST_SUFFIX))
 
 
-def switch_declared(graph_def, while_node, indices, cond_fdef, signatures, half):
+def switch_declared(graph_def, while_node, indices, cond_fdef, signatures, half, fetched):
     """The While `while_node` of `graph_def` (its body already rewritten with `indices`
     declared half) carries them in half: its T, the cond's signature (its Casts to half of
-    them undone) and the main graph's Casts around it. In place."""
+    them undone) and the main graph's Casts around it (`fetched` nodes keep their dtypes).
+    In place."""
     cond = _bodies.Body(cond_fdef, signatures, half)
     for k in indices:
         cond.remove_entry_casts(k, cond.entry_casts(k))
@@ -195,6 +196,6 @@ def switch_declared(graph_def, while_node, indices, cond_fdef, signatures, half)
     cond.write_back()
     outer = _editor.Editor(graph_def, half)
     for k in indices:
-        outer.feed_half(while_node, k)
+        outer.feed_half(while_node, k, kept=fetched)
         outer.read_half(while_node.name, k)
     outer.finish()
