@@ -364,6 +364,35 @@ def test_loop_variable_returned_half_and_read_in_float32_is_declared_half(half_d
     assert result.report.loop_variables_kept_half == 1
 
 
+def test_a_failed_declaration_trial_keeps_the_first_rewrite_quietly(monkeypatch, caplog,
+                                                                     half_dtype):
+    """The body rewritten again with a loop variable declared half is a trial: if it fails,
+    the body stays as first rewritten, with no warning (strict=True raises)."""
+    import logging
+    import tf_mpt.rewrite as orchestrator
+    half = tf.as_dtype(half_dtype).as_datatype_enum
+    first_rewrite = orchestrator._rewrite_function_body
+
+    def failing(fdef, *args):
+        if any(arg.type == half for arg in fdef.signature.input_arg):
+            raise orchestrator.RewriteError("injected failure")
+        return first_rewrite(fdef, *args)
+
+    monkeypatch.setattr(orchestrator, "_rewrite_function_body", failing)
+    cf = _loop_reading_in_float32(tf.tanh).get_concrete_function()
+    fetches = [t.op.name for t in cf.outputs]
+    with caplog.at_level(logging.WARNING, logger="tf_mpt"):
+        result = tf_mpt.rewrite_graph_def(cf.graph.as_graph_def(), dtype=half_dtype,
+                                          fetches=fetches)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    loop, casts = _body_casts(result.graph_def)
+    assert list(loop.attr["T"].list.type)[3] == tf.float32.as_datatype_enum
+    assert len(casts) == 3 and result.report.loop_variables_kept_half == 0
+    with pytest.raises(orchestrator.RewriteError, match="injected failure"):
+        tf_mpt.rewrite_graph_def(cf.graph.as_graph_def(), dtype=half_dtype, fetches=fetches,
+                                 strict=True)
+
+
 def test_loop_variable_whose_declaration_saves_no_cast_stays_float32(half_dtype):
     """h -> Exp (deny: float32) -> Mul -> MatMul -> h: declared half, h would need a Cast to
     float32 for Exp instead of one out of the MatMul, as many per iteration: not worth it."""

@@ -484,8 +484,15 @@ def _declare_loop_variables_half(graph_def, new_graph_def, functions, reports, f
             job = function_job(original)
             if job is None:
                 break
-            new_fdef, report = _rewrite_function_body(original, job, half, lists, signatures,
-                                                      strict, target)
+            try:  # a trial: a failure leaves the body as phase 4 rewrote it, quietly
+                new_fdef, report = _rewrite_function_body(original, job, half, lists,
+                                                          signatures, True, target)
+            except RewriteError as error:
+                if strict:
+                    raise
+                _log.debug("loop variables %s of %s are not declared half: %s", indices,
+                           body_name, error)
+                break
             if new_fdef is None:
                 break
             trial = _with_declared(new_graph_def, index, new_fdef, name, indices, signatures,
