@@ -220,7 +220,10 @@ def test_keras_lstm_carries_h_and_c_and_their_gradients_half_through_its_loops(h
                                    float(tf.reduce_max(tf.abs(g32))), rtol=0)
 
 
-def test_while_loop_variable_stays_half_across_the_loop_boundary(half_dtype):
+def _tanh_matmul_loop():
+    """(the ConcreteFunction of x [2, 4] -> 3 iterations of h = tanh(h @ w), w): w is a
+    variable the loop reads (so the While is a control output of the function), returned so
+    the caller keeps it alive."""
     w = tf.Variable(tf.random.stateless_uniform([4, 4], seed=(1, 2), minval=-0.5, maxval=0.5))
 
     @tf.function(input_signature=[tf.TensorSpec([2, 4], tf.float32)])
@@ -228,7 +231,11 @@ def test_while_loop_variable_stays_half_across_the_loop_boundary(half_dtype):
         return tf.while_loop(lambda i, h: i < 3,
                              lambda i, h: (i + 1, tf.tanh(tf.matmul(h, w))), [0, x])[1]
 
-    cf = f.get_concrete_function()
+    return f.get_concrete_function(), w
+
+
+def test_while_loop_variable_stays_half_across_the_loop_boundary(half_dtype):
+    cf, _w = _tanh_matmul_loop()
     result = tf_mpt.rewrite_graph_def(cf.graph.as_graph_def(), dtype=half_dtype,
                                       fetches=[t.op.name for t in cf.outputs])
     gd, half = result.graph_def, tf.as_dtype(half_dtype).as_datatype_enum
@@ -254,14 +261,7 @@ def test_rewrite_function_keeps_a_loop_that_is_a_control_output_half_across_its_
         half_dtype):
     """The loop reads a variable, so the tf.function runs it as a control output (it must
     run, whatever reads its outputs): its dtypes may still change, as in a function body."""
-    w = tf.Variable(tf.random.stateless_uniform([4, 4], seed=(1, 2), minval=-0.5, maxval=0.5))
-
-    @tf.function(input_signature=[tf.TensorSpec([2, 4], tf.float32)])
-    def f(x):
-        return tf.while_loop(lambda i, h: i < 3,
-                             lambda i, h: (i + 1, tf.tanh(tf.matmul(h, w))), [0, x])[1]
-
-    cf = f.get_concrete_function()
+    cf, _w = _tanh_matmul_loop()
     assert [op.type for op in cf.graph.control_outputs] == ["While"]
     rewritten = tf_mpt.rewrite_function(cf, dtype=half_dtype)
     loops = [op for op in rewritten.graph.get_operations() if op.type == "While"]

@@ -423,11 +423,10 @@ def _casts_after_boundaries(graph_def, half, fetched):
     copy.CopyFrom(graph_def)
     _boundaries.keep_values_half_across_boundaries(copy, half.enum, fetched)
     bodies = _cost.loop_bodies(copy)
-    in_loops = sum(_loops.our_casts(f) for f in copy.library.function
+    in_loops = sum(_loops.our_casts(f.node_def) for f in copy.library.function
                    if f.signature.name in bodies)
-    everywhere = sum(_loops.our_casts(f) for f in copy.library.function) + sum(
-        1 for n in copy.node if n.op == "Cast" and n.name.endswith(_dtypes.CAST_SUFFIX))
-    return in_loops, everywhere
+    everywhere = sum(_loops.our_casts(f.node_def) for f in copy.library.function)
+    return in_loops, everywhere + _loops.our_casts(copy.node)
 
 
 def _with_declared(graph_def, index, new_fdef, while_name, indices, signatures, half,
@@ -461,9 +460,9 @@ def _declare_loop_variables_half(graph_def, new_graph_def, functions, reports, f
     half, lists, signatures, strict, target = settings
     position = {f.signature.name: k for k, f in enumerate(graph_def.library.function)}
     declared, score = 0, None
+    library = _bodies.Library(new_graph_def)  # built again when a trial is kept
     for name in [n.name for n in _bodies.switchable_nodes(new_graph_def, _loops.WHILE_OPS,
                                                             fetched)]:
-        library = _bodies.Library(new_graph_def)
         node = next(n for n in new_graph_def.node if n.name == name)
         body_name, cond_name = node.attr["body"].func.name, node.attr["cond"].func.name
         index = position.get(body_name)
@@ -509,6 +508,7 @@ def _declare_loop_variables_half(graph_def, new_graph_def, functions, reports, f
         if chosen is not None:
             trial, reports[body_name], count = chosen
             new_graph_def.CopyFrom(trial)
+            library = _bodies.Library(new_graph_def)
             declared += count
     return declared
 

@@ -48,12 +48,12 @@ def _set_painted_dtypes(out, types, paint):
                 node.attr[name].type = dtype
 
 
-def _dtype_before(paint, types, i, port):
-    """The dtype output `port` of node i had before painting, or None (untyped, unknown)."""
+def _output_key(types, i, port):
+    """The type-attr key of output `port` of node i, or None (untyped, unknown)."""
     nt = types[i]
-    if not nt.known or port >= len(nt.out_keys) or nt.out_keys[port] is None:
+    if not nt.known or port >= len(nt.out_keys):
         return None
-    return paint.v_dtype[paint.node_vertex[i][nt.out_keys[port]]]
+    return nt.out_keys[port]
 
 
 def apply_paint(graph_def, view, types, paint):
@@ -68,10 +68,8 @@ def apply_paint(graph_def, view, types, paint):
         return half if paint.converted[v] else paint.v_dtype[v]
 
     def new_dtype_of_output(i, port):
-        nt = types[i]
-        if not nt.known or port >= len(nt.out_keys) or nt.out_keys[port] is None:
-            return None
-        return new_dtype(i, nt.out_keys[port])
+        key = _output_key(types, i, port)
+        return None if key is None else new_dtype(i, key)
 
     def reusable(cast):
         """An existing Cast is shared only if its own input keeps the dtype it reads."""
@@ -90,13 +88,14 @@ def apply_paint(graph_def, view, types, paint):
             # takes: an untyped input takes what its producer made before; an unknown
             # producer makes what its reader took before.
             src_dtype = new_dtype_of_output(src, src_port)
-            src_before = _dtype_before(paint, types, src, src_port)
             if key is not None:
                 dst_dtype = new_dtype(i, key)
                 if src_dtype is None:
                     src_dtype = paint.v_dtype[paint.node_vertex[i][key]]
             else:
-                dst_dtype = src_before
+                src_key = _output_key(types, src, src_port)
+                dst_dtype = None if src_key is None else \
+                    paint.v_dtype[paint.node_vertex[src][src_key]]
             if src_dtype is None or dst_dtype is None or src_dtype == dst_dtype:
                 continue
             tensor = _editor.tensor_name(view.nodes[src].name, src_port)

@@ -103,10 +103,8 @@ class Body:
     def entry_casts(self, k):
         """tf_mpt's Casts to half reading argument k ([] if nothing reads it), or None when
         anything else reads it (another op, or a return value)."""
-        readers = [node for node, _ in self.editor.readers(self.arg(k))]
-        if any(not is_our_cast(node, DT_FLOAT, self.half) for node in readers):
-            return None
-        return readers
+        found = self.readers_of_argument(k)
+        return found[0] if found is not None and not found[1] else None
 
     def readers_of_argument(self, k):
         """(tf_mpt's Casts to half reading argument k, its other data readers), or None when
@@ -129,20 +127,28 @@ class Body:
             self.editor.bypass(cast.name, self.arg(k))
         self.changed = True
 
+    def _returned_through_identities(self, k):
+        """([the Identity nodes (one data input each) return value k reads through, the
+        returned one first], the tensor the last of them reads, or the return value's own
+        input when there are none)."""
+        chain, ref = [], self.ret_node(k).input[0]
+        while True:
+            node, port = self.editor.producer(ref)
+            data = [t for t in node.input if not t.startswith("^")] if node is not None else []
+            if node is None or port != 0 or node.op != "Identity" or len(data) != 1:
+                return chain, ref
+            chain.append(node)
+            ref = data[0]
+
     def _exit_chain(self, k):
         """(tf_mpt's Cast to float32 whose output return value k is, maybe through Identity
         nodes nothing else reads, [those Identity nodes, the returned one first]), or
         (None, [])."""
-        ret = self.ret_node(k)
-        chain, (producer, port) = [], self.editor.producer(ret.input[0])
-        while producer is not None and producer.op == "Identity" and port == 0:
-            data = [t for t in producer.input if not t.startswith("^")]
-            readers = self.editor.readers(producer.name, 0)
-            if len(data) != 1 or [r.name for r, _ in readers] != \
-                    [(chain[-1] if chain else ret).name]:
+        chain, ref = self._returned_through_identities(k)
+        for node, read_by in zip(chain, [self.ret_node(k)] + chain):
+            if [r.name for r, _ in self.editor.readers(node.name, 0)] != [read_by.name]:
                 return None, []
-            chain.append(producer)
-            producer, port = self.editor.producer(data[0])
+        producer, _ = self.editor.producer(ref)
         if producer is not None and is_our_cast(producer, self.half, DT_FLOAT):
             return producer, chain
         return None, []
@@ -167,15 +173,10 @@ class Body:
         """The Identity nodes through which return value k is argument k unchanged (returned
         one first; [] when it returns the argument itself), or None when it is not the
         argument or something else reads a chain node."""
-        arg, ret = self.arg(k), self.ret_node(k)
-        chain, ref = [], ret.input[0]
-        while ref != arg:
-            node, port = self.editor.producer(ref)
-            data = [t for t in node.input if not t.startswith("^")] if node is not None else []
-            if node is None or port != 0 or node.op != "Identity" or len(data) != 1:
-                return None
-            chain.append(node)
-            ref = data[0]
+        chain, ref = self._returned_through_identities(k)
+        if ref != self.arg(k):
+            return None
+        ret = self.ret_node(k)
         allowed = {n.name for n in chain} | {ret.name}
         for node in chain:
             if any(reader.name not in allowed for reader in self.editor.all_readers(node.name)):

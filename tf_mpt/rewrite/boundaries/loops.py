@@ -177,10 +177,10 @@ def declared_half(fdef, indices, half):
     return copy
 
 
-def our_casts(fdef):
-    """How many of tf_mpt's Casts a FunctionDef's body runs (per iteration, in a loop)."""
-    return sum(1 for node in fdef.node_def
-               if node.op == "Cast" and node.name.endswith(CAST_SUFFIX))
+def our_casts(nodes):
+    """How many of tf_mpt's Casts are among `nodes` (a FunctionDef's node_def: per
+    iteration, in a loop body; or a GraphDef's node)."""
+    return sum(1 for node in nodes if node.op == "Cast" and node.name.endswith(CAST_SUFFIX))
 
 
 def switch_declared(graph_def, while_node, indices, cond_fdef, signatures, half, fetched):
