@@ -505,3 +505,20 @@ def test_a_relu_after_a_training_batch_norm_runs_inside_its_kernel(relu_reads_al
     bn = view.nodes[view.index["bn"]]
     assert bn.op.startswith("FusedBatchNorm") and bn.attr["is_training"].b
     assert cost.fusion(view, view.index["relu"]) == ("both" if relu_reads_alone else None)
+
+
+def test_the_report_carries_the_cost_models_prediction(cost_model):
+    """Wide layers go half: a saving over float32, and a sum of kernel and Cast times above
+    it (each Exp, a deny op, costs a Cast pair). Tiny layers stay float32: nothing predicted."""
+    cost_model(None)
+
+    def report(width, batch, depth):
+        graph_def = _layers(width, batch, depth).as_graph_def(add_shapes=True)
+        return tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", fetches=["y"]).report
+    wide = report(512, 64, 3)
+    assert wide.converted_nodes and wide.casts_added == 6
+    assert 0 < wide.predicted_saving < wide.predicted_changed
+    assert wide.to_dict()["predicted_saving"] == wide.predicted_saving
+    tiny = report(16, 16, 30)
+    assert tiny.converted_nodes == 0
+    assert (tiny.predicted_saving, tiny.predicted_changed) == (0.0, 0.0)

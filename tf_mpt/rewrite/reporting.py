@@ -46,7 +46,9 @@ def build_report(paint, cast_names, explain):
     return _report.RewriteReport(dtype=paint.half_name, total_nodes=len(view.nodes),
                          converted_nodes=converted_nodes, casts_added=len(cast_names),
                          cast_names=tuple(cast_names), decisions=decisions,
-                         already_half_nodes=already_half)
+                         already_half_nodes=already_half,
+                         predicted_saving=paint.cost_prediction[0],
+                         predicted_changed=paint.cost_prediction[1])
 
 
 def merge_function_reports(report, function_reports):
@@ -55,7 +57,10 @@ def merge_function_reports(report, function_reports):
     total, converted, casts = report.total_nodes, report.converted_nodes, report.casts_added
     already_half = report.already_half_nodes
     cast_names = list(report.cast_names)
+    saving, changed = report.predicted_saving, report.predicted_changed
     for function, sub in function_reports.items():
+        saving += sub.predicted_saving
+        changed += sub.predicted_changed
         for name, d in sub.decisions.items():
             if name.startswith(RET_PREFIX) or (d.op == "Placeholder" and not d.converted):
                 continue  # the conversion's stand-ins for arguments and return values
@@ -68,7 +73,8 @@ def merge_function_reports(report, function_reports):
     return dataclasses.replace(report, total_nodes=total, converted_nodes=converted,
                                already_half_nodes=already_half,
                                casts_added=casts, cast_names=tuple(cast_names),
-                               decisions=decisions, functions=tuple(function_reports))
+                               decisions=decisions, functions=tuple(function_reports),
+                               predicted_saving=saving, predicted_changed=changed)
 
 
 def recount_casts(report, before, after, kept):

@@ -284,6 +284,8 @@ class RegionChoice:
         why: {vertex: the phrase saying what was measured}.
         over_float32: what B saves over all float32 (F).
         float32_time: its weighed kernels' time in float32.
+        rules_over_float32: what R saves over F.
+        casts: {'best', 'rules', 'float32'}: the time of the Casts each colouring needs.
     """
     region: list
     over_rules: float
@@ -291,6 +293,17 @@ class RegionChoice:
     why: dict
     over_float32: float
     float32_time: float
+    rules_over_float32: float = 0.0
+    casts: dict = dataclasses.field(default_factory=dict)
+
+    def prediction(self, colouring):
+        """(seconds saved over F, seconds of kernel savings and Casts in that sum) when the
+        region takes `colouring` ('best', 'rules' or 'float32')."""
+        if colouring == "float32":
+            return 0.0, 0.0
+        saved = self.over_float32 if colouring == "best" else self.rules_over_float32
+        casts = self.casts[colouring] - self.casts["float32"]
+        return saved, abs(saved + casts) + abs(casts)
 
 
 def choose_precision_by_measured_cost(p):
@@ -335,6 +348,10 @@ def choose_precision_by_measured_cost(p):
     rules_slower = sum(c.over_rules for c in weighed) > over_float32 + _TIME_EPSILON  # R > F
     floor = _cost.floor(noise_floor, sum(c.float32_time for c in weighed))
     choice = _cost.choose_colouring(saved, over_float32, rules_slower, floor)
+    colourings = [choice if choice != "best" or c.over_rules > _TIME_EPSILON else "rules"
+                  for c in weighed]
+    parts = [c.prediction(colouring) for c, colouring in zip(weighed, colourings)]
+    p.cost_prediction = (sum(s for s, _ in parts), sum(v for _, v in parts))
     if choice == "rules":
         return
     if choice == "float32":
@@ -393,6 +410,16 @@ def _measured_region(p, shapes, target, region, fixed_half, node_seconds):
     if current == _INF or best == _INF:
         return None
     members = set(region)
-    float32 = _cost_of(tensors, weights, lambda c: c not in members and fixed_half(c),
-                       vertex_weights)
-    return RegionChoice(region, current - best, half, why, float32 - best, float32_time)
+
+    def half_in_float32(c):
+        return c not in members and fixed_half(c)
+
+    def half_in_best(c):
+        return c in half if c in members else fixed_half(c)
+
+    float32 = _cost_of(tensors, weights, half_in_float32, vertex_weights)
+    casts = {"best": _cost_of(tensors, weights, half_in_best),
+             "rules": _cost_of(tensors, weights, fixed_half),
+             "float32": _cost_of(tensors, weights, half_in_float32)}
+    return RegionChoice(region, current - best, half, why, float32 - best, float32_time,
+                        float32 - current, casts)
