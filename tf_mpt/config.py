@@ -40,6 +40,7 @@ TF_MPT_OP_COSTS = "TF_MPT_OP_COSTS"
 TF_MPT_COST_BATCH = "TF_MPT_COST_BATCH"
 TF_MPT_ALLREDUCE_DTYPE = "TF_MPT_ALLREDUCE_DTYPE"
 TF_MPT_KERAS = "TF_MPT_KERAS"
+TF_MPT_STEP_TIMING = "TF_MPT_STEP_TIMING"
 
 # (variable, default, meaning): the README's env-var table is checked against this by a test.
 ENV_VARS = (
@@ -96,6 +97,15 @@ ENV_VARS = (
      "tf_mpt rewrites the graphs Keras traces for fit / evaluate / predict, like a "
      "tf.function's; policy: the global mixed_float16 / mixed_bfloat16 dtype policy (layers "
      "compute and return half tensors; Keras's own LossScaleOptimizer for float16)."),
+    (TF_MPT_STEP_TIMING, "auto", "Whether a rewritten tf.function (a Keras step included) is "
+     "timed against its float32 original before it runs. auto: where the cost model measured "
+     "this CPU and its predicted saving is small beside the kernel and Cast times it sums "
+     "(under 30%); always: wherever the cost model measured this CPU and something was "
+     "converted; off: never. Both versions run a few times, alternating, on copies of the "
+     "function's variables and on made-up inputs of its argument shapes, in a Session of "
+     "their own (the script's variables and inputs are not touched); the function then runs "
+     "the faster one. A function with an op that acts outside its variables (printing, "
+     "summaries, queues, iterators, collectives, Python calls) is not timed."),
     (TF_MPT_CACHE_DIR, "(~/.cache/tf_mpt)", "Directory for the compiled Grappler optimizer "
      "(one file per TensorFlow version and compiler, with its SHA-256 beside it; "
      "$XDG_CACHE_HOME/tf_mpt when that is set). Used only if it is yours and not writable by "
@@ -124,6 +134,7 @@ _FALSE = ("0", "false", "no", "off")
 _DTYPES = ("float16", "bfloat16", "auto")
 _SESSION_REWRITES = ("grappler", "copy")
 KERAS_MODES = ("rewrite", "policy")
+STEP_TIMINGS = ("auto", "always", "off")
 ALLREDUCE_DTYPES = ("float32", "float16", "bfloat16", "auto")
 
 
@@ -249,6 +260,7 @@ class Config:
             dimension the graph leaves unknown (0: none; such sizes stay unknown).
         allreduce_dtype: 'float32', 'float16', 'bfloat16' or 'auto' (TF_MPT_ALLREDUCE_DTYPE).
         keras: 'rewrite' or 'policy' (TF_MPT_KERAS).
+        step_timing: 'auto', 'always' or 'off' (TF_MPT_STEP_TIMING).
     """
     list_add: tuple = ()
     list_remove: tuple = ()
@@ -267,6 +279,7 @@ class Config:
     cost_batch: int = DEFAULT_COST_BATCH
     allreduce_dtype: str = "float32"
     keras: str = "rewrite"
+    step_timing: str = "auto"
 
     @classmethod
     def from_env(cls, environ):
@@ -298,7 +311,9 @@ class Config:
                    op_costs=environ.get(TF_MPT_OP_COSTS, "").strip() or None,
                    cost_batch=_parse_cost_batch(environ),
                    allreduce_dtype=allreduce_dtype_from_env(environ),
-                   keras=_parse_choice(environ, TF_MPT_KERAS, KERAS_MODES, "rewrite"))
+                   keras=_parse_choice(environ, TF_MPT_KERAS, KERAS_MODES, "rewrite"),
+                   step_timing=_parse_choice(environ, TF_MPT_STEP_TIMING, STEP_TIMINGS,
+                                             "auto"))
 
     def loss_scaling_for(self, dtype):
         """Whether the automatic path scales the loss for `dtype` ('float16'/'bfloat16').

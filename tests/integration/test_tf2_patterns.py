@@ -89,13 +89,15 @@ def test_pattern_keeps_user_visible_dtypes_and_float32_losses(runs, pattern, dty
 @pytest.mark.parametrize("pattern", GRAPH)
 def test_traced_pattern_runs_its_matrix_products_in_half(runs, pattern, dtype):
     """...or, for bfloat16 (its cost model is on by default), where the cost model keeps them
-    float32 (the GAN's 8-32 wide layers: the Casts cost more than bfloat16 saves), the
-    summary line says so."""
+    float32 (the GAN's 8-32 wide layers: the Casts cost more than bfloat16 saves), or where
+    timing the step against float32 found it no faster (TF_MPT_STEP_TIMING), the INFO lines
+    say so."""
     _runnable(pattern)
     float32, (mixed, stderr) = runs["float32"][0][pattern], runs[dtype]
     assert float32["half_ops"] == 0 and float32["matrix_ops"] > 0
     if mixed[pattern]["half_ops"] == 0 and dtype == "bfloat16":
-        assert "kept float32 by the cost model" in stderr
+        assert ("kept float32 by the cost model" in stderr
+                or "it runs in float32, as traced" in stderr), stderr[-3000:]
         return
     assert mixed[pattern]["half_ops"] > 0, mixed[pattern]
 

@@ -22,6 +22,7 @@ import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops as _resource_variable_ops
 
 from tf_mpt.rewrite import function_bodies as _function_library
+from tf_mpt.rewrite import step_timing as _timing
 from tf_mpt.rewrite import type_attrs as _ta
 from tf_mpt import _dtypes
 from tf_mpt import config as _config
@@ -64,9 +65,24 @@ def rewrite_function(concrete_function, *, dtype="float16", config=None, jit_com
             tf_mpt.rewrite_graph_def).
     """
     _check_concrete_function(concrete_function)
+    return _rewrite_concrete(concrete_function, dtype, config, jit_compile, target).function
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rewritten:
+    """function: the rebuilt ConcreteFunction, or the input when nothing changed (or it could
+    not be rebuilt); graph_def: the rewritten graph it was rebuilt from, its library
+    (renamed) included, where step_timing.worth_timing (else None); report: the rewrite's
+    report."""
+    function: object
+    graph_def: object = None
+    report: object = None
+
+
+def _rewrite_concrete(cf, dtype, config, jit_compile, target, timed=False):
+    """timed: keep the rewritten graph where step_timing.worth_timing (tf_mpt.function)."""
     config = _rewrite.with_target(config, target)
     dtype_name = _dtypes.parse(dtype).name
-    cf = concrete_function
     graph_def = cf.graph.as_graph_def()
     fetches = [t.op.name for t in cf.outputs] + [t.op.name for t in cf.inputs]
     control_outputs = [op.name for op in cf.graph.control_outputs if op.name not in fetches]
@@ -76,15 +92,20 @@ def rewrite_function(concrete_function, *, dtype="float16", config=None, jit_com
                                            shapes=lambda: _shapes.shapes_of_graph(cf.graph),
                                            config=config, control_outputs=control_outputs)
     if not result.modified:
-        return cf
+        return _Rewritten(cf, report=result.report)
     graph_def = _rename_library(result.graph_def, f"_tf_mpt_{dtype_name}")
+    whole = None  # kept only for a function to be timed (step_timing)
+    if timed and _timing.worth_timing(result.report, config):
+        whole = type(graph_def)()
+        whole.CopyFrom(graph_def)
     try:
         library = _register_library(graph_def)
-        return _function_from_graph_def(cf, graph_def, library, jit_compile)
+        return _Rewritten(_function_from_graph_def(cf, graph_def, library, jit_compile),
+                          whole, result.report)
     except Exception as error:  # pylint: disable=broad-except
         _log.warning("tf_mpt could not rebuild function %s from its rewritten graph (%s: %s); "
                      "it is left unchanged in float32.", _text(cf.name), type(error).__name__, error)
-        return cf
+        return _Rewritten(cf, report=result.report)
 
 
 def _rename_library(graph_def, suffix):
@@ -296,14 +317,50 @@ class Function:
                               "mixed precision: a layer's dtype policy, or a global one), so "
                               "it is not converted again", getattr(self, "__name__", "?"), own)
                     return original
-                config, batch = None, _shapes.leading_size((args, kwargs)) if called else None
+                config = _config.Config.from_env(os.environ)
+                batch = _shapes.leading_size((args, kwargs)) if called else None
                 if batch is not None:
-                    config = dataclasses.replace(_config.Config.from_env(os.environ),
-                                                 cost_batch=batch)
-                rewritten = rewrite_function(original, dtype=self._dtype, config=config,
-                                             jit_compile=self._jit_compile, target=self._target)
+                    config = dataclasses.replace(config, cost_batch=batch)
+                done = _rewrite_concrete(original, self._dtype, config, self._jit_compile,
+                                         self._target, timed=True)
+                rewritten = done.function
+                if rewritten is not original and done.graph_def is not None:
+                    rewritten = self._faster(original, done, config.cost_batch)
                 self._rewritten[original.name] = rewritten
         return rewritten
+
+    def _faster(self, original, done, batch):
+        """The faster of `original` and `done.function`, timed side by side (step_timing);
+        the rewritten one when they cannot be timed safely."""
+        name = getattr(self, "__name__", _text(original.name))
+        report = done.report
+        prediction = (f"the cost model predicted {report.predicted_saving * 1e3:.2f} ms saved "
+                      f"per run of {report.predicted_changed * 1e3:.2f} ms of kernel and Cast "
+                      "time it adds up")
+        try:
+            if self._jit_compile:
+                raise _timing.NotTimed("XLA compiles it (jit_compile), which the timing "
+                                       "would not")
+            if tf.distribute.has_strategy():
+                raise _timing.NotTimed("it runs under a tf.distribute strategy, on devices "
+                                       "the timing would not use")
+            timing = _timing.time_both(original, done.graph_def, batch)
+        except _timing.NotTimed as reason:
+            _log.info("tf_mpt did not time tf.function %s against float32: %s; it runs in "
+                      "mixed precision (%s)", name, reason, prediction)
+            return done.function
+        except Exception as error:  # pylint: disable=broad-except
+            _log.warning("tf_mpt could not time tf.function %s against float32 (%s: %s); it "
+                         "runs in mixed precision as the cost model chose", name,
+                         type(error).__name__, error)
+            return done.function
+        if timing.mixed_faster:
+            _log.info("tf_mpt timed tf.function %s on copies of its variables: %s; it runs in "
+                      "mixed precision (%s)", name, timing.describe(), prediction)
+            return done.function
+        _log.info("tf_mpt timed tf.function %s on copies of its variables: %s; it runs in "
+                  "float32, as traced (%s)", name, timing.describe(), prediction)
+        return original
 
     def __call__(self, *args, **kwargs):
         rewritten = self._concrete(args, kwargs, called=True)

@@ -1,0 +1,234 @@
+"""Timing a rewritten tf.function against its float32 original, where the cost model's
+prediction is too small to trust.
+
+The cost model adds up measured kernel and Cast times op by op; what it does not see (cache
+traffic between ops, the executor, fusions Grappler makes in one version and not the other)
+can be a few percent of a step either way. Where its predicted saving is small beside the
+times it adds up (`worth_timing`), both versions are run and timed, and the function keeps
+the faster one:
+
+    sandbox graph:  copies of the function's variables (their current values) and of its
+                    other captures; made-up inputs of its argument shapes (a leading
+                    dimension the trace left unknown: the batch it is costed at)
+                    float32/...  the original graph      } both imported, reading and
+                    mixed/...    the rewritten graph     } updating the same copies
+    Session of its own: one warm-up run each, then up to ROUNDS rounds of one run each,
+                    alternating which goes first, within BUDGET_SECONDS
+    verdict:        the median over rounds of mixed / float32 time; above 1: float32
+
+Nothing the script owns is touched: not its variables, its inputs, its iterators or its
+random state. A function with a stateful op outside the known-safe set (`_unsafe_ops`:
+printing, summaries, queues, iterators, tables, collectives, Python calls, file writes)
+is not timed, nor one whose captures are not plain variables or tensors.
+"""
+
+import dataclasses
+import logging
+import statistics
+import time
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.framework import op_def_registry as _op_def_registry
+
+from tf_mpt import _state
+from tf_mpt.rewrite import function_bodies as _function_library
+
+_log = logging.getLogger(__name__)
+
+THIN = 0.3  # auto: time where the predicted saving is below this share of what it adds up
+ROUNDS = 7
+MIN_ROUNDS = 3
+BUDGET_SECONDS = 20.0  # of timed rounds, after the warm-up runs
+MAX_COPY_BYTES = 1 << 30  # the variables and inputs a sandbox may copy
+_RUN_TIMEOUT_MS = 120_000
+
+# Stateful ops whose state is the function's own (its variables, its random draws, state
+# made and dropped within one run): running them on copies changes nothing outside.
+_SAFE_STATEFUL = frozenset((
+    "ReadVariableOp", "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
+    "VarIsInitializedOp", "VariableShape", "ResourceGather", "ResourceGatherNd",
+    "ResourceScatterAdd", "ResourceScatterSub", "ResourceScatterMul", "ResourceScatterDiv",
+    "ResourceScatterMin", "ResourceScatterMax", "ResourceScatterUpdate",
+    "ResourceScatterNdAdd", "ResourceScatterNdSub", "ResourceScatterNdUpdate",
+    "ResourceStridedSliceAssign",
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+    "RandomShuffle", "RandomGamma", "RandomPoisson", "RandomPoissonV2", "Multinomial",
+    "ParameterizedTruncatedNormal", "StatefulUniform", "StatefulUniformInt",
+    "StatefulUniformFullInt", "StatefulStandardNormalV2", "StatefulTruncatedNormal",
+    "RngReadAndSkip", "RngSkip",
+    "While", "If", "Case", "StatefulPartitionedCall", "PartitionedCall",
+    "Assert", "CheckNumerics", "CheckNumericsV2",
+    "TensorArrayV3", "TensorArrayGradV3", "TensorArrayWriteV3", "TensorArrayReadV3",
+    "TensorArrayGatherV3", "TensorArrayScatterV3", "TensorArraySizeV3",
+    "TensorArrayCloseV3", "TensorArrayConcatV3", "TensorArraySplitV3",
+    "StackV2", "StackPushV2", "StackPopV2", "StackCloseV2",
+))
+_SAFE_STATEFUL_PREFIXES = ("ResourceApply", "ResourceSparseApply")
+
+
+class NotTimed(Exception):
+    """The function cannot be timed safely; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Seconds per run of each version, one entry per round (paired by index)."""
+    mixed: tuple
+    float32: tuple
+
+    @property
+    def ratio(self):
+        """Median over rounds of mixed / float32: below 1, the mixed version is faster."""
+        return statistics.median(m / f for m, f in zip(self.mixed, self.float32))
+
+    @property
+    def mixed_faster(self):
+        return self.ratio <= 1.0
+
+    def describe(self):
+        return (f"mixed precision {statistics.median(self.mixed) * 1e3:.1f} ms, float32 "
+                f"{statistics.median(self.float32) * 1e3:.1f} ms per run (median of "
+                f"{len(self.mixed)} paired runs: {self.ratio:.3f}x the time)")
+
+
+def worth_timing(report, config):
+    """Whether a function rewritten with `report` is timed under `config` (a tf_mpt.Config):
+    never with TF_MPT_STEP_TIMING=off, nor where the decisions were not made for this CPU
+    (TF_MPT_TARGET=rules or a cost table of another machine; the op lists alone), nor where
+    nothing was converted; with 'always' otherwise; with 'auto' where the predicted saving is
+    below THIN of the kernel and Cast times it adds up."""
+    if (config.step_timing == "off" or report is None or not report.converted_nodes
+            or config.target not in ("auto", "here") or report.target == "rules"):
+        return False
+    if config.step_timing == "always":
+        return True
+    return report.predicted_saving < THIN * report.predicted_changed
+
+
+def time_both(concrete_function, mixed_graph_def, batch, rounds=ROUNDS,
+              budget_seconds=BUDGET_SECONDS):
+    """Times `concrete_function` (float32) against `mixed_graph_def` (its rewritten graph:
+    the same inputs, outputs and captures) in a sandbox Session. Returns a Timing; raises
+    NotTimed when that cannot be done safely."""
+    cf = concrete_function
+    original_def = cf.graph.as_graph_def()
+    unsafe = _unsafe_ops(original_def) | _unsafe_ops(mixed_graph_def)
+    if unsafe:
+        raise NotTimed(f"it runs op(s) with effects outside its variables: "
+                       f"{', '.join(sorted(unsafe)[:5])}")
+    with tf.init_scope():  # values are read eagerly, also while an outer function traces
+        graph, fetches, init = _sandbox(cf, original_def, mixed_graph_def, batch)
+    # bypass: the automatic path leaves this Session as TensorFlow makes it (its TF1 rewrite
+    # would otherwise convert the float32 version too)
+    with _state.bypass(), tf.compat.v1.Session(graph=graph) as session:
+        options = tf.compat.v1.RunOptions(timeout_in_ms=_RUN_TIMEOUT_MS)
+        try:
+            session.run(init, options=options)
+            for name in ("float32", "mixed"):  # Grappler and kernel set-up, untimed
+                session.run(fetches[name], options=options)
+            times = {"float32": [], "mixed": []}
+            start = time.perf_counter()
+            for index in range(rounds):
+                order = ("mixed", "float32") if index % 2 == 0 else ("float32", "mixed")
+                for name in order:
+                    began = time.perf_counter()
+                    session.run(fetches[name], options=options)
+                    times[name].append(time.perf_counter() - began)
+                spent = time.perf_counter() - start
+                if spent * min(MIN_ROUNDS, rounds) / (index + 1) > budget_seconds:
+                    raise NotTimed(f"one round of both takes {spent / (index + 1):.1f} s: "
+                                   f"{MIN_ROUNDS} rounds do not fit in {budget_seconds:.0f} s")
+                if spent > budget_seconds:
+                    break
+        except tf.errors.OpError as error:
+            lines = [line for line in error.message.splitlines()
+                     if line.strip() and not line.startswith("Graph execution error")]
+            raise NotTimed(f"a run on made-up inputs failed ({type(error).__name__}: "
+                           f"{(lines or [''])[0][:200]})") from None
+    return Timing(tuple(times["mixed"]), tuple(times["float32"]))
+
+
+def _unsafe_ops(graph_def):
+    """Op types of the graph and its functions that are stateful and not known to be safe."""
+    found = set()
+    for node in _function_library.all_nodes(graph_def):
+        op = node.op
+        if op in _SAFE_STATEFUL or op.startswith(_SAFE_STATEFUL_PREFIXES):
+            continue
+        op_def = _op_def_registry.get(op)
+        if op_def is None:
+            if not any(f.signature.name == op for f in graph_def.library.function):
+                found.add(op)  # not a registered op: nothing known about it
+        elif op_def.is_stateful:
+            found.add(op)
+    return found
+
+
+def _sandbox(cf, original_def, mixed_def, batch):
+    """(graph, {'float32': fetches, 'mixed': fetches}, initializer) of the sandbox. Called
+    eagerly: the captures' values are read before the graph is built."""
+    captured = list(cf.captured_inputs)
+    n_args = len(cf.inputs) - len(captured)
+    owners = {id(v.handle): v for v in cf.graph.variables}
+    rng = np.random.RandomState(0)
+    values = [(p.name, _made_up(p, batch, rng), "input") for p in cf.inputs[:n_args]]
+    copied = sum(value.nbytes for _, value, _ in values)
+    for placeholder, tensor in zip(cf.inputs[n_args:], captured):
+        if tensor.dtype == tf.resource:
+            owner = owners.get(id(tensor))
+            if owner is None or not hasattr(owner, "numpy"):
+                raise NotTimed(f"it captures a resource that is not a plain variable "
+                               f"({placeholder.name})")
+            elements = owner.shape.num_elements()
+            if elements is None or owner.dtype == tf.string:
+                raise NotTimed(f"it captures variable {owner.name} of shape {owner.shape} "
+                               f"and dtype {owner.dtype.name}: no copy of known size")
+            copied += elements * owner.dtype.size
+            if copied > MAX_COPY_BYTES:
+                raise NotTimed(f"copies of its variables would take over "
+                               f"{MAX_COPY_BYTES >> 20} MiB")
+            values.append((placeholder.name, owner.numpy(), "copy"))
+        else:
+            values.append((placeholder.name, tensor.numpy(), "constant"))
+    graph = tf.Graph()
+    made, input_map = [], {}
+    with graph.as_default():
+        for name, value, kind in values:
+            if kind == "constant":
+                input_map[name] = tf.constant(value)
+                continue
+            variable = tf.Variable(value, trainable=False, name=kind)
+            made.append(variable)
+            input_map[name] = variable.value() if kind == "input" else variable.handle
+        outputs = [t.name for t in cf.outputs]
+        controls = [op.name for op in cf.graph.control_outputs]
+        fetches = {}
+        try:
+            for name, graph_def in (("float32", original_def), ("mixed", mixed_def)):
+                fetches[name] = tf.graph_util.import_graph_def(
+                    graph_def, input_map=input_map, return_elements=outputs + controls,
+                    name=name)
+        except (ValueError, TypeError, tf.errors.OpError) as error:
+            raise NotTimed(f"its graphs did not import side by side ({error})") from None
+        init = tf.compat.v1.variables_initializer(made)
+    return graph, fetches, init
+
+
+def _made_up(placeholder, batch, rng):
+    """An input of the placeholder's shape (an unknown leading dimension: `batch`): normal
+    noise for floats, zeros for integers and booleans (always a valid index or label)."""
+    dims = placeholder.shape.as_list() if placeholder.shape.rank is not None else None
+    if dims is None:
+        raise NotTimed(f"argument {placeholder.name} has an unknown rank")
+    if dims and dims[0] is None and batch:
+        dims[0] = batch
+    if any(d is None for d in dims):
+        raise NotTimed(f"argument {placeholder.name} has shape {placeholder.shape}: a size "
+                       "other than the batch is unknown")
+    dtype = placeholder.dtype
+    if dtype.is_floating:
+        return rng.standard_normal(dims).astype(dtype.as_numpy_dtype)
+    if dtype.is_integer or dtype.is_bool:
+        return np.zeros(dims, dtype.as_numpy_dtype)
+    raise NotTimed(f"argument {placeholder.name} is {dtype.name}: no made-up value for it")
