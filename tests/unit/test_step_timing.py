@@ -143,3 +143,12 @@ def test_tf_mpt_function_runs_the_version_timed_faster(monkeypatch, caplog, floa
         assert matmuls == {tf.bfloat16}
         assert "0.500x the time); it runs in mixed precision" in messages[0]
     np.testing.assert_array_equal(acc.numpy(), np.full((64, WIDTH), 0.25, np.float32))
+
+
+def test_a_step_too_slow_for_the_budget_stops_after_one_round():
+    step, _, acc = _step()
+    cf = step.get_concrete_function()
+    with pytest.raises(_timing.NotTimed, match=r"one round of both takes \d+\.\d s: 3 rounds "
+                                                r"do not fit in 0 s"):
+        _timing.time_both(cf, _mixed_graph_def(cf), batch=64, budget_seconds=0.0)
+    assert not acc.numpy().any()
