@@ -65,7 +65,8 @@ class RewriteReport:
             whose elements were switched to half across the loops that carry them.
         predicted_saving: with the cost model on, the seconds per run it predicts the
             rewritten graph saves over running all of it float32 (0.0: off, or nothing kept
-            half by it); the graph's and its functions' together.
+            half by it); the graph's and its functions' together, a loop body's counted once
+            (per iteration: its trip count is not known).
         predicted_changed: the seconds per run of faster kernels and of Casts that prediction
             adds up (its size: a saving small beside it is uncertain).
     """

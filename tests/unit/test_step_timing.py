@@ -4,6 +4,7 @@ kernel times the cost model reads are the injected Zen 4 table (conftest)."""
 
 import dataclasses
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -135,6 +136,8 @@ def test_tf_mpt_function_runs_the_version_timed_faster(monkeypatch, caplog, floa
     matmuls = {op.get_attr("T") for op in graph.get_operations() if op.type == "MatMul"}
     messages = [r.getMessage() for r in caplog.records if "timed tf.function" in r.getMessage()]
     assert len(messages) == 1
+    assert re.search(r"\(the cost model predicted a saving of \d+% of the kernel and Cast "
+                     r"time it adds up\)$", messages[0]), messages[0]
     if float32_faster:
         assert matmuls == {tf.float32}
         assert "(median of 3 paired runs: 2.000x the time); it runs in float32, as traced" \

@@ -334,9 +334,9 @@ class Function:
         the rewritten one when they cannot be timed safely."""
         name = getattr(self, "__name__", _text(original.name))
         report = done.report
-        prediction = (f"the cost model predicted {report.predicted_saving * 1e3:.2f} ms saved "
-                      f"per run of {report.predicted_changed * 1e3:.2f} ms of kernel and Cast "
-                      "time it adds up")
+        share = report.predicted_saving / max(report.predicted_changed, 1e-12)
+        prediction = (f"the cost model predicted a saving of {share:.0%} of the kernel and "
+                      "Cast time it adds up")
         try:
             if self._jit_compile:
                 raise _timing.NotTimed("XLA compiles it (jit_compile), which the timing "
