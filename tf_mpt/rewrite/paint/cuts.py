@@ -32,6 +32,7 @@ which match Grappler's), and among the cheapest colourings the one with the most
 
 import collections
 import dataclasses
+import math
 
 from tf_mpt.rewrite.paint import cost as _cost
 from tf_mpt.rewrite.paint import shapes as _shapes
@@ -298,11 +299,14 @@ class RegionChoice:
 
     def prediction(self, colouring):
         """(seconds saved over F, seconds of kernel savings and Casts in that sum) when the
-        region takes `colouring` ('best', 'rules' or 'float32')."""
+        region takes `colouring` ('best', 'rules' or 'float32'); (0, 0) where that is
+        unknown (an allow op pinned half because its size is: float32 would cost 'infinity')."""
         if colouring == "float32":
             return 0.0, 0.0
         saved = self.over_float32 if colouring == "best" else self.rules_over_float32
         casts = self.casts[colouring] - self.casts["float32"]
+        if not (math.isfinite(saved) and math.isfinite(casts)):
+            return 0.0, 0.0
         return saved, abs(saved + casts) + abs(casts)
 
 
