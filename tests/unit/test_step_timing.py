@@ -155,3 +155,13 @@ def test_a_step_too_slow_for_the_budget_stops_after_one_round():
                                                 r"do not fit in 0 s"):
         _timing.time_both(cf, _mixed_graph_def(cf), batch=64, budget_seconds=0.0)
     assert not acc.numpy().any()
+
+
+def test_variables_too_big_to_copy_are_not_timed(monkeypatch):
+    """w [512x512] float32 alone is 1 MiB: above a 1 MiB bound with the input and acc."""
+    monkeypatch.setattr(_timing, "MAX_COPY_BYTES", 1 << 20)
+    step, _, _ = _step()
+    cf = step.get_concrete_function()
+    with pytest.raises(_timing.NotTimed, match=r"copies of its variables would take over "
+                                                r"1 MiB"):
+        _timing.time_both(cf, _mixed_graph_def(cf), batch=64)

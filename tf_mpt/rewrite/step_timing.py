@@ -152,17 +152,16 @@ def time_both(concrete_function, mixed_graph_def, batch, rounds=ROUNDS,
 
 
 def _unsafe_ops(graph_def):
-    """Op types of the graph and its functions that are stateful and not known to be safe."""
+    """Op types of the graph and its functions that are stateful and not known to be safe
+    (an op TensorFlow does not know, nor the library defines, is: nothing is known of it)."""
+    library = {f.signature.name for f in graph_def.library.function}
     found = set()
     for node in _function_library.all_nodes(graph_def):
         op = node.op
-        if op in _SAFE_STATEFUL or op.startswith(_SAFE_STATEFUL_PREFIXES):
+        if op in library or op in _SAFE_STATEFUL or op.startswith(_SAFE_STATEFUL_PREFIXES):
             continue
         op_def = _op_def_registry.get(op)
-        if op_def is None:
-            if not any(f.signature.name == op for f in graph_def.library.function):
-                found.add(op)  # not a registered op: nothing known about it
-        elif op_def.is_stateful:
+        if op_def is None or op_def.is_stateful:
             found.add(op)
     return found
 

@@ -294,8 +294,8 @@ class RegionChoice:
     why: dict
     over_float32: float
     float32_time: float
-    rules_over_float32: float = 0.0
-    casts: dict = dataclasses.field(default_factory=dict)
+    rules_over_float32: float
+    casts: dict
 
     def prediction(self, colouring):
         """(seconds saved over F, seconds of kernel savings and Casts in that sum) when the
@@ -356,13 +356,9 @@ def choose_precision_by_measured_cost(p):
                   for c in weighed]
     parts = [c.prediction(colouring) for c, colouring in zip(weighed, colourings)]
     p.cost_prediction = (sum(s for s, _ in parts), sum(v for _, v in parts))
-    if choice == "rules":
-        return
-    if choice == "float32":
-        plan = [(c.region, c.over_rules - c.over_float32, set(), c.why) for c in weighed]
-    else:
-        plan = [(c.region, c.over_rules, c.half, c.why) for c in weighed
-                if c.over_rules > _TIME_EPSILON]
+    plan = [(c.region, c.over_rules - c.over_float32, set(), c.why) if colouring == "float32"
+            else (c.region, c.over_rules, c.half, c.why)
+            for c, colouring in zip(weighed, colourings) if colouring != "rules"]
     assumed = getattr(shape_table, "assumed", ())
     for region, gain, half, why in plan:
         summary = (f"the region of {len(region)} op(s) then runs ~{gain * 1e6:.1f} us faster "
