@@ -19,6 +19,35 @@ import pytest  # noqa: E402
 from support.tolerances import HALF_DTYPES  # noqa: E402
 
 
+MEASURES_THIS_CPU = "measures_this_cpu"
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", f"{MEASURES_THIS_CPU}: the test times kernels on this machine (its verdict "
+        "must hold whichever way this CPU's clock goes)")
+
+
+@pytest.fixture(autouse=True)
+def _no_verdict_from_this_cpus_clock(request, monkeypatch):
+    """A test reads the injected table, never kernels timed on this machine: a configuration
+    that escapes the suite's table (a bare Config(), an environment without TF_MPT_OP_COSTS)
+    would decide by this CPU's clock and pass on one CPU kind and fail on another (the AMX
+    kind keeps float32 what Zen 4 converts). Measuring fails the test at once, on every
+    machine; a test about measuring itself carries @pytest.mark.measures_this_cpu."""
+    if request.node.get_closest_marker(MEASURES_THIS_CPU):
+        return
+    from tf_mpt.rewrite.paint import op_costs  # pylint: disable=import-outside-toplevel
+
+    def measuring(directory, dtype, nodes=None, ops=None):
+        raise AssertionError(
+            f"this test timed {dtype} kernels on this machine (nodes={bool(nodes)}, ops="
+            f"{sorted(ops) if ops else ops}): its verdict would depend on this CPU's clock. "
+            "Build the configuration with Config.from_env (the suite's TF_MPT_OP_COSTS table) "
+            "or mark the test @pytest.mark.measures_this_cpu")
+    monkeypatch.setattr(op_costs, "_in_child", measuring)
+
+
 @pytest.fixture(params=HALF_DTYPES)
 def half_dtype(request):
     return request.param

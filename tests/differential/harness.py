@@ -2,9 +2,18 @@
 
 `run_pair(source, dtype, timeout)` runs `python -c source` twice, each in a subprocess with a
 timeout: once with no TF_MPT_* variable at all (the float32 reference) and once with
-TF_MPT_ENABLE=1 TF_MPT_DTYPE=<dtype>. Both get PYTHONPATH=<repo root> (the tf_mpt under test
-is this checkout's) and TF_CPP_MIN_LOG_LEVEL=2; TF_USE_LEGACY_KERAS=1 only when asked (the
-tf_keras RNN cells). A program prints one JSON line last: {"names": [...], "values": [...]}.
+TF_MPT_ENABLE=1 TF_MPT_DTYPE=<dtype>, plus the caller's TF_MPT_OP_COSTS, TF_MPT_STEP_TIMING
+and TF_MPT_CACHE_DIR (KEPT_VARIABLES: under pytest, the suite's injected cost table and no
+step timing, so the mixed run's decisions are the same on every CPU). Both get
+PYTHONPATH=<repo root> (the tf_mpt under test is this checkout's) and TF_CPP_MIN_LOG_LEVEL=2;
+TF_USE_LEGACY_KERAS=1 only when asked (the tf_keras RNN cells). A program prints one JSON
+line last: {"names": [...], "values": [...]}.
+
+Each run is observed (tests/support/half_ops.py, through a sitecustomize on PYTHONPATH), which
+counts the half-precision ops TensorFlow executed (the partition graphs of every Session.run
+and function call): Run.half_ops. A pair whose
+mixed run executed no half op compared float32 with float32 and proves nothing
+(Verdict.real_half is False; the tests fail on it, the command line counts it).
 
 The mixed run is *worse* (Verdict.kind) when, in this order of precedence:
     "timeout"    it did not finish within `timeout` s while the reference did (a hang);
@@ -51,8 +60,13 @@ try:  # imported as tests.differential.harness (python -m) or differential.harne
 except ImportError:  # run as a plain script
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import programs
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import half_ops  # noqa: E402  pylint: disable=wrong-import-position
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+# The caller's variables the mixed run keeps: what its decisions read (a cost table standing
+# in for this CPU, step timing on or off) and the compiled optimizer's cache.
+KEPT_VARIABLES = ("TF_MPT_OP_COSTS", "TF_MPT_STEP_TIMING", "TF_MPT_CACHE_DIR")
 
 # |mixed - fp32| <= rtol * |fp32| + atol for every value (losses after a few training steps,
 # eval losses, predictions). bfloat16 has a 7-bit mantissa (unit roundoff 3.9e-3), float16 a
@@ -102,6 +116,17 @@ class Run:
     def failed(self):
         return self.timed_out or self.returncode != 0 or self.result is None
 
+    @property
+    def observed(self):
+        """What half_ops counted ({'half_ops', 'float_ops', 'half_types'}), or None (the
+        program never imported TensorFlow, or died first)."""
+        return half_ops.parse(self.stderr)
+
+    @property
+    def half_ops(self):
+        """Distinct nodes TensorFlow executed with a half type attr T (0 if not counted)."""
+        return (self.observed or {}).get("half_ops", 0)
+
     def stderr_tail(self, limit=STDERR_TAIL):
         return self.stderr[-limit:]
 
@@ -117,6 +142,7 @@ class Verdict:
     warnings: list = dataclasses.field(default_factory=list)
     label: str = ""        # what the program is (ProgramSpec.describe()), for reports
     known: object = None   # the programs.KNOWN_DIFFERENCES entry it matches, if any
+    eager: bool = False    # an eager program (ProgramSpec.eager): no half op is expected
 
     @property
     def ok(self):
@@ -128,15 +154,30 @@ class Verdict:
 
     @property
     def mixed_enabled(self):
-        """Whether the mixed run logged that tf_mpt's automatic path was on (if it was not,
-        the pair compared float32 with float32 and proves nothing)."""
+        """Whether the mixed run logged that tf_mpt's automatic path was on."""
         return ENABLED_LINE in self.mixed.stderr
+
+    @property
+    def real_half(self):
+        """Whether the pair compared half compute with float32: the mixed run executed half
+        ops and the reference none (else it compared float32 with float32)."""
+        return self.mixed.half_ops > 0 and self.reference.half_ops == 0
+
+    @property
+    def half_as_expected(self):
+        """Half compute where the program runs graphs; none where it runs eagerly."""
+        if self.eager:
+            return self.mixed.half_ops == 0 and self.reference.half_ops == 0
+        return self.real_half
 
     def report(self):
         """Everything needed to reproduce and judge a differing run."""
         env = " ".join(f"{k}={v}" for k, v in sorted(self.mixed.env.items()))
         lines = [f"[{self.kind}] {self.dtype} {self.label}".rstrip(),
                  f"  detail: {self.detail}",
+                 f"  half ops executed: mixed {self.mixed.half_ops} "
+                 f"{(self.mixed.observed or {}).get('half_types', {})}, float32 "
+                 f"{self.reference.half_ops}",
                  f"  mixed run: {env} (exit {self.mixed.returncode}, "
                  f"{self.mixed.seconds:.1f} s); float32 run: exit "
                  f"{self.reference.returncode}, {self.reference.seconds:.1f} s"]
@@ -166,26 +207,28 @@ def base_env(legacy_keras=False):
     return env
 
 
-def mixed_env_vars(dtype, loss_scale=None):
+def mixed_env_vars(dtype, loss_scale=None, target=None):
     """The TF_MPT_* variables of the mixed run. loss_scale: None picks the harness default
     (FLOAT16_NUMERIC_LOSS_SCALE for float16, tf_mpt's default otherwise); "dynamic" leaves
-    tf_mpt's default dynamic scaling; a number sets a static scale."""
-    extra = dict(TF_MPT_ENABLE="1", TF_MPT_DTYPE=dtype)
+    tf_mpt's default dynamic scaling; a number sets a static scale. target: TF_MPT_TARGET
+    (None: tf_mpt's default, `auto`)."""
+    extra = {k: os.environ[k] for k in KEPT_VARIABLES if os.environ.get(k)}
+    extra.update(TF_MPT_ENABLE="1", TF_MPT_DTYPE=dtype)
+    if target is not None:
+        extra["TF_MPT_TARGET"] = target
     if loss_scale is None and dtype == "float16":
         loss_scale = FLOAT16_NUMERIC_LOSS_SCALE
     if loss_scale is not None and loss_scale != "dynamic":
         extra["TF_MPT_LOSS_SCALE"] = str(loss_scale)
-    # The compiled Grappler optimizer's cache does not change behaviour; keep the caller's
-    # cache so a run does not recompile it (about 10 s).
-    if os.environ.get("TF_MPT_CACHE_DIR"):
-        extra["TF_MPT_CACHE_DIR"] = os.environ["TF_MPT_CACHE_DIR"]
     return extra
 
 
 def run_source(source, extra_env, timeout, legacy_keras=False):
-    """Runs `python -c source` with base_env() + extra_env; never raises for the program."""
+    """Runs `python -c source` with base_env() + extra_env, observed (half_ops counts the
+    half ops it executes); never raises for the program."""
     env = base_env(legacy_keras)
     env.update(extra_env)
+    env = half_ops.observed_env(env)
     shown = dict(extra_env)
     if legacy_keras:
         shown["TF_USE_LEGACY_KERAS"] = "1"
@@ -248,14 +291,14 @@ def judge(source, dtype, reference, mixed, compare_values=True, tolerance=None):
 
 
 def run_pair(source, dtype, timeout=DEFAULT_TIMEOUT_S, *, legacy_keras=False, loss_scale=None,
-             compare_values=True, tolerance=None, reference=None, parallel=True):
+             compare_values=True, tolerance=None, reference=None, parallel=True, target=None):
     """Runs `source` in float32 and with TF_MPT_ENABLE=1 TF_MPT_DTYPE=dtype; a Verdict.
 
     reference: a Run of the same source in float32 to reuse (one reference for several
     dtypes). parallel: run the two subprocesses at the same time (2 cores: about half the
     wall time). See mixed_env_vars for loss_scale, judge for the rest.
     """
-    mixed_vars = mixed_env_vars(dtype, loss_scale)
+    mixed_vars = mixed_env_vars(dtype, loss_scale, target)
     if reference is not None:
         mixed = run_source(source, mixed_vars, timeout, legacy_keras)
     elif parallel:
@@ -343,9 +386,11 @@ def run_spec(spec, variants, timeout=DEFAULT_TIMEOUT_S):
     for name in variants:
         dtype, loss_scale, compare = VARIANTS[name]
         verdict = run_pair(source, dtype, timeout, legacy_keras=spec.needs_legacy_keras,
-                           loss_scale=loss_scale, compare_values=compare, reference=reference)
+                           loss_scale=loss_scale, compare_values=compare, reference=reference,
+                           target=spec.target)
         reference = verdict.reference
         verdict.label = f"({name}) {spec.describe()}"
+        verdict.eager = spec.eager
         verdict.known = programs.known_difference(spec, dtype) if verdict.worse else None
         verdicts.append(verdict)
     return verdicts
@@ -362,14 +407,19 @@ def run_profile(specs, variants, alternate=False, timeout=DEFAULT_TIMEOUT_S, log
         if log:
             log(f"[{i + 1}/{len(specs)}] {time.monotonic() - began:5.1f} s "
                 + " ".join(f"{v.dtype}{'(dyn)' if 'dynamic' in v.label else ''}="
-                           f"{v.kind}{'(known)' if v.known else ''}" for v in results)
+                           f"{v.kind}{'(known)' if v.known else ''}[{v.mixed.half_ops} half ops]"
+                           for v in results)
                 + f"  {spec.describe()}")
     return verdicts
 
 
 def counts(verdicts):
-    """{'pairs': n, 'ok': n, 'known': n, kind: n for every worse/invalid kind seen}."""
+    """{'pairs': n, 'ok': n, 'known': n, kind: n for every worse/invalid kind seen,
+    'real_half': pairs that compared half compute with float32, per dtype too}."""
     out = {"pairs": len(verdicts), OK: 0, "known": 0}
+    for dtype in sorted({v.dtype for v in verdicts}):
+        of_dtype = [v for v in verdicts if v.dtype == dtype]
+        out[f"real_half_{dtype}"] = f"{sum(v.real_half for v in of_dtype)}/{len(of_dtype)}"
     for v in verdicts:
         if v.ok:
             out[OK] += 1
@@ -427,12 +477,16 @@ def main(argv=None):
     if lines:
         print("\ntf_mpt log lines (not routine) in mixed runs:\n" + _indent("\n".join(lines)))
     not_enabled = sum(1 for v in verdicts if not v.mixed_enabled)
+    float32_only = [v for v in verdicts if not v.half_as_expected]
+    for v in float32_only:
+        print(f"\n{v.mixed.half_ops} half ops executed ({v.dtype}; "
+              f"{'eager: 0 expected' if v.eager else 'graphs: some expected'}): {v.label}")
     summary = counts(verdicts)
     print(f"\nprofile {args.profile}: {len(specs)} programs, {summary.pop('pairs')} pairs "
           f"in {elapsed:.0f} s; " + ", ".join(f"{k}={n}" for k, n in summary.items())
           + f"; mixed runs with tf_mpt warnings: {warned}, without tf_mpt enabled: "
-          f"{not_enabled}")
-    return 1 if unexpected(verdicts) else 0
+          f"{not_enabled}, with half ops not as expected: {len(float32_only)}")
+    return 1 if unexpected(verdicts) or float32_only else 0
 
 
 if __name__ == "__main__":

@@ -108,6 +108,21 @@ class ProgramSpec:
         """BasicLSTMCell / GRUCell are tf_keras classes: TF_USE_LEGACY_KERAS=1."""
         return self.kind == "tf1" and self.base in ("lstm", "gru")
 
+    @property
+    def eager(self):
+        """A TF2 program that runs eagerly (mode "eager"): tf_mpt rewrites graphs, so its
+        mixed run executes no half op, by design."""
+        return self.kind == "tf2" and self.mode == "eager"
+
+    @property
+    def target(self):
+        """The target of its mixed run: the suite's table (None: the caller's TF_MPT_OP_COSTS)
+        for TF1 programs, whose 8-wide layers the Zen 4 table converts (38-145 half ops);
+        `rules` for TF2 programs, whose Keras layers at batch 8 it keeps float32 at any width
+        (a fit of 512-wide Dense layers: 0 of 31 converted), so that they still compare half
+        compute with float32."""
+        return "rules" if self.kind == "tf2" else None
+
     def tags(self):
         tags = {f"kind:{self.kind}", f"loss:{self.loss}", f"optimizer:{self.optimizer}"}
         if self.kind == "tf1":

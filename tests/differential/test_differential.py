@@ -6,9 +6,11 @@
 - Fast profile (default run): from 200 derandomized hypothesis draws, the 5 TF1 and 3 TF2
   programs that cover the most pairs of components, each run in float16 or bfloat16
   (alternating) against its float32 run. About 40 s on 2 cores.
-- Known differences: one program per programs.KNOWN_DIFFERENCES entry; it must still differ
-  (reported as XFAIL with the bug's description; when tf_mpt is fixed it fails, asking for
-  the entry to be removed).
+- Every pair of a graph program compares real half compute with float32: its mixed run
+  executed half ops (support/half_ops.py counts them in the partition graphs TensorFlow ran) and its
+  float32 run none; an eager program's executed none (eager ops run float32). TF1 programs'
+  mixed runs read the suite's injected cost table (conftest), TF2 programs' the rules
+  (programs.ProgramSpec.target): the decisions, and the counts, are the same on every CPU.
 - Thorough profile (`-m slow`): the 24 TF1 + 16 TF2 programs of 400 + 400 draws that cover
   the most pairs of components (known differences included, counted as known), each in
   bfloat16, float16 (static loss scale) and float16 with tf_mpt's default dynamic loss
@@ -19,6 +21,7 @@ run), so each can be rerun by hand.
 """
 
 import json
+import os
 import time
 
 import pytest
@@ -55,10 +58,12 @@ def _run_profile(specs, profile):
     print(f"{profile}: {len(specs)} programs, {harness.counts(verdicts)} in "
           f"{time.monotonic() - began:.0f} s")
     assert not harness.unexpected(verdicts), _failure_message(verdicts, f"{profile} profile")
-    not_enabled = [v for v in verdicts if not v.mixed_enabled]
-    assert not not_enabled, ("mixed runs in which tf_mpt never logged "
-                             f"'{harness.ENABLED_LINE}' (they tested nothing):\n\n"
-                             + "\n\n".join(v.report() for v in not_enabled))
+    unexpected = [v for v in verdicts if not v.half_as_expected]
+    assert not unexpected, ("pairs of graph programs whose mixed run executed no half op "
+                            "(they compared float32 with float32 and tested nothing), or of "
+                            "eager programs that executed some:\n\n"
+                            + "\n\n".join(v.report() for v in unexpected))
+    assert sum(v.real_half for v in verdicts) >= len(verdicts) - 1  # at most one eager
     return verdicts
 
 
@@ -121,14 +126,13 @@ def test_harness_judges_a_worse_mixed_run(name):
         assert verdict.mixed.timed_out and verdict.mixed.seconds < SELF_TEST_TIMEOUT_S
 
 
-def test_tolerances_are_stated_per_dtype():
-    assert harness.TOLERANCES == {"bfloat16": dict(rtol=0.05, atol=0.02),
-                                  "float16": dict(rtol=0.02, atol=0.01)}
-
-
 def test_environments(monkeypatch):
-    """float32 runs see no TF_MPT_* variable even when the caller sets some; float16's
-    numeric comparison runs with a static loss scale, the dynamic variant with none."""
+    """float32 runs see no TF_MPT_* variable even when the caller sets some; mixed runs keep
+    the caller's cost table and step timing (the suite's: the same decisions on every CPU);
+    float16's numeric comparison runs with a static loss scale, the dynamic variant with
+    none."""
+    assert harness.mixed_env_vars("bfloat16")["TF_MPT_OP_COSTS"] == os.environ["TF_MPT_OP_COSTS"]
+    assert harness.mixed_env_vars("bfloat16")["TF_MPT_STEP_TIMING"] == "off"
     monkeypatch.setenv("TF_MPT_ENABLE", "1")
     monkeypatch.setenv("TF_MPT_DTYPE", "float16")
     monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
@@ -163,6 +167,41 @@ def test_programs_render_and_compile():
         assert f"tf2:{kind}" in seen
 
 
+_HALF_PROGRAM = """
+import json, os
+import numpy as np
+import tensorflow as tf
+dtype = tf.as_dtype(os.environ["PROGRAM_DTYPE"])
+x = tf.constant(np.eye(4, dtype=np.float32))
+f = tf.function(lambda x: tf.cast(tf.matmul(tf.cast(x, dtype), tf.cast(x, dtype)), tf.float32))
+graph = tf.Graph()
+with graph.as_default():
+    p = tf.compat.v1.placeholder(tf.float32, [4, 4])
+    a = tf.cast(p, dtype)
+    b = tf.cast(tf.nn.relu(tf.matmul(a, a)), tf.float32)
+with tf.compat.v1.Session(graph=graph) as sess:
+    y = sess.run(b, {p: np.eye(4, dtype=np.float32)})
+y = y + f(x).numpy()
+print(json.dumps({"values": [float(v) for v in y.ravel()]}))
+"""
+
+
+def test_the_observer_counts_the_half_ops_a_run_executed():
+    """In a tf.function and a TF1 Session: a bfloat16 run counts its MatMuls (and the
+    Session's Relu), a float32 run counts none, and only the pair of the two is real half
+    compute (the harness runs no tf_mpt here: the counting alone is tested)."""
+    runs = {dtype: harness.run_source(_HALF_PROGRAM, {"PROGRAM_DTYPE": dtype}, 60)
+            for dtype in ("float32", "bfloat16")}
+    assert not runs["float32"].failed and not runs["bfloat16"].failed, runs
+    assert runs["float32"].half_ops == 0 and runs["float32"].observed["float_ops"] >= 3
+    half_types = runs["bfloat16"].observed["half_types"]
+    assert sum(n for op, n in half_types.items() if op.endswith("MatMul")) == 2, half_types
+    assert sum(n for op, n in half_types.items() if "Relu" in op) == 1, half_types
+    assert harness.judge(_HALF_PROGRAM, "bfloat16", runs["float32"], runs["bfloat16"]).real_half
+    assert not harness.judge(_HALF_PROGRAM, "bfloat16", runs["float32"],
+                             runs["float32"]).real_half
+
+
 # ---------------------------------------------------------------------------------------------
 # profiles
 
@@ -170,34 +209,6 @@ def test_fast_profile():
     specs = harness.profile_specs("fast", settings_=FAST_SETTINGS)
     assert len(specs) == harness.PROFILES["fast"]["tf1"] + harness.PROFILES["fast"]["tf2"]
     _run_profile(specs, "fast")
-
-
-def _known_representatives():
-    candidates = (harness.draw_specs(programs.tf1_specs(), 200, FAST_SETTINGS)
-                  + harness.draw_specs(programs.tf2_specs(), 200, FAST_SETTINGS))
-    found = []
-    for index, entry in enumerate(programs.KNOWN_DIFFERENCES):
-        dtype = entry["dtypes"][index % len(entry["dtypes"])]
-        # the smallest program that shows it: fewest tags, then fewest steps
-        matching = [s for s in candidates if programs.known_difference(s, dtype) is entry]
-        matching.sort(key=lambda s: (len(s.tags()), len(s.blocks), s.steps))
-        found.append((index, dtype, matching[0] if matching else None))
-    return found
-
-
-@pytest.mark.parametrize("index", range(len(programs.KNOWN_DIFFERENCES)))
-def test_known_difference_still_differs(index):
-    _, dtype, spec = _known_representatives()[index]
-    entry = programs.KNOWN_DIFFERENCES[index]
-    assert spec is not None, f"no drawn program matches KNOWN_DIFFERENCES[{index}]: {entry}"
-    if spec.needs_legacy_keras and not harness.HAS_TF_KERAS:
-        pytest.skip('needs tf_keras: python -m pip install --no-deps "tf_keras==2.21.*"')
-    (verdict,) = harness.run_spec(spec, (dtype,))
-    assert verdict.kind != harness.INVALID, verdict.report()
-    if verdict.worse:
-        pytest.xfail(f"known tf_mpt difference ({verdict.kind}, {dtype}): {entry['reason']}")
-    pytest.fail(f"KNOWN_DIFFERENCES[{index}] no longer differs ({dtype}: {verdict.detail}); "
-                f"if tf_mpt fixed it, remove the entry. Program:\n{verdict.report()}")
 
 
 @pytest.mark.slow

@@ -70,6 +70,14 @@ def test_each_optimizer_trains_with_a_dynamic_loss_scale(runs, case):
         # dynamic: starts at 2**15 and only halves in 32 steps (it grows after 2000)
         exponent = math.log2(got["scale"])
         assert exponent == int(exponent) and 0 <= exponent <= 15, (way, got["scale"])
+        # seen to move (keras_float16_worker._scale_moves): an overflowing step halves it and
+        # is skipped; the step that completes the growth period doubles it and is applied
+        moves = got["scale_moves"]
+        assert moves["start"] == got["scale"], (way, moves)
+        assert moves["after_overflow"] == moves["start"] / 2, (way, moves)
+        assert moves["overflow_step_skipped"], (way, moves)
+        assert moves["after_growth"] == moves["start"], (way, moves)
+        assert moves["growth_step_applied"], (way, moves)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -15,7 +15,8 @@ once per iteration), "half_matrix" / "matrix": the MatMul / Conv /
 BatchMatMul nodes run in half / at all in that step, "scale": the loss scale after training
 (Keras's LossScaleOptimizer under the policy, tf_mpt's under the automatic path; null if
 none), "scale_kind": "keras" / "tf_mpt" / null, "dtypes": {what: dtype} of every tensor the
-script receives (predict's output, the losses, the weights)}}.
+script receives (predict's output, the losses, the weights), "scale_moves": the scale seen
+to back off and to grow (`_scale_moves`; null without a loss scale)}}.
 """
 
 import argparse
@@ -88,6 +89,39 @@ def _loss_scale(optimizer):
     return None, None
 
 
+def _scale_state(optimizer):
+    """(scale variable, finite-steps counter variable, steps to grow) of a dynamic scale."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer.dynamic_scale, optimizer.step_counter, optimizer.dynamic_growth_steps
+    import tf_mpt  # pylint: disable=import-outside-toplevel
+    scale = tf_mpt.loss_scale_of(optimizer)
+    return scale.current_loss_scale, scale.good_steps, scale.increment_period
+
+
+def _scale_moves(model, x, y):
+    """The dynamic loss scale seen to move, in two more training steps on one batch:
+
+    1. back off: sample weights of 1e6 make the scaled gradients overflow float16 (the loss
+       itself stays finite in float32): the scale halves and the step is skipped (no weight
+       changes);
+    2. grow: the finite-steps counter is set one short of the growth period, so the next
+       finite step doubles the scale (the period is 2000 steps: too many to run here).
+    """
+    scale, counter, period = _scale_state(model.optimizer)
+    start = float(scale.numpy())
+    weights = [w.numpy().copy() for w in model.trainable_weights]
+    model.train_on_batch(x[:BATCH], y[:BATCH], sample_weight=np.full(BATCH, 1e6, np.float32))
+    backed_off = float(scale.numpy())
+    skipped = all(np.array_equal(w.numpy(), before)
+                  for w, before in zip(model.trainable_weights, weights))
+    counter.assign(period - 1)
+    model.train_on_batch(x[:BATCH], y[:BATCH])
+    changed = any(not np.array_equal(w.numpy(), before)
+                  for w, before in zip(model.trainable_weights, weights))
+    return {"start": start, "after_overflow": backed_off, "overflow_step_skipped": skipped,
+            "after_growth": float(scale.numpy()), "growth_step_applied": changed}
+
+
 def _in_loop(name):
     """Whether a node of a partition graph came from a while loop's body (it runs once per
     iteration: Keras's LSTM loops over the time steps, forward and backward)."""
@@ -111,13 +145,15 @@ def run(case):
     scale, kind = _loss_scale(model.optimizer)
     predicted = model.predict(x[:BATCH], verbose=0)
     evaluated = model.evaluate(x[:BATCH], y[:BATCH], verbose=0, return_dict=True)
+    moves = _scale_moves(model, x, y) if kind is not None else None
     dtypes = {"predict": str(predicted.dtype),
               "evaluate": type(evaluated["loss"]).__name__,
               "weights": sorted({str(w.dtype) for w in model.weights})}
     return {"losses": [float(v) for v in history.history["loss"]],
             "casts": len(casts), "loop_casts": sum(1 for n in casts if _in_loop(n.name)),
             "half_matrix": sum(1 for n in matrix if n.attr["T"].type in HALF),
-            "matrix": len(matrix), "scale": scale, "scale_kind": kind, "dtypes": dtypes}
+            "matrix": len(matrix), "scale": scale, "scale_kind": kind, "dtypes": dtypes,
+            "scale_moves": moves}
 
 
 def main():

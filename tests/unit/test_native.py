@@ -10,6 +10,14 @@ import pytest
 from tf_mpt.automatic.native import library as _native
 
 
+@pytest.fixture(autouse=True)
+def _private_builds_in_tmp_path(tmp_path, monkeypatch):
+    """The private builds these tests make (and tempfile's other files) go under tmp_path."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(_native.tempfile, "tempdir", str(temporary))
+
+
 def _fake_compiler(tmp_path, body):
     script = tmp_path / "fake-c++"
     script.write_text("#!/bin/sh\n"
@@ -95,11 +103,13 @@ def test_a_world_writable_cache_directory_is_not_trusted(tmp_path, monkeypatch, 
     cache.mkdir()
     cache.chmod(0o777)
     assert "writable by others" in _native._directory_unsafe_because(str(cache))
-    built = _native._built_library(str(cache))
-    assert os.path.dirname(built) != str(cache) and _native._valid(built) == (True, None)
+    built, private = _native._built_library(str(cache))
+    assert os.path.dirname(built) == private != str(cache)
+    assert _native._valid(built) == (True, None)
     assert os.listdir(cache) == []  # nothing planted there is ever used
     assert caplog.text.count("built in a private temporary directory") == 1
     assert "writable by others" in caplog.text
+    assert "to build it once, `chmod go-w` it" in caplog.text
 
 
 def test_a_cache_owned_by_another_user_is_not_trusted(tmp_path, monkeypatch):
@@ -115,7 +125,7 @@ def test_a_cache_owned_by_another_user_is_not_trusted(tmp_path, monkeypatch):
     _native._build(path)
     os.chown(path, 65534, 65534)  # a library file of another user in my directory
     assert not _native._valid(path)[0] and "owned by uid 65534" in _native._valid(path)[1]
-    assert os.path.dirname(_native._built_library(str(cache))) != str(cache)
+    assert os.path.dirname(_native._built_library(str(cache))[0]) != str(cache)
 
 
 def test_a_planted_lock_symlink_is_not_followed(tmp_path, monkeypatch, caplog):
@@ -126,7 +136,7 @@ def test_a_planted_lock_symlink_is_not_followed(tmp_path, monkeypatch, caplog):
     victim = tmp_path / "victim"
     victim.write_text("precious")
     os.symlink(victim, path + ".lock")
-    built = _native._built_library(str(cache))
+    built, _ = _native._built_library(str(cache))
     assert victim.read_text() == "precious"
     assert os.path.dirname(built) != str(cache) and _native._valid(built) == (True, None)
     assert "built in a private temporary directory" in caplog.text
@@ -137,10 +147,10 @@ def test_an_unusable_cache_directory_falls_back_to_a_private_build(tmp_path, mon
     monkeypatch.setenv("CXX", _building_compiler(tmp_path))
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    built = _native._built_library(str(blocker / "sub"))
+    built, _ = _native._built_library(str(blocker / "sub"))
     assert _native._valid(built) == (True, None)
     assert "a-file/sub cannot be created or read" in caplog.text
-    assert "set TF_MPT_CACHE_DIR to a directory of your own" in caplog.text
+    assert "to build it once, set TF_MPT_CACHE_DIR to a directory of your own" in caplog.text
 
 
 def test_a_build_that_times_out_is_killed_and_leaves_no_file(tmp_path, monkeypatch):
@@ -171,7 +181,45 @@ def test_a_read_only_cache_directory_falls_back_to_a_private_build(tmp_path, mon
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr(_native.os, "open", open_)
-    built = _native._built_library(str(cache))
+    built, _ = _native._built_library(str(cache))
     assert os.path.dirname(built) != str(cache) and _native._valid(built) == (True, None)
     assert caplog.text.count("built in a private temporary directory") == 1
     assert "PermissionError" in caplog.text
+
+
+def _private_builds(directory):
+    return sorted(n for n in os.listdir(directory) if n.startswith("tf_mpt-native-"))
+
+
+def test_a_private_build_is_removed_once_loaded(tmp_path, monkeypatch, caplog):
+    """The library is loaded from the private directory, which is then gone: a process that
+    cannot use its cache leaves no build behind in the temporary directory."""
+    monkeypatch.setenv("CXX", _building_compiler(tmp_path))
+    temporary = tmp_path / "tmp"
+    monkeypatch.setattr(_native.STATE, "native_library", None)
+    monkeypatch.setattr(_native.STATE, "native_failure", None)
+    cache = tmp_path / "shared-cache"
+    cache.mkdir()
+    cache.chmod(0o777)
+    opened = []
+
+    def open_(path):
+        opened.append((path, os.path.isfile(path), _private_builds(temporary)))
+        return "the library"
+    monkeypatch.setattr(_native, "_open", open_)
+    assert _native.load(str(cache)) == "the library"
+    ((path, existed, during),) = opened
+    assert existed and len(during) == 1 and path.startswith(str(temporary / during[0]))
+    assert _private_builds(temporary) == []
+    assert caplog.text.count("built in a private temporary directory") == 1
+
+
+def test_a_private_build_that_fails_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", _fake_compiler(tmp_path, 'echo "error: no headers" >&2\nexit 3\n'))
+    temporary = tmp_path / "tmp"
+    cache = tmp_path / "shared-cache"
+    cache.mkdir()
+    cache.chmod(0o777)
+    with pytest.raises(_native.NativeUnavailable, match="failed \\(exit 3\\)"):
+        _native._built_library(str(cache))
+    assert _private_builds(temporary) == []

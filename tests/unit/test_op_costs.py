@@ -87,6 +87,7 @@ def test_a_node_spec_holds_what_its_kernel_time_depends_on():
     assert json.dumps(other, sort_keys=True) != key
 
 
+@pytest.mark.measures_this_cpu
 def test_this_cpu_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch, caplog):
     config = _config.Config.from_env({_config.TF_MPT_CACHE_DIR: str(tmp_path)})
     monkeypatch.setattr(_state.STATE, "op_cost_tables", {})
@@ -118,6 +119,7 @@ def test_this_cpu_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatc
     assert again.node_seconds({key}) == times
 
 
+@pytest.mark.measures_this_cpu
 def test_a_failed_measurement_turns_the_model_off_with_one_warning(tmp_path, monkeypatch,
                                                                    caplog):
     config = _config.Config.from_env({_config.TF_MPT_CACHE_DIR: str(tmp_path)})
@@ -371,6 +373,7 @@ def test_this_cpu_is_measured_by_the_op_types_each_graph_needs(tmp_path, monkeyp
     assert len(asked) == 2
 
 
+@pytest.mark.measures_this_cpu
 def test_one_child_process_measures_everything_a_process_asks(tmp_path, monkeypatch):
     """The ProbeServer: one child (one TensorFlow import) answers an op-table request and a
     node request, then exits when its stdin closes."""
@@ -400,6 +403,7 @@ def test_every_named_op_type_has_a_probe():
     assert built == probe_ops.PROBED_OPS | set(probe_ops.CASTS)
 
 
+@pytest.mark.measures_this_cpu
 def test_a_measurement_that_exits_says_how_with_its_last_stderr_line(tmp_path, monkeypatch):
     child = tmp_path / "python"
     child.write_text("#!/bin/sh\nread request\necho 'no TensorFlow here' >&2\nexit 3\n")

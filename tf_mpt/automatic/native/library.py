@@ -12,7 +12,8 @@ A cached library is loaded only when it is safe to run, since its constructor ru
 process:
 
     directory  owned by this user, not writable by group or others (else: build in a
-               private temporary directory for this process, one WARNING saying why)
+               private temporary directory for this process, removed once the library is
+               loaded; one WARNING saying why and how to make the cache usable)
     file       a regular file owned by this user, not writable by group or others
     contents   the SHA-256 written beside it (`<library>.sha256`) when it was built; a
                truncated or half-written file (disk full, a crash before the data reached
@@ -32,6 +33,7 @@ import hashlib
 import logging
 import os
 import shlex
+import shutil
 import signal
 import stat
 import subprocess
@@ -280,26 +282,38 @@ def _build(path):
         os.close(fd)
 
 
+def _fix_for(why):
+    """What makes a cache directory usable again, for the reason `why` it is not."""
+    if "writable by others" in why:
+        return "`chmod go-w` it, or set TF_MPT_CACHE_DIR to a directory of your own"
+    return "set TF_MPT_CACHE_DIR to a directory of your own, not writable by others"
+
+
 def _built_library(cache_dir):
-    """The path of a valid library: in the cache when it is safe, else in a private
-    temporary directory of this process (one WARNING saying why)."""
+    """(path of a valid library, None) when it is in the cache (safe to use), else (path,
+    the private temporary directory of this process it was built in: the caller removes it
+    once the library is loaded; one WARNING saying why and how to make the cache usable)."""
     path = library_path(cache_dir)
     directory = os.path.dirname(path)
     why = _directory_unsafe_because(directory)
     if why is None:
         try:
             _build(path)
-            return path
+            return path, None
         except OSError as error:
             why = f"cannot be used ({type(error).__name__}: {error})"
     private = tempfile.mkdtemp(prefix="tf_mpt-native-")
     _log.warning("tf_mpt's cache directory %s %s; its Grappler optimizer is built in a private "
-                 "temporary directory for this process instead (set TF_MPT_CACHE_DIR to a "
-                 "directory of your own, not writable by others, to build it once).",
-                 directory, why)
+                 "temporary directory for this process instead, removed once loaded, so every "
+                 "process builds it again (~6 s): to build it once, %s.",
+                 directory, why, _fix_for(why))
     private_path = os.path.join(private, os.path.basename(path))
-    _build(private_path)
-    return private_path
+    try:
+        _build(private_path)
+    except BaseException:
+        shutil.rmtree(private, ignore_errors=True)
+        raise
+    return private_path, private
 
 
 def _open(path):
@@ -323,8 +337,10 @@ def load(cache_dir=None):
             return STATE.native_library
         if STATE.native_failure is not None:
             raise STATE.native_failure
+        private = None
         try:
-            library = _open(_built_library(cache_dir))
+            path, private = _built_library(cache_dir)
+            library = _open(path)
         except NativeUnavailable as error:
             STATE.native_failure = error
             raise
@@ -332,6 +348,10 @@ def load(cache_dir=None):
             STATE.native_failure = NativeUnavailable(
                 f"building it failed ({type(error).__name__}: {error})")
             raise STATE.native_failure from error
+        finally:
+            # a loaded library stays mapped after its file is gone: nothing is left behind
+            if private is not None:
+                shutil.rmtree(private, ignore_errors=True)
         STATE.native_library = library
         return library
 

@@ -1,0 +1,138 @@
+"""Counts the half-precision ops TensorFlow executes in a process: what the tests of "it runs
+in half" read, instead of a log line.
+
+A subprocess is observed by starting it with `observed_env(env)`: tests/support/observe is put
+first on PYTHONPATH, and its sitecustomize.py calls `install()` at interpreter start-up when
+HALF_OPS_OBSERVER=1 (which it removes, so the process's own children are not observed). That
+works however the script is launched (`python script.py`, `python -m tf_mpt script.py`, the
+`tf-mpt run` console script, `python -c SOURCE`). TensorFlow is imported only when the
+program imports it. Two ways a program runs graphs are seen:
+
+    TF1 Sessions     every Session.run returns its partition graphs (RunOptions
+                     output_partition_graphs: the graphs after Grappler and tf_mpt's own pass,
+                     as the executor ran them)
+    tf.function      the eager context's run metadata: the partition graphs of every
+                     function call (Keras's fit / evaluate / predict steps included)
+
+At exit (of a process that imported TensorFlow) one line goes to stderr, `COUNT_LINE_PREFIX {json}`: "half_ops" (distinct executed
+nodes whose type attr T is float16 or bfloat16), "float_ops" (whose T is float32),
+"half_types" ({op type: count}). A float32 run prints half_ops 0; so does a mixed run that
+converted nothing. Nothing of the program changes: its RunOptions are copied, a
+run_metadata it passes is still filled.
+"""
+
+import atexit
+import json
+import os
+import sys
+
+COUNT_LINE_PREFIX = "half-ops-observer:"
+SWITCH = "HALF_OPS_OBSERVER"
+OBSERVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "observe")
+
+_seen = {}  # (graph kind, node name) -> (op type, 'half' or 'float32')
+
+
+def observed_env(env):
+    """A copy of the environment `env` in which a Python process counts its half ops."""
+    out = dict(env)
+    out["PYTHONPATH"] = os.pathsep.join(
+        [OBSERVE_DIR] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p])
+    out[SWITCH] = "1"
+    return out
+
+
+def parse(stderr):
+    """The counts a process printed (a dict), or None if it printed none (it died first)."""
+    for line in reversed(stderr.splitlines()):
+        if line.startswith(COUNT_LINE_PREFIX + " {"):
+            return json.loads(line[len(COUNT_LINE_PREFIX) + 1:])
+    return None
+
+
+def half_ops(stderr):
+    """The half ops a process executed; AssertionError if it printed no count."""
+    counts = parse(stderr)
+    assert counts is not None, f"no '{COUNT_LINE_PREFIX}' line: {stderr[-2000:]}"
+    return counts["half_ops"]
+
+
+def _record(graphs, kind):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    kinds = {tf.float16.as_datatype_enum: "half", tf.bfloat16.as_datatype_enum: "half",
+             tf.float32.as_datatype_enum: "float32"}
+    for graph in graphs:
+        for node in graph.node:
+            if "T" in node.attr and node.attr["T"].type in kinds:
+                _seen[(kind, node.name)] = (node.op, kinds[node.attr["T"].type])
+
+
+def _observe(tf):
+    """Patches TF1 Sessions and switches the eager context's run metadata on."""
+    from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+    base = tf.compat.v1.Session.__mro__[1]
+    original = base.run
+
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+        wanted = tf.compat.v1.RunOptions()
+        if options is not None:
+            wanted.CopyFrom(options)
+        wanted.output_partition_graphs = True
+        metadata = run_metadata if run_metadata is not None else tf.compat.v1.RunMetadata()
+        out = original(self, fetches, feed_dict, wanted, metadata)
+        _record(metadata.partition_graphs, f"session{id(self.graph)}")
+        return out
+    base.run = run
+    context.enable_run_metadata()
+    atexit.register(_report)  # after TensorFlow's own exit handlers were registered: before
+
+
+def _report():
+    if "tensorflow" in sys.modules:
+        try:
+            from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+            metadata = context.export_run_metadata()
+            if metadata is not None:
+                for function_graphs in metadata.function_graphs:
+                    _record(function_graphs.partition_graphs, "function")
+        except Exception as error:  # pylint: disable=broad-except
+            sys.stderr.write(f"{COUNT_LINE_PREFIX} no run metadata: {error}\n")
+    half_types = {}
+    for op, kind in _seen.values():
+        if kind == "half":
+            half_types[op] = half_types.get(op, 0) + 1
+    counts = {"half_ops": sum(half_types.values()),
+              "float_ops": sum(1 for _, kind in _seen.values() if kind == "float32"),
+              "half_types": dict(sorted(half_types.items()))}
+    sys.stderr.write(f"{COUNT_LINE_PREFIX} {json.dumps(counts)}\n")
+    sys.stderr.flush()
+
+
+class _AfterTensorFlowImport:
+    """A meta path finder that observes TensorFlow once the program has imported it."""
+
+    def find_spec(self, name, path=None, target=None):  # pylint: disable=unused-argument
+        if name != "tensorflow" or "tensorflow" in sys.modules:
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util  # pylint: disable=import-outside-toplevel
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        original_exec = loader.exec_module
+
+        def exec_module(module):
+            original_exec(module)
+            _observe(module)
+        loader.exec_module = exec_module
+        return spec
+
+
+def install():
+    """Observes this process from TensorFlow's import on (now, if it is imported) and
+    reports at exit; a process that never imports TensorFlow reports nothing."""
+    if "tensorflow" in sys.modules:
+        _observe(sys.modules["tensorflow"])
+    else:
+        sys.meta_path.insert(0, _AfterTensorFlowImport())
