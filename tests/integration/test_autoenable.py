@@ -12,8 +12,12 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import tensorflow as tf
+
+from support import half_ops
+from support.tolerances import FINAL_LOSS_RTOL
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TIMEOUT_S = 300
@@ -29,12 +33,14 @@ EXAMPLES = {"tf1_mlp_digits": ["--epochs", "3"], "tf1_convnet_digits": ["--epoch
 
 
 def _run(args, env):
-    # TF_MPT_CPU_FLAGS passes through: a run of the suite "as another CPU" reaches the scripts
+    """The script run as a user runs it, observed: half_ops.half_ops(proc.stderr) is the
+    number of half ops TensorFlow executed in it. TF_MPT_CPU_FLAGS passes through: a run of
+    the suite "as another CPU" reaches the scripts."""
     full_env = {k: v for k, v in os.environ.items()
                 if not k.startswith("TF_MPT_") or k == "TF_MPT_CPU_FLAGS"}
     full_env.update(env, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run([sys.executable, *args], env=full_env, capture_output=True, text=True,
-                          timeout=TIMEOUT_S, cwd=ROOT)
+    return subprocess.run([sys.executable, *args], env=half_ops.observed_env(full_env),
+                          capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT)
 
 
 def _metrics(proc):
@@ -45,8 +51,9 @@ def _metrics(proc):
 
 @pytest.fixture(scope="module")
 def float32_runs():
-    return {name: _metrics(_run([f"examples/{name}.py", *args], {}))
-            for name, args in EXAMPLES.items()}
+    runs = {name: _run([f"examples/{name}.py", *args], {}) for name, args in EXAMPLES.items()}
+    assert all(half_ops.half_ops(proc.stderr) == 0 for proc in runs.values())
+    return {name: _metrics(proc) for name, proc in runs.items()}
 
 
 @pytest.mark.parametrize("launch", ["env", "module"])
@@ -84,6 +91,7 @@ def test_unmodified_script_runs_in_mixed_precision(name, launch, tmp_path, float
     half = {n.name for n in after.node if n.op in ("MatMul", "Conv2D")
             and n.attr["T"].type in (tf.float16.as_datatype_enum, tf.bfloat16.as_datatype_enum)}
     assert set(half_matmuls) <= half
+    assert half_ops.half_ops(proc.stderr) >= len(half_matmuls)  # and they ran
     assert metrics["last_loss"] < metrics["first_loss"] / 2
     assert metrics["accuracy"] >= float32_runs[name]["accuracy"] - ACCURACY_POINTS - 1e-9
 
@@ -116,8 +124,61 @@ def test_keras_fit_script_runs_its_traced_steps_in_mixed_precision(launch):
         assert "policy=float32" in proc.stdout and "dtype policy" not in proc.stderr
         converted = re.findall(r"tf_mpt: Converted (\d+)/\d+ nodes to bfloat16", proc.stderr)
         assert len(converted) == 2 and all(int(n) > 0 for n in converted), proc.stderr[-3000:]
+    assert half_ops.half_ops(float32_run.stderr) == 0
+    assert half_ops.half_ops(proc.stderr) > 0, proc.stderr[-3000:]  # the steps ran half
     assert mixed["last_loss"] < mixed["first_loss"] / 2
     assert mixed["accuracy"] >= float32["accuracy"] - ACCURACY_POINTS - 1e-9
+
+
+# An unmodified script of layers wide enough that bfloat16 pays on a CPU with native bfloat16
+# ([64 x 512] x [512 x 512]): a TF1 Session and a TF2 tf.function training step.
+_WIDE_SCRIPT = """
+import numpy as np
+import tensorflow as tf
+rng = np.random.RandomState(0)
+x_data = rng.randn(64, 512).astype(np.float32)
+w_init = (rng.randn(512, 512) / 32).astype(np.float32)
+graph = tf.Graph()
+with graph.as_default():
+    x = tf.compat.v1.placeholder(tf.float32, [64, 512])
+    w1 = tf.compat.v1.get_variable("w1", initializer=w_init)
+    w2 = tf.compat.v1.get_variable("w2", initializer=w_init)
+    loss = tf.reduce_mean(tf.square(tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2)))
+    train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    init = tf.compat.v1.global_variables_initializer()
+with tf.compat.v1.Session(graph=graph) as sess:
+    sess.run(init)
+    tf1_losses = [sess.run([loss, train], {x: x_data})[0] for _ in range(3)]
+v1, v2 = tf.Variable(w_init), tf.Variable(w_init)
+@tf.function
+def step(x):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(tf.matmul(tf.nn.relu(tf.matmul(x, v1)), v2)))
+    for v, g in zip((v1, v2), tape.gradient(loss, [v1, v2])):
+        v.assign_sub(0.1 * g)
+    return loss
+tf2_losses = [float(step(tf.constant(x_data))) for _ in range(3)]
+print("losses", " ".join(f"{v:.6f}" for v in tf1_losses + tf2_losses))
+"""
+
+
+def test_an_unmodified_script_runs_half_under_the_default_target(tmp_path):
+    """TF_MPT_ENABLE=1 TF_MPT_DTYPE=bfloat16 and nothing else: the default target reads the
+    suite's table standing in for this CPU (TF_MPT_OP_COSTS), whose cost model converts the
+    wide products; counted in what the Session and the tf.function executed."""
+    script = tmp_path / "wide.py"
+    script.write_text(_WIDE_SCRIPT)
+    table = {"TF_MPT_OP_COSTS": os.environ["TF_MPT_OP_COSTS"], "TF_MPT_STEP_TIMING": "off"}
+    float32 = _run([str(script)], {})
+    mixed = _run([str(script)], dict(table, TF_MPT_ENABLE="1", TF_MPT_DTYPE="bfloat16"))
+    assert float32.returncode == 0 and mixed.returncode == 0, mixed.stderr[-3000:]
+    assert "for target op_costs_zen4.json" in mixed.stderr, mixed.stderr[-3000:]
+    assert half_ops.half_ops(float32.stderr) == 0
+    executed = half_ops.parse(mixed.stderr)["half_types"]
+    assert sum(n for op, n in executed.items() if "MatMul" in op) >= 4, executed
+    want = [float(v) for v in float32.stdout.split("losses")[1].split()]
+    got = [float(v) for v in mixed.stdout.split("losses")[1].split()]
+    np.testing.assert_allclose(got, want, rtol=FINAL_LOSS_RTOL["bfloat16"])
 
 
 # A small TF1 script: one MatMul trained for a step, then its dtype as the Session ran it.

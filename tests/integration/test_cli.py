@@ -4,6 +4,7 @@ kinds (SavedModel conversion, validation and the inspect options: test_cli_saved
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -83,16 +84,31 @@ def test_convert_options_deny_keep_fp32_and_force(models, tmp_path, capsys):
     assert all(n.attr["T"].type == tf.float32.as_datatype_enum
                for n in graph_def.node if n.op == "MatMul")
     matmul = [n.name for n in graph_def.node if n.op == "MatMul"][0]
+    def read(path):
+        graph_def = tf.compat.v1.GraphDef()
+        graph_def.ParseFromString(path.read_bytes())
+        return ({n.name: tf.as_dtype(n.attr["T"].type).name for n in graph_def.node
+                 if n.op == "MatMul"}, sorted(n.name for n in graph_def.node if n.op == "Cast"))
+
     kept = tmp_path / "kept.pb"
-    assert cli_main(capsys, "convert", root / "frozen.pb", kept, "--keep-fp32", matmul)[0] == 0
+    code, out, _ = cli_main(capsys, "convert", root / "frozen.pb", kept, "--keep-fp32", matmul)
+    assert code == 0 and "Converted 0/" in out, out
+    assert read(kept) == ({matmul: "float32"}, [])  # the one MatMul kept: nothing to convert
     half = tmp_path / "half.pb"
     assert cli_main(capsys, "convert", root / "frozen.pb", half)[0] == 0
+    half_matmuls, half_casts = read(half)
+    assert half_matmuls == {matmul: "float16"} and len(half_casts) == 2  # x in, y out
     # converting a converted model undoes its conversion first: no Cast of a Cast
     code, out, err = cli_main(capsys, "convert", half, tmp_path / "again.pb")
     assert code == 0 and "tf_mpt's conversion undone" in out, err
     assert (tmp_path / "again.pb").read_bytes() == half.read_bytes()
-    # --force converts it as it is, on top of its conversion
-    assert cli_main(capsys, "convert", half, tmp_path / "forced.pb", "--force")[0] == 0
+    # --force converts it as it is, on top of its conversion: nothing undone, its half nodes
+    # counted as half already, no Cast added to its Casts
+    code, out, err = cli_main(capsys, "convert", half, tmp_path / "forced.pb", "--force")
+    assert code == 0 and "undone" not in out, err
+    assert re.search(r"Converted 0/\d+ nodes to float16 using 0 cast\(s\) .*; [1-9]\d* more "
+                     r"were float16 already", out), out
+    assert read(tmp_path / "forced.pb") == (half_matmuls, half_casts)
 
 
 @pytest.mark.parametrize("source, message", [

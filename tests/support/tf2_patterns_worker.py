@@ -31,6 +31,7 @@ import keras  # noqa: E402
 
 STEPS = 12
 BATCH = 32
+WIDE, WIDE_BATCH = 512, 64
 MATRIX_OPS = ("MatMul", "_MklMatMul", "_FusedMatMul", "_MklFusedMatMul", "BatchMatMulV2",
               "_MklBatchMatMulV2", "Conv2D", "_MklConv2D", "_FusedConv2D", "_MklFusedConv2D",
               "_MklNativeConv2D", "_MklNativeFusedConv2D", "Conv2DBackpropInput",
@@ -39,9 +40,9 @@ MATRIX_OPS = ("MatMul", "_MklMatMul", "_FusedMatMul", "_MklFusedMatMul", "BatchM
 HALF = (tf.float16.as_datatype_enum, tf.bfloat16.as_datatype_enum)
 
 
-def _data(seed=0, features=16, classes=4):
+def _data(seed=0, features=16, classes=4, batch=BATCH):
     rng = np.random.RandomState(seed)
-    x = rng.randn(BATCH * 4, features).astype(np.float32)
+    x = rng.randn(batch * 4, features).astype(np.float32)
     w = rng.randn(features, classes).astype(np.float32)
     return x, np.argmax(x @ w, axis=1).astype(np.int32)
 
@@ -50,10 +51,11 @@ def _dtype(value):
     return tf.as_dtype(value.dtype).name
 
 
-def _mlp(classes=4):
+def _mlp(classes=4, features=16, width=64):
     keras.utils.set_random_seed(0)
-    return keras.Sequential([keras.Input((16,)), keras.layers.Dense(64, activation="relu"),
-                             keras.layers.Dense(64, activation="relu"),
+    return keras.Sequential([keras.Input((features,)),
+                             keras.layers.Dense(width, activation="relu"),
+                             keras.layers.Dense(width, activation="relu"),
                              keras.layers.Dense(classes)])
 
 
@@ -79,8 +81,9 @@ def eager_raw(factor):
     return losses, seen
 
 
-def _custom_loop(model, loss_fn, opt, factor, compiled, extra_loss=None):
-    x, y = _data()
+def _custom_loop(model, loss_fn, opt, factor, compiled, extra_loss=None, features=16,
+                 batch=BATCH):
+    x, y = _data(features=features, batch=batch)
 
     def step(xb, yb):
         with tf.GradientTape() as tape:
@@ -97,8 +100,8 @@ def _custom_loop(model, loss_fn, opt, factor, compiled, extra_loss=None):
         step = tf.function(step)
     losses = []
     for i in range(STEPS):
-        logits, loss, grad = step(tf.constant(x[i % 4 * BATCH:][:BATCH]),
-                                  tf.constant(y[i % 4 * BATCH:][:BATCH]))
+        logits, loss, grad = step(tf.constant(x[i % 4 * batch:][:batch]),
+                                  tf.constant(y[i % 4 * batch:][:batch]))
         losses.append(float(loss))
     return losses, dict(logits=_dtype(logits), loss=_dtype(loss), grad=_dtype(grad),
                         predict=_dtype(model(tf.constant(x[:4]))))
@@ -139,6 +142,15 @@ def function_loop(factor):
     """The same loop in tf.function (the TF2 tutorials' custom training loop)."""
     return _custom_loop(_mlp(), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                         keras.optimizers.SGD(0.1), factor, compiled=True)
+
+
+def function_loop_wide(factor):
+    """The tf.function loop on layers wide enough that bfloat16 pays on a CPU with native
+    bfloat16 ([64 x 512] x [512 x 512]: the cost model converts them by the Zen 4 table)."""
+    return _custom_loop(_mlp(features=WIDE, width=WIDE),
+                        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                        keras.optimizers.SGD(0.02), factor, compiled=True, features=WIDE,
+                        batch=WIDE_BATCH)
 
 
 def tf_keras_regularized(factor):
@@ -243,7 +255,7 @@ def mirrored(factor):
 
 
 PATTERNS = dict(eager_raw=eager_raw, eager_keras=eager_keras, function_loop=function_loop,
-                function_mse=function_mse,
+                function_mse=function_mse, function_loop_wide=function_loop_wide,
                 tf_keras_regularized=tf_keras_regularized, keras_fit=keras_fit, gan=gan,
                 mirrored=mirrored)
 
