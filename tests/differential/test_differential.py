@@ -6,6 +6,8 @@
 - Fast profile (default run): from 200 derandomized hypothesis draws, the 5 TF1 and 3 TF2
   programs that cover the most pairs of components, each run in float16 or bfloat16
   (alternating) against its float32 run. About 40 s on 2 cores.
+- Two wide TF1 programs (programs.WIDE_SPECS) in bfloat16: the cost model, reading the
+  suite's table, converts their 512-wide products.
 - Every pair of a graph program compares real half compute with float32: its mixed run
   executed half ops (support/half_ops.py counts them in the partition graphs TensorFlow ran) and its
   float32 run none; an eager program's executed none (eager ops run float32). TF1 programs'
@@ -209,6 +211,16 @@ def test_fast_profile():
     specs = harness.profile_specs("fast", settings_=FAST_SETTINGS)
     assert len(specs) == harness.PROFILES["fast"]["tf1"] + harness.PROFILES["fast"]["tf2"]
     _run_profile(specs, "fast")
+
+
+@pytest.mark.parametrize("index", range(len(programs.WIDE_SPECS)),
+                         ids=[f"wide{i}" for i in range(len(programs.WIDE_SPECS))])
+def test_a_wide_program_compares_the_cost_models_half_compute(index):
+    """Its mixed run decides by the suite's table, whose cost model converts the wide
+    products: the pair compares the half compute the cost model chose with float32."""
+    (verdict,) = harness.run_spec(programs.WIDE_SPECS[index], ("bfloat16",))
+    assert verdict.ok and verdict.real_half, verdict.report()
+    assert "for target op_costs_zen4.json" in verdict.mixed.stderr, verdict.report()
 
 
 @pytest.mark.slow

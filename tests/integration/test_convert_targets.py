@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -200,3 +201,61 @@ def test_inspect_shows_the_decisions_convert_makes_for_the_same_target(saved_mod
                 in inspected), inspected
         assert _half_ops(str(tmp_path / label)) == (
             [] if label == "slow" else ["Conv2D", "Conv2D", "MatMul"])
+
+
+class _Wide(tf.Module):
+    """x[64, 512] -> dense 512 -> relu -> dense 512 -> relu -> dense 10: products wide enough
+    that bfloat16 pays on a CPU with native bfloat16 (the Zen 4 table converts them)."""
+
+    def __init__(self):
+        super().__init__()
+        def init(shape, seed):
+            return tf.random.stateless_uniform(shape, seed=(seed, 0), minval=-0.05,
+                                               maxval=0.05)
+        self.w1 = tf.Variable(init([512, 512], 1), name="w1")
+        self.w2 = tf.Variable(init([512, 512], 2), name="w2")
+        self.w3 = tf.Variable(init([512, 10], 3), name="w3")
+
+    @tf.function(input_signature=[tf.TensorSpec([64, 512], tf.float32, name="x")])
+    def serve(self, x):
+        h = tf.nn.relu(tf.matmul(x, self.w1))
+        h = tf.nn.relu(tf.matmul(h, self.w2))
+        return {"logits": tf.matmul(h, self.w3)}
+
+
+def _executed_half_matmuls(directory, x):
+    """(outputs, bfloat16 MatMuls TensorFlow executed) of the SavedModel's serving function."""
+    from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+    serve = tf.saved_model.load(directory).signatures["serving_default"]
+    context.enable_run_metadata()
+    try:
+        out = serve(x=x)["logits"].numpy()
+        metadata = context.export_run_metadata()
+    finally:
+        context.disable_run_metadata()
+    return out, sum(1 for f in metadata.function_graphs for g in f.partition_graphs
+                    for n in g.node if "MatMul" in n.op
+                    and n.attr["T"].type == tf.bfloat16.as_datatype_enum)
+
+
+def test_a_table_target_converts_what_it_weighs_faster_and_it_runs_half(tmp_path, capsys):
+    """`convert --target TABLE` (the suite's Zen 4 table): the cost model weighs the wide
+    products as faster in bfloat16 and converts them; the converted model executes them in
+    bfloat16 and gives float32's outputs within bfloat16's tolerance."""
+    from support.tolerances import TOLERANCES  # pylint: disable=import-outside-toplevel
+    source, dst = str(tmp_path / "wide"), tmp_path / "wide_bf16"
+    module = _Wide()
+    tf.saved_model.save(module, source, signatures={"serving_default": module.serve})
+    code, out, err = cli_main(capsys, "convert", source, dst, "--dtype", "bfloat16",
+                              "--target", TABLE)
+    assert code == 0, err
+    assert re.search(r"Converted [1-9]\d*/\d+ nodes to bfloat16 .* for target "
+                     r"op_costs_zen4\.json", out), out
+    x = tf.random.stateless_normal([64, 512], seed=(4, 0))
+    want, float32_half = _executed_half_matmuls(source, x)
+    got, half = _executed_half_matmuls(str(dst), x)
+    assert float32_half == 0 and half >= 2, (float32_half, half)
+    # atol relative to the outputs' scale: a logit near 0 has no relative precision
+    tolerance = TOLERANCES["bfloat16"]
+    np.testing.assert_allclose(got, want, rtol=tolerance["rtol"],
+                               atol=tolerance["atol"] * np.abs(want).max())
