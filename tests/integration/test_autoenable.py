@@ -56,80 +56,6 @@ def float32_runs():
     return {name: _metrics(proc) for name, proc in runs.items()}
 
 
-@pytest.mark.parametrize("launch", ["env", "module"])
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
-def test_unmodified_script_runs_in_mixed_precision(name, launch, tmp_path, float32_runs):
-    dump = str(tmp_path / "dump")
-    # an explicit half type: runs on every CPU (what `auto` picks is tested below)
-    # the cost model off: the path is under test, and at these scripts' sizes the model keeps
-    # the MLP float32 on a CPU (test_cost_model.py), by this machine's measurements
-    env = {"TF_MPT_DUMP_DIR": dump, "TF_MPT_DTYPE": "bfloat16", "TF_MPT_COST_MODEL": "0"}
-    if launch == "env":
-        env["TF_MPT_ENABLE"] = "1"
-        args = [f"examples/{name}.py", *EXAMPLES[name]]
-    else:
-        args = ["-m", "tf_mpt", f"examples/{name}.py", *EXAMPLES[name]]
-    proc = _run(args, env)
-    metrics = _metrics(proc)
-    assert "tf_mpt: enabled: dtype=bfloat16" in proc.stderr
-    assert re.search(r"tf_mpt: Converted [1-9]\d*/\d+ nodes to bfloat16", proc.stderr)
-    reports = sorted(glob.glob(os.path.join(dump, "*_report.json")))
-    assert reports, "no rewrite was dumped"
-    # one rewrite per graph the Session ran (initialiser, training step, evaluation): the
-    # one with the most half MatMuls/Conv2Ds is the training step's
-    chosen, half_matmuls = None, []
-    for path in reports:
-        report = json.loads(open(path).read())
-        names = [n for n, d in report["nodes"].items()
-                 if d["op"] in ("MatMul", "Conv2D") and d["colour"] == "allow"]
-        if len(names) > len(half_matmuls):
-            chosen, half_matmuls = path, names
-    assert half_matmuls
-    after = tf.compat.v1.GraphDef()
-    with open(chosen.replace("_report.json", "_after.pb"), "rb") as f:
-        after.ParseFromString(f.read())
-    half = {n.name for n in after.node if n.op in ("MatMul", "Conv2D")
-            and n.attr["T"].type in (tf.float16.as_datatype_enum, tf.bfloat16.as_datatype_enum)}
-    assert set(half_matmuls) <= half
-    assert half_ops.half_ops(proc.stderr) >= len(half_matmuls)  # and they ran
-    assert metrics["last_loss"] < metrics["first_loss"] / 2
-    assert metrics["accuracy"] >= float32_runs[name]["accuracy"] - ACCURACY_POINTS - 1e-9
-
-
-@pytest.mark.parametrize("launch", ["env", "module", "console", "policy"])
-def test_keras_fit_script_runs_its_traced_steps_in_mixed_precision(launch):
-    """TF_MPT_KERAS=rewrite (default): Keras stays float32 and tf_mpt rewrites the step
-    functions fit / evaluate trace; TF_MPT_KERAS=policy: Keras's mixed_bfloat16 policy."""
-    args = ["examples/keras_fit_digits.py", "--epochs", "3"]
-    float32_run = _run(args, {})
-    float32 = _metrics(float32_run)
-    # whether this CPU's kernels make the digits MLP's small steps pay in bfloat16 is the
-    # cost model's call (test_cost_model.py); here: that the traced steps are rewritten
-    mixed_env = {"TF_MPT_DTYPE": "bfloat16", "TF_MPT_COST_MODEL": "0"}
-    if launch == "env":
-        proc = _run(args, {"TF_MPT_ENABLE": "1", **mixed_env})
-    elif launch == "policy":
-        proc = _run(args, {"TF_MPT_ENABLE": "1", "TF_MPT_KERAS": "policy", **mixed_env})
-    elif launch == "module":
-        proc = _run(["-m", "tf_mpt", *args], mixed_env)
-    else:  # what the `tf-mpt run` console command calls
-        proc = _run(["-c", "import sys; from tf_mpt.cli import main; main(sys.argv[1:])",
-                     "run", *args], mixed_env)
-    mixed = _metrics(proc)
-    assert "policy=float32" in float32_run.stdout
-    if launch == "policy":
-        assert "policy=mixed_bfloat16" in proc.stdout
-        assert "tf_mpt: Keras global dtype policy set to mixed_bfloat16" in proc.stderr
-    else:
-        assert "policy=float32" in proc.stdout and "dtype policy" not in proc.stderr
-        converted = re.findall(r"tf_mpt: Converted (\d+)/\d+ nodes to bfloat16", proc.stderr)
-        assert len(converted) == 2 and all(int(n) > 0 for n in converted), proc.stderr[-3000:]
-    assert half_ops.half_ops(float32_run.stderr) == 0
-    assert half_ops.half_ops(proc.stderr) > 0, proc.stderr[-3000:]  # the steps ran half
-    assert mixed["last_loss"] < mixed["first_loss"] / 2
-    assert mixed["accuracy"] >= float32["accuracy"] - ACCURACY_POINTS - 1e-9
-
-
 # An unmodified script of layers wide enough that bfloat16 pays on a CPU with native bfloat16
 # ([64 x 512] x [512 x 512]): a TF1 Session and a TF2 tf.function training step.
 _WIDE_SCRIPT = """
@@ -179,6 +105,86 @@ def test_an_unmodified_script_runs_half_under_the_default_target(tmp_path):
     want = [float(v) for v in float32.stdout.split("losses")[1].split()]
     got = [float(v) for v in mixed.stdout.split("losses")[1].split()]
     np.testing.assert_allclose(got, want, rtol=FINAL_LOSS_RTOL["bfloat16"])
+
+
+# one launch of each in the default run; the other (the same rewrite, started another way)
+# with -m heavy
+_SECOND = pytest.mark.heavy
+
+
+@pytest.mark.parametrize("launch", ["env", pytest.param("module", marks=_SECOND)])
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_unmodified_script_runs_in_mixed_precision(name, launch, tmp_path, float32_runs):
+    dump = str(tmp_path / "dump")
+    # an explicit half type: runs on every CPU (what `auto` picks is tested below)
+    # the cost model off: the path is under test, and at these scripts' sizes the model keeps
+    # the MLP float32 on a CPU (test_cost_model.py), by this machine's measurements
+    env = {"TF_MPT_DUMP_DIR": dump, "TF_MPT_DTYPE": "bfloat16", "TF_MPT_COST_MODEL": "0"}
+    if launch == "env":
+        env["TF_MPT_ENABLE"] = "1"
+        args = [f"examples/{name}.py", *EXAMPLES[name]]
+    else:
+        args = ["-m", "tf_mpt", f"examples/{name}.py", *EXAMPLES[name]]
+    proc = _run(args, env)
+    metrics = _metrics(proc)
+    assert "tf_mpt: enabled: dtype=bfloat16" in proc.stderr
+    assert re.search(r"tf_mpt: Converted [1-9]\d*/\d+ nodes to bfloat16", proc.stderr)
+    reports = sorted(glob.glob(os.path.join(dump, "*_report.json")))
+    assert reports, "no rewrite was dumped"
+    # one rewrite per graph the Session ran (initialiser, training step, evaluation): the
+    # one with the most half MatMuls/Conv2Ds is the training step's
+    chosen, half_matmuls = None, []
+    for path in reports:
+        report = json.loads(open(path).read())
+        names = [n for n, d in report["nodes"].items()
+                 if d["op"] in ("MatMul", "Conv2D") and d["colour"] == "allow"]
+        if len(names) > len(half_matmuls):
+            chosen, half_matmuls = path, names
+    assert half_matmuls
+    after = tf.compat.v1.GraphDef()
+    with open(chosen.replace("_report.json", "_after.pb"), "rb") as f:
+        after.ParseFromString(f.read())
+    half = {n.name for n in after.node if n.op in ("MatMul", "Conv2D")
+            and n.attr["T"].type in (tf.float16.as_datatype_enum, tf.bfloat16.as_datatype_enum)}
+    assert set(half_matmuls) <= half
+    assert half_ops.half_ops(proc.stderr) >= len(half_matmuls)  # and they ran
+    assert metrics["last_loss"] < metrics["first_loss"] / 2
+    assert metrics["accuracy"] >= float32_runs[name]["accuracy"] - ACCURACY_POINTS - 1e-9
+
+
+@pytest.mark.parametrize("launch", ["env", pytest.param("module", marks=_SECOND),
+                                    pytest.param("console", marks=_SECOND), "policy"])
+def test_keras_fit_script_runs_its_traced_steps_in_mixed_precision(launch):
+    """TF_MPT_KERAS=rewrite (default): Keras stays float32 and tf_mpt rewrites the step
+    functions fit / evaluate trace; TF_MPT_KERAS=policy: Keras's mixed_bfloat16 policy."""
+    args = ["examples/keras_fit_digits.py", "--epochs", "3"]
+    float32_run = _run(args, {})
+    float32 = _metrics(float32_run)
+    # whether this CPU's kernels make the digits MLP's small steps pay in bfloat16 is the
+    # cost model's call (test_cost_model.py); here: that the traced steps are rewritten
+    mixed_env = {"TF_MPT_DTYPE": "bfloat16", "TF_MPT_COST_MODEL": "0"}
+    if launch == "env":
+        proc = _run(args, {"TF_MPT_ENABLE": "1", **mixed_env})
+    elif launch == "policy":
+        proc = _run(args, {"TF_MPT_ENABLE": "1", "TF_MPT_KERAS": "policy", **mixed_env})
+    elif launch == "module":
+        proc = _run(["-m", "tf_mpt", *args], mixed_env)
+    else:  # what the `tf-mpt run` console command calls
+        proc = _run(["-c", "import sys; from tf_mpt.cli import main; main(sys.argv[1:])",
+                     "run", *args], mixed_env)
+    mixed = _metrics(proc)
+    assert "policy=float32" in float32_run.stdout
+    if launch == "policy":
+        assert "policy=mixed_bfloat16" in proc.stdout
+        assert "tf_mpt: Keras global dtype policy set to mixed_bfloat16" in proc.stderr
+    else:
+        assert "policy=float32" in proc.stdout and "dtype policy" not in proc.stderr
+        converted = re.findall(r"tf_mpt: Converted (\d+)/\d+ nodes to bfloat16", proc.stderr)
+        assert len(converted) == 2 and all(int(n) > 0 for n in converted), proc.stderr[-3000:]
+    assert half_ops.half_ops(float32_run.stderr) == 0
+    assert half_ops.half_ops(proc.stderr) > 0, proc.stderr[-3000:]  # the steps ran half
+    assert mixed["last_loss"] < mixed["first_loss"] / 2
+    assert mixed["accuracy"] >= float32["accuracy"] - ACCURACY_POINTS - 1e-9
 
 
 # A small TF1 script: one MatMul trained for a step, then its dtype as the Session ran it.

@@ -145,6 +145,7 @@ def test_tf2_custom_loop_workers_skip_together_with_automatic_scaling(allreduce)
 DIGITS_ACCURACY_TOL = 0.015
 
 
+@pytest.mark.heavy
 def test_digits_with_half_all_reduce_reaches_float32_accuracy():
     proc = _run([os.path.join(SUPPORT, "digits_mirrored_worker.py"), *ALLREDUCE_DTYPES])
     runs = {r["run"]: r for r in _json_lines(proc)}

@@ -979,6 +979,7 @@ def test_control_flow_v1_switch_is_restored():
     assert tf1.control_flow_v2_enabled()
 
 
+@pytest.mark.heavy
 @FUZZ_SETTINGS
 @given(recipe=recipes())
 @example(recipe=all_ops_recipe())
@@ -987,6 +988,7 @@ def test_rewritten_random_graph_is_well_formed_and_matches_float32(recipe):
     check_recipe(recipe)
 
 
+@pytest.mark.heavy
 @CONTROL_FLOW_SETTINGS
 @given(recipe=recipes(max_steps=MAX_CONTROL_FLOW_STEPS, max_depth=MAX_DEPTH))
 @example(recipe=nested_recipe(traced=False))

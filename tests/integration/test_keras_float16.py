@@ -26,6 +26,8 @@ from support.tolerances import FINAL_LOSS_RTOL
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 WORKER = os.path.join(ROOT, "tests", "support", "keras_float16_worker.py")
+# a minute of Keras fits in three ways: run by CI (-m heavy), out of the default run
+pytestmark = pytest.mark.heavy
 CASES = ("transformer_adam", "convnet_sgd", "lstm_rmsprop")
 WAYS = ("float32", "policy", "tf_mpt")
 

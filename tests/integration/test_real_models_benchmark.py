@@ -15,6 +15,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 @pytest.mark.skipif(importlib.util.find_spec("tf_keras") is None,
                     reason='needs tf_keras: python -m pip install --no-deps "tf_keras==2.21.*"')
+@pytest.mark.heavy
 def test_quick_run_prints_a_row_per_model_and_step():
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("TF_MPT_") or k == "TF_MPT_OP_COSTS"}  # the injected times

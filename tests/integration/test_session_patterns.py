@@ -129,6 +129,7 @@ def test_without_a_compiler_the_copy_path_takes_over_with_one_warning(tmp_path):
     assert mixed["half_ops"] > 0  # the copy path still runs make_callable in half
 
 
+@pytest.mark.heavy
 def test_the_native_optimizer_is_built_once_and_cached(tmp_path):
     cache = tmp_path / "cache"
     code = ("import tensorflow as tf; from tf_mpt.automatic.native import library as _native; "

@@ -135,6 +135,7 @@ def test_eager_pattern_runs_float32_and_is_told_so(runs, pattern, dtype):
         assert stderr.count("runs eagerly (outside tf.function)") == 1
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("pattern", PROBE)
 def test_float16_underflow_probe_trains_like_float32_only_with_scaling(probes, pattern):
     float32 = probes["float32"][pattern]["losses"][-1]
