@@ -119,12 +119,13 @@ class ProgramSpec:
 
     @property
     def target(self):
-        """The target of its mixed run: the suite's table (None: the caller's TF_MPT_OP_COSTS)
-        for TF1 programs, whose 8-wide layers the Zen 4 table converts (38-145 half ops);
-        `rules` for TF2 programs, whose Keras layers at batch 8 it keeps float32 at any width
-        (a fit of 512-wide Dense layers: 0 of 31 converted), so that they still compare half
-        compute with float32."""
-        return "rules" if self.kind == "tf2" else None
+        """The target of its mixed run: `rules` for the drawn programs, whose 8-wide layers
+        the suite's table keeps float32 in places (a TF1 program of three dense blocks: no
+        half op) and a Keras fit at batch 8 at any width (512-wide Dense layers: 0 of 31
+        converted), so that every graph program compares half compute with float32; the
+        suite's table (None: the caller's TF_MPT_OP_COSTS) for WIDE_SPECS, whose products the
+        cost model weighs and converts."""
+        return None if self.wide else "rules"
 
     def tags(self):
         tags = {f"kind:{self.kind}", f"loss:{self.loss}", f"optimizer:{self.optimizer}"}

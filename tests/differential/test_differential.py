@@ -10,9 +10,10 @@
   suite's table, converts their 512-wide products.
 - Every pair of a graph program compares real half compute with float32: its mixed run
   executed half ops (support/half_ops.py counts them in the partition graphs TensorFlow ran) and its
-  float32 run none; an eager program's executed none (eager ops run float32). TF1 programs'
-  mixed runs read the suite's injected cost table (conftest), TF2 programs' the rules
-  (programs.ProgramSpec.target): the decisions, and the counts, are the same on every CPU.
+  float32 run none; an eager program's executed none (eager ops run float32). The drawn
+  programs' mixed runs decide by the rules, the wide ones' by the suite's injected cost
+  table (programs.ProgramSpec.target): the decisions, and the counts, are the same on every
+  CPU.
 - Thorough profile (`-m slow`): the 24 TF1 + 16 TF2 programs of 400 + 400 draws that cover
   the most pairs of components (known differences included, counted as known), each in
   bfloat16, float16 (static loss scale) and float16 with tf_mpt's default dynamic loss
