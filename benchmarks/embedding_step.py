@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import tf_mpt  # noqa: E402
 from tf_mpt import _cpu  # noqa: E402
 from tf_mpt.rewrite.paint import rules as _paint  # noqa: E402
-from tf_mpt import rewrite as _rewrite  # noqa: E402
+from tf_mpt.rewrite import painting as _painting  # noqa: E402
 
 tf1 = tf.compat.v1
 BATCH, EMBED, SAMPLED = 128, 200, 64
@@ -61,14 +61,14 @@ def build(vocab, seed=0):
 
 
 def rewrite(graph, dtype, selection_pass):
-    passes = _rewrite._PASSES  # pylint: disable=protected-access
+    passes = _painting.PASSES
     if not selection_pass:
-        _rewrite._PASSES = tuple(p for p in passes  # pylint: disable=protected-access
+        _painting.PASSES = tuple(p for p in passes
                                  if p[1] is not _paint.cast_the_selected_part_not_the_whole)
     try:
         return tf_mpt.rewrite_graph(graph, dtype=dtype, fetches=FETCHES)
     finally:
-        _rewrite._PASSES = passes  # pylint: disable=protected-access
+        _painting.PASSES = passes
 
 
 def table_casts(graph, vocab):

@@ -93,7 +93,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2  # noqa: E402
 import digits  # noqa: E402
 import grappler_oracle  # noqa: E402
 import tf_mpt  # noqa: E402
-from tf_mpt.rewrite.paint import flops as _flops  # noqa: E402
+from tf_mpt.costs import flops as _flops  # noqa: E402
 
 tf1 = tf.compat.v1
 

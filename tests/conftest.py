@@ -37,7 +37,7 @@ def _no_verdict_from_this_cpus_clock(request, monkeypatch):
     machine; a test about measuring itself carries @pytest.mark.measures_this_cpu."""
     if request.node.get_closest_marker(MEASURES_THIS_CPU):
         return
-    from tf_mpt.rewrite.paint import op_costs  # pylint: disable=import-outside-toplevel
+    from tf_mpt.costs import op_costs  # pylint: disable=import-outside-toplevel
 
     def measuring(directory, dtype, nodes=None, ops=None):
         raise AssertionError(

@@ -16,7 +16,7 @@ USAGE = "python -m tf_mpt script.py [args...]"
 
 
 def _run(script, args):
-    from tf_mpt import _startup  # pylint: disable=g-import-not-at-top
+    from tf_mpt._process import startup as _startup  # pylint: disable=g-import-not-at-top
     if not os.path.isfile(script):
         sys.stderr.write(f"tf_mpt: no such script: {script!r}. Usage: {USAGE}\n")
         raise SystemExit(2)
@@ -61,8 +61,8 @@ def _measure_command(options):
     import json  # pylint: disable=g-import-not-at-top
     from tf_mpt import config as _config  # pylint: disable=g-import-not-at-top
     from tf_mpt.models import sources as _sources  # pylint: disable=g-import-not-at-top
-    from tf_mpt.rewrite.paint import op_costs as _op_costs  # pylint: disable=g-import-not-at-top
-    from tf_mpt.rewrite.paint import probes as _probes  # pylint: disable=g-import-not-at-top
+    from tf_mpt.costs import op_costs as _op_costs  # pylint: disable=g-import-not-at-top
+    from tf_mpt.costs import probes as _probes  # pylint: disable=g-import-not-at-top
     dtypes = ("bfloat16", "float16") if options.dtype == "both" else (options.dtype,)
     model = _sources.open_model(options.model) if options.model else None
 

@@ -15,7 +15,7 @@ import tensorflow as tf
 import tf_mpt
 from tf_mpt.automatic import switch as _autoenable
 from tf_mpt.automatic import optimizers as auto_scaling
-from tf_mpt import _state as tf_mpt_state
+from tf_mpt._process import state as tf_mpt_state
 from support.helpers import tf1
 
 keras = pytest.importorskip("keras")

@@ -116,7 +116,7 @@ def test_a_measured_table_decides_on_another_machine_without_measuring(saved_mod
     assert code == 0, err
     assert re.match(rf"wrote {table}: bfloat16 costs and 3 node shape\(s\) of {saved_model} "
                     "measured on ", out), out
-    from tf_mpt.rewrite.paint import op_costs
+    from tf_mpt.costs import op_costs
     (written,) = json.loads(table.read_text())
     costs = op_costs.OpCosts.from_dict(written)
     assert costs.dtype == "bfloat16" and {"MatMul", "Conv2D"} <= set(costs.half)
@@ -143,7 +143,7 @@ def test_a_measured_table_decides_on_another_machine_without_measuring(saved_mod
 
 
 def test_measure_into_an_unwritable_path_says_so(tmp_path, capsys, monkeypatch):
-    from tf_mpt.rewrite.paint import probes
+    from tf_mpt.costs import probes
     measured = []
     monkeypatch.setattr(probes, "measure", lambda dtype: measured.append(dtype) or
                         op_costs_table(dtype))
@@ -155,7 +155,7 @@ def test_measure_into_an_unwritable_path_says_so(tmp_path, capsys, monkeypatch):
 
 def op_costs_table(dtype):
     """The suite's injected table for `dtype` (what a measurement would return)."""
-    from tf_mpt.rewrite.paint import op_costs
+    from tf_mpt.costs import op_costs
     (table,) = [t for t in json.loads(open(TABLE).read()) if t["dtype"] == dtype]
     return op_costs.OpCosts.from_dict(table)
 

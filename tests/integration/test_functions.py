@@ -370,15 +370,16 @@ def test_a_failed_declaration_trial_keeps_the_first_rewrite_quietly(monkeypatch,
     the body stays as first rewritten, with no warning (strict=True raises)."""
     import logging
     import tf_mpt.rewrite as orchestrator
+    from tf_mpt.rewrite import painting
     half = tf.as_dtype(half_dtype).as_datatype_enum
-    first_rewrite = orchestrator._rewrite_function_body
+    first_rewrite = painting.rewrite_function_body
 
     def failing(fdef, *args):
         if any(arg.type == half for arg in fdef.signature.input_arg):
             raise orchestrator.RewriteError("injected failure")
         return first_rewrite(fdef, *args)
 
-    monkeypatch.setattr(orchestrator, "_rewrite_function_body", failing)
+    monkeypatch.setattr(painting, "rewrite_function_body", failing)
     cf = _loop_reading_in_float32(tf.tanh).get_concrete_function()
     fetches = [t.op.name for t in cf.outputs]
     with caplog.at_level(logging.WARNING, logger="tf_mpt"):

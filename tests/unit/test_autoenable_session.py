@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
-from tf_mpt import _patches
-from tf_mpt._state import STATE
+from tf_mpt._process import patches as _patches
+from tf_mpt._process.state import STATE
 from tf_mpt.automatic import switch as _autoenable
 from tf_mpt.automatic.native import rewriter as _session_rewrite
 from support.helpers import tf1

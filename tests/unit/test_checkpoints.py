@@ -4,7 +4,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_mpt
-from tf_mpt import _patches
+from tf_mpt._process import patches as _patches
 from support.helpers import tf1
 
 

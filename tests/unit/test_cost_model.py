@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import tf_mpt
 from tf_mpt import rewrite as _rewrite
-from tf_mpt.rewrite.paint import op_costs as _op_costs
+from tf_mpt.costs import op_costs as _op_costs
 from tf_mpt.rewrite.paint import shapes as _shapes
 from tf_mpt import config as _config
 

@@ -1,10 +1,10 @@
-"""FLOPs from static shapes (tf_mpt/rewrite/paint/flops.py): the ops it models, and None
+"""FLOPs from static shapes (tf_mpt/costs/flops.py): the ops it models, and None
 ("unknown", no cost) for any other op rather than a guess."""
 
 import pytest
 
-from tf_mpt.rewrite.paint import contractions
-from tf_mpt.rewrite.paint import flops
+from tf_mpt.costs import contractions
+from tf_mpt.costs import flops
 
 
 def _dims(shapes):

@@ -11,9 +11,9 @@ import pytest
 import tensorflow as tf
 
 from tf_mpt import _cpu
-from tf_mpt import _state
+from tf_mpt._process import state as _state
 from tf_mpt import config as _config
-from tf_mpt.rewrite.paint import op_costs
+from tf_mpt.costs import op_costs
 
 
 def _table(**times):
@@ -138,7 +138,7 @@ def test_a_failed_measurement_turns_the_model_off_with_one_warning(tmp_path, mon
 def test_every_copy_of_a_node_probe_chain_runs_as_its_own_kernel():
     """The probe Session runs without Grappler, whose optimizers would merge the chain's
     identical copies into one kernel and drop its control edges (they did: one MatMul ran)."""
-    from tf_mpt.rewrite.paint import probes  # pylint: disable=import-outside-toplevel
+    from tf_mpt.costs import probes  # pylint: disable=import-outside-toplevel
     spec = {"op": "MatMul", "attrs": {}, "inputs": [["float", [64, 32], False],
                                                    ["float", [32, 16], True]]}
     run = probes._NodeRun(tf.compat.v1, probes._node_graph(tf, spec, tf.float32))
@@ -154,7 +154,7 @@ def test_a_node_probe_times_a_chain_of_copies_alternates_the_dtypes_keeps_the_fa
         monkeypatch):
     """...a convolution's runs back to back, the runs of matrix products going round them
     (each node's runs spread over the measurement)."""
-    from tf_mpt.rewrite.paint import probes  # pylint: disable=import-outside-toplevel
+    from tf_mpt.costs import probes  # pylint: disable=import-outside-toplevel
     spec = {"op": "MatMul", "attrs": {}, "inputs": [["float", [8, 4], False],
                                                    ["float", [4, 2], True]]}
     graph_def = probes._node_graph(tf, spec, tf.bfloat16)
@@ -339,7 +339,7 @@ def test_this_cpu_is_measured_by_the_op_types_each_graph_needs(tmp_path, monkeyp
     reading it measures nothing."""
     import tf_mpt  # pylint: disable=import-outside-toplevel
     from conftest import OP_COSTS_TABLE  # pylint: disable=import-outside-toplevel
-    from tf_mpt.rewrite.paint import probe_ops  # pylint: disable=import-outside-toplevel
+    from tf_mpt.costs import probe_ops  # pylint: disable=import-outside-toplevel
     with open(OP_COSTS_TABLE) as f:
         (table,) = [t for t in json.load(f) if t["dtype"] == "bfloat16"]
     config = _here(tmp_path)
@@ -396,8 +396,8 @@ def test_one_child_process_measures_everything_a_process_asks(tmp_path, monkeypa
 
 
 def test_every_named_op_type_has_a_probe():
-    from tf_mpt.rewrite.paint import probe_ops  # pylint: disable=import-outside-toplevel
-    from tf_mpt.rewrite.paint import probes  # pylint: disable=import-outside-toplevel
+    from tf_mpt.costs import probe_ops  # pylint: disable=import-outside-toplevel
+    from tf_mpt.costs import probes  # pylint: disable=import-outside-toplevel
     with tf.Graph().as_default():
         built = set(probes._probes(tf, tf.bfloat16, 0))
     assert built == probe_ops.PROBED_OPS | set(probe_ops.CASTS)

@@ -5,6 +5,7 @@ import inspect
 import re
 
 from tf_mpt import rewrite as rewrite_module
+from tf_mpt.rewrite import painting
 
 
 def _doc_passes():
@@ -14,14 +15,14 @@ def _doc_passes():
 
 
 def test_the_docstring_lists_the_passes_of_PASSES_in_their_order():
-    names = [name for name, _ in rewrite_module._PASSES]
+    names = [name for name, _ in painting.PASSES]
     assert [name for name, _ in _doc_passes()] == names
-    assert all(run.__name__ == name for name, run in rewrite_module._PASSES)
+    assert all(run.__name__ == name for name, run in painting.PASSES)
     assert names and len(set(names)) == len(names)  # every pass listed once
 
 
 def test_every_pass_says_its_kind_and_what_it_needs():
-    for name, run in rewrite_module._PASSES:
+    for name, run in painting.PASSES:
         doc = inspect.getdoc(run)
         kind = re.search(r"^Kind: (link|paint|un-paint)\b.*Needs:\s+\S", doc, re.M | re.S)
         assert kind, f"{name}: no 'Kind: ... Needs: ...' line"
@@ -35,7 +36,7 @@ def test_the_code_runs_the_listed_phases_in_order():
     assert [name for _, name in phases] == ["index", "paint", "casts", "functions",
                                             "boundaries", "report"]
     seen = []
-    for function in (rewrite_module._rewrite_graph_def, rewrite_module._rewrite_one):
+    for function in (rewrite_module._rewrite_graph_def, painting.rewrite_one):
         marks = re.findall(r"# (\d)\. (\w+)", inspect.getsource(function))
         numbers = [int(number) for number, _ in marks]
         assert numbers == sorted(numbers), function.__name__

@@ -1,10 +1,10 @@
-"""tf_mpt/_patches.py: every process-wide patch in one registry that disable() empties."""
+"""tf_mpt/_process/patches.py: every process-wide patch in one registry that disable() empties."""
 
 import os
 import subprocess
 import sys
 
-from tf_mpt import _patches
+from tf_mpt._process import patches as _patches
 
 
 class _Owner:
@@ -29,7 +29,7 @@ def test_replace_record_and_undo_restore_everything_newest_first():
 
 def test_disable_removes_the_start_up_import_hook():
     # a fresh process: the hook waits for `import tensorflow`, which has not happened
-    code = ("import sys; from tf_mpt import _startup, _patches\n"
+    code = ("import sys; from tf_mpt._process import startup as _startup, patches as _patches\n"
             "hooks = lambda: [m for m in sys.meta_path\n"
             "                 if type(m).__name__ == 'AfterImport']\n"
             "assert _startup.install_from_env({'TF_MPT_ENABLE': '1'}, at_startup=False)\n"

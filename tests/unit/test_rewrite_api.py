@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import tf_mpt
 from tf_mpt import rewrite as rewrite_module
+from tf_mpt.rewrite import painting
 from support.helpers import added_casts, rewrite, tf1, type_attr
 
 
@@ -105,8 +106,8 @@ def _break_pass(monkeypatch):
     def broken(paint):
         raise RuntimeError("simulated bug")
     passes = tuple((name, broken if name == "propagate_allow_through_clear" else fn)
-                   for name, fn in rewrite_module._PASSES)
-    monkeypatch.setattr(rewrite_module, "_PASSES", passes)
+                   for name, fn in painting.PASSES)
+    monkeypatch.setattr(painting, "PASSES", passes)
 
 
 def test_internal_error_returns_the_original_graph_with_one_warning(monkeypatch, caplog):

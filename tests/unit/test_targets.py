@@ -111,7 +111,7 @@ def test_the_summary_and_the_report_name_the_target():
 
 
 def test_an_explicit_target_wins_over_the_config_and_measures_nothing(monkeypatch):
-    from tf_mpt.rewrite.paint import op_costs
+    from tf_mpt.costs import op_costs
     monkeypatch.setattr(op_costs, "_in_child", _no_measuring)
     monkeypatch.setattr(op_costs, "_measured", _no_measuring)
     config = _config_of(TARGET="here", CPU_FLAGS=ZEN4)  # here, no stand-in table: would measure

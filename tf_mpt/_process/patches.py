@@ -6,7 +6,7 @@ methods, Optimizer methods, tf.function, Saver.restore) or changes a setting by 
 every one, newest first; `undo(owner, attribute)` one. No TensorFlow import.
 """
 
-from tf_mpt._state import STATE
+from tf_mpt._process.state import STATE
 
 
 def replace(owner, attribute, new):

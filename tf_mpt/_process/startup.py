@@ -11,8 +11,8 @@ import logging
 import os
 import sys
 
-from tf_mpt import _import_hooks, _patches  # no TensorFlow import
-from tf_mpt._state import STATE
+from tf_mpt._process import import_hooks as _import_hooks, patches as _patches  # no TensorFlow import
+from tf_mpt._process.state import STATE
 
 
 def install_from_env(environ=None, at_startup=True):

@@ -22,9 +22,9 @@ class State:
     """The fields, grouped by the module that writes them."""
 
     def __init__(self):
-        # tf_mpt._patches: (owner, attribute, original); owner None: a label and its restore
+        # tf_mpt._process.patches: (owner, attribute, original); owner None: a label and its restore
         self.patches = []
-        # tf_mpt._startup: the start-up call's result; a Config waiting for a tf_mpt import
+        # tf_mpt._process.startup: the start-up call's result; a Config waiting for a tf_mpt import
         self.started = []
         self.deferred_enable = []
         # tf_mpt.automatic.switch: the Settings in force (None while off); 'auto' found no
@@ -55,7 +55,7 @@ class State:
         self.gradient_records = weakref.WeakKeyDictionary()
         # tf_mpt.automatic.gradients: autograph's generated file -> {line: the script's line}
         self.source_maps = {}
-        # tf_mpt.rewrite.paint.op_costs: the cost tables read or measured, by (source, path,
+        # tf_mpt.costs.op_costs: the cost tables read or measured, by (source, path,
         # dtype); kept by disable() (a machine's kernel times do not change)
         self.op_cost_tables = {}
         # ... the child process that measures for this process (op_costs.ProbeServer), and

@@ -15,7 +15,7 @@ import sys
 import tensorflow as tf
 
 from tf_mpt._opt_out import keep_fp32
-from tf_mpt._state import STATE, bypassing, warn_once
+from tf_mpt._process.state import STATE, bypassing, warn_once
 from tf_mpt.automatic import keras as _keras
 from tf_mpt.training import gradient_records as _records
 from tf_mpt.training import scaling as _scaling

@@ -9,8 +9,8 @@ import functools
 import logging
 import sys
 
-from tf_mpt import _import_hooks
-from tf_mpt import _patches
+from tf_mpt._process import import_hooks as _import_hooks
+from tf_mpt._process import patches as _patches
 from tf_mpt.automatic import optimizers as _optimizers
 from tf_mpt.automatic import state as _state
 from tf_mpt.training import gradient_records as _records

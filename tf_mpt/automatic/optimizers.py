@@ -8,9 +8,9 @@ import sys
 
 import tensorflow as tf
 
-from tf_mpt import _patches
+from tf_mpt._process import patches as _patches
 from tf_mpt.automatic import state as _state
-from tf_mpt._state import STATE, bypass, bypassing, warn_once
+from tf_mpt._process.state import STATE, bypass, bypassing, warn_once
 from tf_mpt.training import gradient_records as _records
 from tf_mpt.training import loss_scale as _loss_scale
 from tf_mpt.training import optimizer as _optimizer

@@ -1,13 +1,13 @@
-"""The automatic path's Settings, its view of the one process-wide state (tf_mpt._state:
+"""The automatic path's Settings, its view of the one process-wide state (tf_mpt._process.state:
 the Settings in force, the bypass, warn_once), and the helpers that patch a method or function
-(recorded in tf_mpt._patches, undone by disable()).
+(recorded in tf_mpt._process.patches, undone by disable()).
 """
 
 import dataclasses
 import functools
 
-from tf_mpt import _patches
-from tf_mpt._state import (STATE, bypass, bypassing, current_fed_batch,  # noqa: F401
+from tf_mpt._process import patches as _patches
+from tf_mpt._process.state import (STATE, bypass, bypassing, current_fed_batch,  # noqa: F401
                             fed_batch, warn_once)  # (the one of each)
 
 __all__ = ["Settings", "STATE", "is_enabled", "enabled_settings", "patch", "patch_function",

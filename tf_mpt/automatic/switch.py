@@ -14,14 +14,14 @@ import os
 import tensorflow as tf
 
 from tf_mpt import _cpu
-from tf_mpt import _patches
+from tf_mpt._process import patches as _patches
 from tf_mpt.automatic import gradients as _gradients
 from tf_mpt.automatic import keras as _keras
 from tf_mpt.automatic import optimizers as _optimizers
 from tf_mpt.automatic import sessions as _sessions
 from tf_mpt.automatic import state as _state
 from tf_mpt.automatic.native import rewriter as _session_rewrite
-from tf_mpt.rewrite.paint import op_costs as _op_costs
+from tf_mpt.costs import op_costs as _op_costs
 from tf_mpt.training import gradient_records as _records
 
 _log = logging.getLogger(__name__)

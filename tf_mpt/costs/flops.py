@@ -10,7 +10,7 @@ import math
 
 import tensorflow as tf
 
-from tf_mpt.rewrite.paint import contractions as _contractions
+from tf_mpt.costs import contractions as _contractions
 
 
 def _dims(tensor):

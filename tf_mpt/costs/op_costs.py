@@ -21,7 +21,7 @@ Both are measured in one child process per process (ProbeServer: TensorFlow impo
 once, started early by the automatic path while its optimizer compiles), in the measuring
 step a rewrite takes before it decides anything (rewrite._measure_workloads).
 
-TF_MPT_OP_COSTS=<file> uses a table written before (`python -m tf_mpt.rewrite.paint.probes
+TF_MPT_OP_COSTS=<file> uses a table written before (`python -m tf_mpt.costs.probes
 --out FILE`; a JSON list of such tables holds one per half type) and measures nothing:
 per-node times then come from the op types' points (tests inject a table that way, so their
 decisions do not depend on the machine).
@@ -43,10 +43,10 @@ import threading
 import typing
 
 from tf_mpt import _cpu
-from tf_mpt import _state
+from tf_mpt._process import state as _state
 from tf_mpt import config as _config
-from tf_mpt.rewrite.paint import contractions as _contractions
-from tf_mpt.rewrite.paint import probe_ops as _probe_ops
+from tf_mpt.costs import contractions as _contractions
+from tf_mpt.costs import probe_ops as _probe_ops
 
 _log = logging.getLogger("tf_mpt")
 
@@ -359,7 +359,7 @@ def _in_child(directory, dtype, nodes=None, ops=None):
 
 class ProbeServer:
     """One child process that measures for this process (`python -m
-    tf_mpt.rewrite.paint.probes --serve`): TensorFlow is imported there once, however many
+    tf_mpt.costs.probes --serve`): TensorFlow is imported there once, however many
     graphs ask for new shapes, and can be imported early (`start_measuring_early`) while
     this process does other work. It reads one JSON request per line and exits when its
     stdin closes: at this process's exit, or when this process dies."""
@@ -372,7 +372,7 @@ class ProbeServer:
         self.owner = os.getpid()  # a forked child starts its own
         self.lock = threading.Lock()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tf_mpt.rewrite.paint.probes", "--serve"], env=env,
+            [sys.executable, "-m", "tf_mpt.costs.probes", "--serve"], env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
 
     def request(self, dtype, nodes, ops=None):

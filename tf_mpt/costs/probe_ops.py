@@ -7,7 +7,7 @@ machinery.
     CASTS            the two Cast probes (float32 -> half, half -> float32), in every table
 """
 
-from tf_mpt.rewrite.paint import contractions as _contractions
+from tf_mpt.costs import contractions as _contractions
 
 # op -> (kind, input names) of the elementwise probes; kind: unary / binary (two inputs of
 # the same shape).

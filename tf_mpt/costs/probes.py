@@ -1,5 +1,5 @@
 """The probes behind op_costs: float32 and half kernel times of this CPU, run in a child
-process (`python -m tf_mpt.rewrite.paint.probes`) so TensorFlow's trace output and the probe
+process (`python -m tf_mpt.costs.probes`) so TensorFlow's trace output and the probe
 Sessions stay out of the caller's process.
 
 Two kinds:
@@ -16,10 +16,10 @@ fastest, not the median: on a shared machine interference only adds time, and a 
 runs taken while a neighbour was busy measured float32 Mul over 4096 elements at 6.1 us one
 time and 3.2 us the next, enough to flip the model's decisions.
 
-    python -m tf_mpt.rewrite.paint.probes [--dtype bfloat16]          # print the table
-    python -m tf_mpt.rewrite.paint.probes --out FILE                  # write it (JSON)
-    python -m tf_mpt.rewrite.paint.probes --nodes SPECS --out FILE    # time NodeSpecs
-    python -m tf_mpt.rewrite.paint.probes --serve                     # op_costs.ProbeServer
+    python -m tf_mpt.costs.probes [--dtype bfloat16]          # print the table
+    python -m tf_mpt.costs.probes --out FILE                  # write it (JSON)
+    python -m tf_mpt.costs.probes --nodes SPECS --out FILE    # time NodeSpecs
+    python -m tf_mpt.costs.probes --serve                     # op_costs.ProbeServer
 """
 
 import base64
@@ -29,10 +29,10 @@ import os
 import statistics
 
 from tf_mpt import _cpu
-from tf_mpt.rewrite.paint import contractions as _contractions
-from tf_mpt.rewrite.paint import flops as _flops_module
-from tf_mpt.rewrite.paint import op_costs as _op_costs
-from tf_mpt.rewrite.paint import probe_ops as _ops
+from tf_mpt.costs import contractions as _contractions
+from tf_mpt.costs import flops as _flops_module
+from tf_mpt.costs import op_costs as _op_costs
+from tf_mpt.costs import probe_ops as _ops
 
 _log = logging.getLogger("tf_mpt")
 

@@ -17,7 +17,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from tf_mpt.rewrite.paint import flops as _flops
+from tf_mpt.costs import flops as _flops
 from tf_mpt.rewrite import function_bodies as _function_bodies
 from tf_mpt.rewrite import graph_view as _graph_view
 from tf_mpt.rewrite import type_attrs as ta

@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import op_def_registry as _op_def_registry
 
-from tf_mpt import _state
+from tf_mpt._process import state as _state
 from tf_mpt.rewrite import function_bodies as _function_library
 
 _log = logging.getLogger(__name__)

@@ -9,6 +9,6 @@
     checkpoints.py  float32 checkpoints restore into a graph with loss-scale variables
 """
 
-from tf_mpt import _autograph
+from tf_mpt._process import autograph as _autograph
 
 _autograph.leave_tf_mpt_unconverted()  # a user's tf.function calls into tf_mpt as written

@@ -3,7 +3,7 @@
 A fallback in tf.compat.v1.train.Saver.restore: a checkpoint without tf_mpt's loss-scale
 variables (written by a float32 run) restores into a mixed-precision graph, the loss scale
 starting from its initial value. Installed the first time a DynamicLossScale creates graph
-variables; `tf_mpt.disable()` removes it (tf_mpt/_patches.py), and the next
+variables; `tf_mpt.disable()` removes it (tf_mpt/_process/patches.py), and the next
 DynamicLossScale that creates graph variables installs it again.
 """
 
@@ -13,7 +13,7 @@ import re
 
 import tensorflow as tf
 
-from tf_mpt import _patches
+from tf_mpt._process import patches as _patches
 
 _log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ float32 run, restores too).
 import tensorflow as tf
 
 from tf_mpt._opt_out import keep_fp32
-from tf_mpt._state import STATE, warn_once
+from tf_mpt._process.state import STATE, warn_once
 from tf_mpt.training import loss_scale as _loss_scale
 
 OPTED_OUT = "opted out"  # a variable whose gradients are scaled by someone else

@@ -14,7 +14,7 @@ Example:
 import tensorflow as tf
 
 from tf_mpt._opt_out import keep_fp32
-from tf_mpt._state import bypass
+from tf_mpt._process.state import bypass
 from tf_mpt.training import gradient_records as _records
 from tf_mpt.training import loss_scale as _loss_scale
 from tf_mpt.training.scaling import (all_reduce_in, apply_if_finite, create_slots,

@@ -44,7 +44,7 @@ import time
 import tensorflow as tf
 
 from tf_mpt import config as _config
-from tf_mpt._state import STATE
+from tf_mpt._process.state import STATE
 
 _log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ import signal
 import sys
 import threading
 
-from tf_mpt._state import STATE, current_fed_batch, warn_once
+from tf_mpt._process.state import STATE, current_fed_batch, warn_once
 from tf_mpt.automatic.native import library as _native
 
 _log = logging.getLogger(__name__)

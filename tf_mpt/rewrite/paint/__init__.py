@@ -6,7 +6,7 @@
     cuts.py           min-cut Cast placement, and the cost model's decisions
     cost.py           the cost model's facts: what a vertex and a Cast cost, fusions, floors
     shapes.py         static shapes (the graph's, a function body's, an assumed batch)
-    op_costs.py       kernel-time tables (this CPU's, measured by probes.py, or a file's)
-    flops.py          floating-point operations of the ops that dominate a model's time
-    contractions.py   the matrix products and convolutions, named once
+
+The kernel-time tables the cost model reads are measured and kept by tf_mpt.costs: the
+painter only reads a table.
 """

@@ -23,9 +23,9 @@ import typing
 
 from tf_mpt import _cpu
 from tf_mpt.rewrite import function_bodies as _function_bodies
-from tf_mpt.rewrite.paint import contractions as _contractions
-from tf_mpt.rewrite.paint import flops as _flops
-from tf_mpt.rewrite.paint import op_costs as _op_costs
+from tf_mpt.costs import contractions as _contractions
+from tf_mpt.costs import flops as _flops
+from tf_mpt.costs import op_costs as _op_costs
 from tf_mpt.rewrite.paint import shapes as _shapes
 from tf_mpt.rewrite import type_attrs as ta
 

@@ -1,0 +1,48 @@
+"""The target a rewrite decides for, bound to its table, and the measuring step: everything the
+cost model will read is measured here, before any decision (decisions only read a table)."""
+
+import dataclasses
+
+from tf_mpt import _dtypes
+from tf_mpt import targets as _targets
+from tf_mpt._process import state as _state
+from tf_mpt.costs import op_costs as _op_costs
+from tf_mpt.rewrite import type_attrs as ta
+from tf_mpt.rewrite.paint import cost as _cost
+
+
+def target_for(config, dtype):
+    """The tf_mpt.targets.Target a rewrite to `dtype` with `config` decides for (a GPU seen by
+    TensorFlow counts: `auto` then follows the op lists), bound to what its decisions read
+    (op_costs.bind: its table, machine, fusions, threads): made once per rewrite and passed
+    down. Raises ValueError for a bad table file."""
+    name = _dtypes.parse(dtype).name
+    target = _targets.resolve(config, name, gpu_visible=ta.default_device_type() == "GPU")
+    _targets.say_why_once(target, name)
+    return _op_costs.bind(target, config, name)
+
+
+def measure_workloads(target, jobs, config, dtype):
+    """The measuring step, apart from every decision: the op types and the matrix products
+    and convolutions with static shapes of every graph (cost.cost_keys, cost.workloads),
+    for the target `here` timed on this CPU where its cache lacks them (one child process
+    for the process, op_costs.ProbeServer), recorded for `tf-mpt measure --model`. Returns
+    the target bound to the table the decisions then only read (its costs None where
+    measuring failed: the op lists decide, as said in one warning)."""
+    try:
+        ops, specs = set(), set()
+        for job in jobs:
+            ops |= _cost.cost_keys(job.view)
+            specs |= _cost.workloads(job.view, job.shapes())
+        if target.measures:
+            target = dataclasses.replace(
+                target, costs=_op_costs.costs_for(config, dtype, ops))
+            if target.costs is None:
+                return target
+        target.costs.measure_nodes(specs)
+    except Exception as error:  # pylint: disable=broad-except
+        _state.warn_once(("measure_workloads", type(error).__name__),
+                         "tf_mpt could not collect or time the matrix product / convolution "
+                         "shapes of a graph (%s: %s); its cost model uses its per-op lines for "
+                         "them", type(error).__name__, error)
+    return target
