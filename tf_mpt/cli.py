@@ -7,7 +7,7 @@ TF_MPT_* variables still apply; an explicitly set sub-switch still wins).
 """
 
 import argparse
-import contextlib
+import dataclasses
 import os
 import runpy
 import sys
@@ -63,6 +63,7 @@ def _measure_command(options):
     from tf_mpt.models import sources as _sources  # pylint: disable=g-import-not-at-top
     from tf_mpt.costs import op_costs as _op_costs  # pylint: disable=g-import-not-at-top
     from tf_mpt.costs import probes as _probes  # pylint: disable=g-import-not-at-top
+    from tf_mpt import rewrite  # pylint: disable=g-import-not-at-top
     dtypes = ("bfloat16", "float16") if options.dtype == "both" else (options.dtype,)
     model = _sources.open_model(options.model) if options.model else None
 
@@ -84,8 +85,9 @@ def _measure_command(options):
     nodes = 0
     for dtype in dtypes if model is not None else ():
         # the shapes the model's conversion asks times for, decided with the table just written
-        with _env_target(options.out), _op_costs.recording_node_specs() as specs:
-            model.convert(dtype, _config.Config.from_env(os.environ).lists_for(dtype))
+        config = rewrite.with_target(_config.Config.from_env(os.environ), options.out)
+        with _op_costs.recording_node_specs() as specs:
+            model.convert(dtype, config.lists_for(dtype), config=config)
         sys.stderr.write(f"tf-mpt measure: timing {len(specs)} matrix product / convolution "
                          f"shape(s) of {options.model} in float32 and {dtype} ...\n")
         tables[dtype]["nodes"] = _probes.time_nodes(sorted(specs), dtype)
@@ -97,46 +99,28 @@ def _measure_command(options):
           f"(TF_MPT_TARGET={options.out}) on any machine")
 
 
-@contextlib.contextmanager
-def _env_target(value):
-    """TF_MPT_TARGET=value (TF_MPT_COST_MODEL, its older name, unset) inside; restored after.
-    value None: the environment as it is."""
-    from tf_mpt import config as _config  # pylint: disable=g-import-not-at-top
-    names = (_config.TF_MPT_TARGET, _config.TF_MPT_COST_MODEL)
-    saved = {name: os.environ.get(name) for name in names}
-    try:
-        if value is not None:
-            os.environ[_config.TF_MPT_TARGET] = value
-            os.environ.pop(_config.TF_MPT_COST_MODEL, None)
-        yield
-    finally:
-        for name, old in saved.items():
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old
-
-
-@contextlib.contextmanager
-def _target_of(options):
-    """--target for the command: every rewrite convert / inspect makes reads it (as the
-    environment's TF_MPT_TARGET, restored after), so the decisions shown and written are the
-    same ones. Prints the target and, for auto, why."""
+def _config_of(options):
+    """The Config every rewrite of the command decides by: the environment's, with --target
+    when given (TF_MPT_COST_MODEL, the target's older name, then set aside), so the decisions
+    shown and written are the same ones. Prints the target and, for auto, why. The
+    environment itself is left as it is."""
     from tf_mpt import config as _config  # pylint: disable=g-import-not-at-top
     from tf_mpt import rewrite  # pylint: disable=g-import-not-at-top
     from tf_mpt.models import model_io as _model_io  # pylint: disable=g-import-not-at-top
-    with _env_target(options.target):
+    try:
+        config = _config.Config.from_env(os.environ)
+        if options.target is not None:
+            config = dataclasses.replace(rewrite.with_target(config, options.target),
+                                         cost_model="auto")
         if options.dtype == "float32":  # back to float32: nothing to decide
-            yield None
-            return
-        try:
-            target = rewrite.target_for(_config.Config.from_env(os.environ), options.dtype)
-        except ValueError as error:
-            raise _model_io.ModelError(str(error)) from None
-        why = f" ({target.why})" if target.why else ""
-        if not getattr(options, "json", False):  # --json: each report holds its target
-            print(f"target: {target.label}{why}")
-        yield target
+            return config
+        target = rewrite.target_for(config, options.dtype)
+    except ValueError as error:
+        raise _model_io.ModelError(str(error)) from None
+    why = f" ({target.why})" if target.why else ""
+    if not getattr(options, "json", False):  # --json: each report holds its target
+        print(f"target: {target.label}{why}")
+    return config
 
 
 def _split(text):
@@ -144,8 +128,7 @@ def _split(text):
 
 
 def _lists(options):
-    from tf_mpt import config as _config  # pylint: disable=g-import-not-at-top
-    lists = _config.Config.from_env(os.environ).lists_for(options.dtype)
+    lists = options.config.lists_for(options.dtype)
     deny = _split(options.deny)
     return lists.edited(add={"deny": deny}) if deny else lists
 
@@ -176,9 +159,10 @@ def _convert_command(options):
     lists = _lists(options)
     keep = _split(options.keep_fp32)
     if options.keep_io_types:
-        conversion = model.convert(options.dtype, lists, keep)
+        conversion = model.convert(options.dtype, lists, keep, config=options.config)
     elif isinstance(model, _sources.FrozenGraph):
-        conversion = model.convert(options.dtype, lists, keep, keep_io_types=False)
+        conversion = model.convert(options.dtype, lists, keep, keep_io_types=False,
+                                   config=options.config)
     else:
         raise _model_io.ModelError(
             "--no-keep-io-types works on frozen graphs only: a SavedModel's signatures keep "
@@ -246,7 +230,7 @@ def _validate_and_fix(model, conversion, lists, keep, feeds, options):
         raise _model_io.ModelError("--auto-deny works with --keep-io-types (the default).")
     print(f"validation failed ({failing}); searching for the nodes to keep in float32 ...")
     found = _auto_deny.auto_deny(model, options.dtype, lists, keep, feeds, tolerance,
-                                 blame_first=not options.bisect)
+                                 blame_first=not options.bisect, config=options.config)
     conversion, kept = found.conversion, found.kept
     ops = {(d.function, d.name): d.op for report in conversion.reports.values()
            for d in report.decisions.values()}
@@ -289,7 +273,7 @@ def _inspect_command(options):
                                    "--blame.")
     model = _sources.open_model(options.src)
     lists = _lists(options)
-    conversion = model.convert(options.dtype, lists)
+    conversion = model.convert(options.dtype, lists, config=options.config)
     # the share of the model `convert` would write: its own frozen graph, same decisions
     written = model.frozen(conversion)
     shares = {label: _inspect.flop_share(graph_def, options.dtype)
@@ -443,8 +427,8 @@ def main(argv=None):
         if options.command == "measure":
             _measure_command(options)
             return
-        with _target_of(options):
-            (_convert_command if options.command == "convert" else _inspect_command)(options)
+        options.config = _config_of(options)
+        (_convert_command if options.command == "convert" else _inspect_command)(options)
     except _model_io.ModelError as error:
         sys.stderr.write(f"tf-mpt {options.command}: {error}\n")
         raise SystemExit(2) from None

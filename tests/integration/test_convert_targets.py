@@ -259,3 +259,24 @@ def test_a_table_target_converts_what_it_weighs_faster_and_it_runs_half(tmp_path
     tolerance = TOLERANCES["bfloat16"]
     np.testing.assert_allclose(got, want, rtol=tolerance["rtol"],
                                atol=tolerance["atol"] * np.abs(want).max())
+
+
+def test_the_command_passes_its_target_to_every_rewrite_and_leaves_the_environment(
+        saved_model, tmp_path, capsys, monkeypatch):
+    """--target reaches the rewrite as its Config, not through os.environ: during the
+    rewrite TF_MPT_TARGET is what the caller set (here unset), and after it too."""
+    from tf_mpt import rewrite as _rewrite  # pylint: disable=import-outside-toplevel
+    monkeypatch.delenv("TF_MPT_TARGET", raising=False)
+    seen = []
+    original = _rewrite.rewrite_with_library
+
+    def recording(*args, **kwargs):
+        seen.append((os.environ.get("TF_MPT_TARGET"), kwargs["config"].target))
+        return original(*args, **kwargs)
+    monkeypatch.setattr(_rewrite, "rewrite_with_library", recording)
+    before = dict(os.environ)
+    code, out, err = cli_main(capsys, "convert", saved_model, tmp_path / "rules", "--dtype",
+                              "bfloat16", "--target", "rules")
+    assert code == 0, err
+    assert "for target rules" in out and seen and set(seen) == {(None, "rules")}, (out, seen)
+    assert dict(os.environ) == before

@@ -35,12 +35,13 @@ class Found:
     blamed: list
 
 
-def auto_deny(model, dtype, lists, keep, feeds, tolerance, max_trials=400, blame_first=True):
+def auto_deny(model, dtype, lists, keep, feeds, tolerance, max_trials=400, blame_first=True,
+              config=None):
     """Finds converted nodes to keep float32 so the model passes validation: the nodes
     one-pass blame names (one run of each model, every tensor compared), validated once;
     where that does not pass (or blames nothing), bisection. Returns a Found."""
     start = time.perf_counter()
-    base = model.convert(dtype, lists, keep)
+    base = model.convert(dtype, lists, keep, config=config)
     blamed, tried = [], 0
     if blame_first:
         reference = model.frozen()
@@ -51,8 +52,10 @@ def auto_deny(model, dtype, lists, keep, feeds, tolerance, max_trials=400, blame
         blamed = [(error, None) for error, _ in found]
         if names:
             kept = list(names)
-            conversion = model.convert(dtype, lists, set(keep) | set(_names(kept)))
-            kept, conversion = _fewest(model, dtype, lists, keep, kept, conversion, base)
+            conversion = model.convert(dtype, lists, set(keep) | set(_names(kept)),
+                                       config=config)
+            kept, conversion = _fewest(model, dtype, lists, keep, kept, conversion, base,
+                                       config)
             tried = 1
             if all(e.ok(tolerance) for e in validate(model, conversion, feeds, tolerance,
                                                      progress=False)):
@@ -64,12 +67,12 @@ def auto_deny(model, dtype, lists, keep, feeds, tolerance, max_trials=400, blame
             _log.info("one-pass blame's %d node(s) do not pass validation; bisecting",
                       len(kept))
     conversion, kept, trials = _bisect(model, dtype, lists, keep, feeds, tolerance, base,
-                                       max_trials)
+                                       max_trials, config)
     return Found(conversion, kept, "bisection", tried + trials, time.perf_counter() - start,
                  blamed)
 
 
-def _fewest(model, dtype, lists, keep, kept, conversion, base):
+def _fewest(model, dtype, lists, keep, kept, conversion, base, config=None):
     """(kept, conversion) with only the kept nodes of allow-list ops where those alone give
     the same conversion: the infer / clear ops and constants blame named between them stay
     float32 anyway (nothing half beside them), so the list says only what must be kept."""
@@ -78,13 +81,13 @@ def _fewest(model, dtype, lists, keep, kept, conversion, base):
     allow = [key for key in kept if lists.list_of(ops.get(key, "")) == "allow"]
     if not allow or len(allow) == len(kept):
         return kept, conversion
-    fewer = model.convert(dtype, lists, set(keep) | set(_names(allow)))
+    fewer = model.convert(dtype, lists, set(keep) | set(_names(allow)), config=config)
     if set(fewer.converted_nodes) == set(conversion.converted_nodes):
         return allow, fewer
     return kept, conversion
 
 
-def _bisect(model, dtype, lists, keep, feeds, tolerance, base, max_trials):
+def _bisect(model, dtype, lists, keep, feeds, tolerance, base, max_trials, config=None):
     """Bisection over the converted nodes in graph order: keeping every converted node
     float32 passes (that is the float32 model); the smallest prefix that still passes ends
     with a node that is needed, which joins the kept set, and the search repeats on the nodes
@@ -101,7 +104,8 @@ def _bisect(model, dtype, lists, keep, feeds, tolerance, base, max_trials):
                 if len(trials) >= max_trials:
                     raise ModelError(f"--auto-deny gave up after {max_trials} trials; keep "
                                      "op types float32 with --deny, or check the sample inputs.")
-                conversion = model.convert(dtype, lists, set(keep) | set(_names(extra)))
+                conversion = model.convert(dtype, lists, set(keep) | set(_names(extra)),
+                                           config=config)
                 errors = validate(model, conversion, feeds, tolerance, progress=False)
                 trials[key] = all(e.ok(tolerance) for e in errors)
                 bar.advance(total=max(bar.total, len(trials) + 1))
@@ -125,7 +129,8 @@ def _bisect(model, dtype, lists, keep, feeds, tolerance, base, max_trials):
             remaining = remaining[:low - 1]
     finally:
         bar.close()
-    return model.convert(dtype, lists, set(keep) | set(_names(kept))), kept, len(trials)
+    return (model.convert(dtype, lists, set(keep) | set(_names(kept)), config=config), kept,
+            len(trials))
 
 
 def _names(pairs):

@@ -131,16 +131,19 @@ class FrozenGraph:
         return [f"{n.name}:0" for n in self.graph_def.node
                 if n.name in sinks and n.op not in ("NoOp", "Placeholder", "Const")]
 
-    def convert(self, dtype, lists, keep=(), keep_io_types=True):
+    def convert(self, dtype, lists, keep=(), keep_io_types=True, config=None):
         """keep_io_types=False: outputs may come out in half precision, and a float32
-        Placeholder that only feeds tf_mpt's Casts to half becomes a half Placeholder."""
+        Placeholder that only feeds tf_mpt's Casts to half becomes a half Placeholder.
+        config: the tf_mpt.Config the rewrite decides by (its target); None: the
+        environment's."""
         graph_def = tf.compat.v1.GraphDef()
         graph_def.CopyFrom(self.graph_def)
         found = set()
         _mark_keep_fp32(graph_def, set(keep), found)
         _check_all_found(keep, found)
         result = _rewrite.rewrite_graph_def(graph_def, dtype=dtype, lists=lists, strict=True,
-                                            fetches=None if keep_io_types else [])
+                                            fetches=None if keep_io_types else [],
+                                            config=config)
         if not keep_io_types:
             _half_placeholders(result.graph_def, tf.as_dtype(dtype).as_datatype_enum)
         _retarget.mark_source(result.graph_def, _source_kind(self.graph_def))
@@ -269,7 +272,9 @@ class SavedModelDir:
         tags = ",".join(self.proto.meta_graphs[index].meta_info_def.tags) or "untagged"
         return tags if len(self.proto.meta_graphs) > 1 else "saved_model"
 
-    def convert(self, dtype, lists, keep=()):
+    def convert(self, dtype, lists, keep=(), config=None):
+        """config: the tf_mpt.Config the rewrite decides by (its target); None: the
+        environment's."""
         proto = saved_model_pb2.SavedModel()
         proto.CopyFrom(self.proto)
         reports = {}
@@ -290,7 +295,7 @@ class SavedModelDir:
             source = _source_kind(graph_def)
             result = _rewrite.rewrite_with_library(
                 graph_def, dtype=dtype, fetches=sorted(fetches), lists=lists, strict=True,
-                function_roots=roots)
+                function_roots=roots, config=config)
             meta_graph.graph_def.CopyFrom(result.graph_def)
             _retarget.mark_source(meta_graph.graph_def, source)
             reports[self._label(index)] = result.report
