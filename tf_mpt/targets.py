@@ -59,6 +59,8 @@ class Target:
         why: why `auto` chose this target, or '' when it was asked for.
         notice: True where `auto` chose `rules` although this CPU could be measured (no
             native half type, or a GPU): `say_why_once` logs `why`.
+        stands_in: a 'table' that stands in for this CPU (`auto` with TF_MPT_OP_COSTS), not
+            a table of another machine.
         costs: the kernel-time table decisions read (an op_costs.OpCosts), None for `rules`
             (set by op_costs.bind).
         machine: the machine `costs` stands for (this CPU's identity, or the table's source).
@@ -69,6 +71,7 @@ class Target:
     table: typing.Optional[str] = None
     why: str = ""
     notice: bool = False  # `auto` set aside what the user may expect: said once (INFO)
+    stands_in: bool = False
     costs: typing.Any = dataclasses.field(default=None, compare=False, repr=False)
     machine: str = ""
     fusions: frozenset = _cpu.REMAPPER_FUSIONS
@@ -86,6 +89,12 @@ class Target:
         """Where its kernel times were measured, for a decision's reason: 'here' (this CPU,
         or the table standing in for it) or 'in <table file>'."""
         return "here" if self.kind == HERE else f"in {self.label}"
+
+    @property
+    def for_this_cpu(self):
+        """True if the decisions are made for the CPU running them: `here`, or a table
+        standing in for it; False for `rules` and a table of another machine."""
+        return self.kind == HERE or (self.kind == "table" and self.stands_in)
 
     @property
     def measures(self):
@@ -133,7 +142,8 @@ def resolve(config, dtype, gpu_visible=False):
         return Target(RULES, why=f"{dtype}'s speed target is the GPU: decisions follow the "
                       "op lists")
     if config.op_costs:
-        return Target("table", config.op_costs, why="TF_MPT_OP_COSTS names a cost table")
+        return Target("table", config.op_costs, why="TF_MPT_OP_COSTS names a cost table",
+                      stands_in=True)
     if gpu_visible:
         return Target(RULES, why="a GPU will run the graph: this CPU's timings say nothing "
                       "about it; decisions follow the op lists", notice=True)

@@ -14,6 +14,7 @@ import tensorflow as tf
 import tf_mpt
 from tf_mpt import config as _config
 from tf_mpt import report as _report
+from tf_mpt import targets as _targets
 from tf_mpt.rewrite import step_timing as _timing
 from tf_mpt.rewrite import tf_functions as _functions
 
@@ -27,21 +28,39 @@ def _report_with(saving_ms, changed_ms, target="here", converted=10):
                                  predicted_changed=changed_ms / 1e3)
 
 
+_HERE = _targets.Target(_targets.HERE)
+_STANDING_IN = _targets.Target("table", "/tables/op_costs_zen4.json", stands_in=True)
+_ELSEWHERE = _targets.Target("table", "/tables/sapphire_rapids.json")
+_RULES = _targets.Target(_targets.RULES)
+
+
 @pytest.mark.parametrize("mode, target, report, timed", [
-    ("auto", "auto", _report_with(2.5, 14.4), True),        # MobileNetV2's fit: 17%
-    ("auto", "auto", _report_with(5.0, 14.4), False),       # 35%: the model is trusted
-    ("auto", "here", _report_with(2.5, 14.4, target="op_costs_zen4.json"), True),
-    ("always", "auto", _report_with(5.0, 14.4), True),
-    ("off", "auto", _report_with(2.5, 14.4), False),
-    ("always", "auto", _report_with(2.5, 14.4, target="rules"), False),  # nothing measured
-    ("always", "rules", _report_with(2.5, 14.4), False),
-    ("always", "/tables/sapphire_rapids.json", _report_with(2.5, 14.4), False),  # elsewhere
-    ("always", "auto", _report_with(0.0, 0.0, converted=0), False),  # nothing converted
+    ("auto", _HERE, _report_with(2.5, 14.4), True),        # MobileNetV2's fit: 17%
+    ("auto", _HERE, _report_with(5.0, 14.4), False),       # 35%: the model is trusted
+    ("auto", _STANDING_IN, _report_with(2.5, 14.4, target="op_costs_zen4.json"), True),
+    ("always", _HERE, _report_with(5.0, 14.4), True),
+    ("off", _HERE, _report_with(2.5, 14.4), False),
+    ("always", _RULES, _report_with(2.5, 14.4, target="rules"), False),  # nothing measured
+    ("always", _ELSEWHERE, _report_with(2.5, 14.4), False),  # a table of another machine
+    ("always", _HERE, _report_with(0.0, 0.0, converted=0), False),  # nothing converted
 ])
 def test_which_functions_are_timed(mode, target, report, timed):
-    config = dataclasses.replace(_config.Config.from_env({}), step_timing=mode)
-    object.__setattr__(config, "target", target)  # a path stands for a table of elsewhere
-    assert _timing.worth_timing(report, config) is timed
+    assert _timing.worth_timing(report, target, mode) is timed
+
+
+@pytest.mark.parametrize("environment, dtype, for_this_cpu", [
+    ({"TF_MPT_TARGET": "here"}, "bfloat16", True),
+    ({"TF_MPT_OP_COSTS": "TABLE"}, "bfloat16", True),  # auto: the table stands in for it
+    ({"TF_MPT_TARGET": "TABLE"}, "bfloat16", False),   # a table named as the target
+    ({"TF_MPT_TARGET": "rules"}, "bfloat16", False),
+    ({"TF_MPT_OP_COSTS": "TABLE"}, "float16", False),  # auto for float16: the rules
+])
+def test_the_resolved_target_says_whether_decisions_are_for_this_cpu(environment, dtype,
+                                                                     for_this_cpu):
+    table = os.environ["TF_MPT_OP_COSTS"]
+    config = _config.Config.from_env({k: table if v == "TABLE" else v
+                                      for k, v in environment.items()})
+    assert _targets.resolve(config, dtype).for_this_cpu is for_this_cpu
 
 
 def test_the_environment_variable_is_parsed_and_refused_when_bad():

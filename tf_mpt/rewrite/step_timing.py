@@ -94,16 +94,17 @@ class Timing:
                 f"{len(self.mixed)} paired runs: {self.ratio:.3f}x the time)")
 
 
-def worth_timing(report, config):
-    """Whether a function rewritten with `report` is timed under `config` (a tf_mpt.Config):
-    never with TF_MPT_STEP_TIMING=off, nor where the decisions were not made for this CPU
-    (TF_MPT_TARGET=rules or a cost table of another machine; the op lists alone), nor where
-    nothing was converted; with 'always' otherwise; with 'auto' where the predicted saving is
-    below THIN of the kernel and Cast times it adds up."""
-    if (config.step_timing == "off" or report is None or not report.converted_nodes
-            or config.target not in ("auto", "here") or report.target == "rules"):
+def worth_timing(report, target, mode):
+    """Whether a function rewritten with `report` for `target` (a resolved
+    tf_mpt.targets.Target) is timed under TF_MPT_STEP_TIMING=`mode`: never with 'off', nor
+    where the decisions were not made for this CPU (target.for_this_cpu: not for `rules` or
+    a cost table of another machine), nor where nothing was converted; with 'always'
+    otherwise; with 'auto' where the predicted saving is below THIN of the kernel and Cast
+    times it adds up."""
+    if (mode == "off" or report is None or not report.converted_nodes
+            or not target.for_this_cpu):
         return False
-    if config.step_timing == "always":
+    if mode == "always":
         return True
     return report.predicted_saving < THIN * report.predicted_changed
 
