@@ -152,8 +152,11 @@ def test_unmodified_script_runs_in_mixed_precision(name, launch, tmp_path, float
     assert metrics["accuracy"] >= float32_runs[name]["accuracy"] - ACCURACY_POINTS - 1e-9
 
 
+# the policy mode (TF_MPT_KERAS=policy) is also run by test_tf_keras.py and
+# test_auto_loss_scaling.py: here with the second launches
 @pytest.mark.parametrize("launch", ["env", pytest.param("module", marks=_SECOND),
-                                    pytest.param("console", marks=_SECOND), "policy"])
+                                    pytest.param("console", marks=_SECOND),
+                                    pytest.param("policy", marks=_SECOND)])
 def test_keras_fit_script_runs_its_traced_steps_in_mixed_precision(launch):
     """TF_MPT_KERAS=rewrite (default): Keras stays float32 and tf_mpt rewrites the step
     functions fit / evaluate trace; TF_MPT_KERAS=policy: Keras's mixed_bfloat16 policy."""
