@@ -46,6 +46,7 @@ prints counts: programs run, pairs run, differing pairs by kind, known differenc
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import json
 import math
@@ -116,10 +117,10 @@ class Run:
     def failed(self):
         return self.timed_out or self.returncode != 0 or self.result is None
 
-    @property
+    @functools.cached_property
     def observed(self):
         """What half_ops counted ({'half_ops', 'float_ops', 'half_types'}), or None (the
-        program never imported TensorFlow, or died first)."""
+        program never imported TensorFlow, or died first); parsed once."""
         return half_ops.parse(self.stderr)
 
     @property

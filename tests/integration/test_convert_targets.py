@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from support.helpers import cli_main
+from support.helpers import cli_main, executed_function_graphs
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TABLE = os.environ["TF_MPT_OP_COSTS"]  # the Zen 4 table conftest.py injects
@@ -225,16 +225,9 @@ class _Wide(tf.Module):
 
 def _executed_half_matmuls(directory, x):
     """(outputs, bfloat16 MatMuls TensorFlow executed) of the SavedModel's serving function."""
-    from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
     serve = tf.saved_model.load(directory).signatures["serving_default"]
-    context.enable_run_metadata()
-    try:
-        out = serve(x=x)["logits"].numpy()
-        metadata = context.export_run_metadata()
-    finally:
-        context.disable_run_metadata()
-    return out, sum(1 for f in metadata.function_graphs for g in f.partition_graphs
-                    for n in g.node if "MatMul" in n.op
+    out, graphs = executed_function_graphs(lambda: serve(x=x)["logits"].numpy())
+    return out, sum(1 for g in graphs for n in g.node if "MatMul" in n.op
                     and n.attr["T"].type == tf.bfloat16.as_datatype_enum)
 
 

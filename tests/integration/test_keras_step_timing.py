@@ -15,10 +15,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tensorflow.python.eager import context
-
 import tf_mpt
 from tf_mpt.automatic import switch as _autoenable
+from support.helpers import executed_function_graphs
 from support.tolerances import FINAL_LOSS_RTOL
 
 keras = pytest.importorskip("keras")
@@ -42,11 +41,10 @@ def _fit():
     return history.history["loss"], int(model.optimizer.iterations.numpy()), predicted
 
 
-def _half_matrix_products_of_the_training_step(metadata):
+def _half_matrix_products_of_the_training_step(executed):
     """bfloat16 matrix products in the executed graphs that update a variable by adding to
     it (the training step: its optimizer's iteration count; predict's graphs update none)."""
-    graphs = [g for f in metadata.function_graphs for g in f.partition_graphs
-              if any(n.op == "AssignAddVariableOp" for n in g.node)]
+    graphs = [g for g in executed if any(n.op == "AssignAddVariableOp" for n in g.node)]
     assert graphs, "no training step graph was executed"
     return sum(1 for g in graphs for n in g.node
                if "MatMul" in n.op and n.attr["T"].type == tf.bfloat16.as_datatype_enum)
@@ -59,13 +57,10 @@ def test_keras_fit_step_is_timed_and_the_model_trains_only_its_own_steps(monkeyp
     config = tf_mpt.Config.from_env({"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": "bfloat16",
                                      "TF_MPT_OP_COSTS": os.environ["TF_MPT_OP_COSTS"]})
     _autoenable.enable(config, gpu_visible=False, native_bfloat16=True)
-    context.enable_run_metadata()
     try:
         with caplog.at_level(logging.INFO, logger="tf_mpt"):
-            losses, iterations, predicted = _fit()
-        metadata = context.export_run_metadata()
+            (losses, iterations, predicted), executed = executed_function_graphs(_fit)
     finally:
-        context.disable_run_metadata()
         _autoenable.disable()
     timed = [r.getMessage() for r in caplog.records
              if "timed tf.function one_step_on_data on copies of its variables" in r.getMessage()]
@@ -76,7 +71,7 @@ def test_keras_fit_step_is_timed_and_the_model_trains_only_its_own_steps(monkeyp
     assert found, timed[0]
     mixed_ms, float32_ms, rounds, ratio, kept = found.groups()
     assert float(mixed_ms) > 0 and float(float32_ms) > 0 and int(rounds) >= 3  # both ran
-    half = _half_matrix_products_of_the_training_step(metadata)
+    half = _half_matrix_products_of_the_training_step(executed)
     # the printed numbers name the version that ran (1.000 is a tie to 3 decimals: either)
     assert (kept == "mixed precision") == (half > 0), (timed[0], half)
     if float(ratio) < 1.0:

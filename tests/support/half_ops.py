@@ -31,6 +31,7 @@ SWITCH = "HALF_OPS_OBSERVER"
 OBSERVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "observe")
 
 _seen = {}  # (graph kind, node name) -> (op type, 'half' or 'float32')
+_kinds = {}  # type attr enum -> 'half' or 'float32' (set once TensorFlow is imported)
 
 
 def observed_env(env):
@@ -58,18 +59,17 @@ def half_ops(stderr):
 
 
 def _record(graphs, kind):
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    kinds = {tf.float16.as_datatype_enum: "half", tf.bfloat16.as_datatype_enum: "half",
-             tf.float32.as_datatype_enum: "float32"}
     for graph in graphs:
         for node in graph.node:
-            if "T" in node.attr and node.attr["T"].type in kinds:
-                _seen[(kind, node.name)] = (node.op, kinds[node.attr["T"].type])
+            if "T" in node.attr and node.attr["T"].type in _kinds:
+                _seen[(kind, node.name)] = (node.op, _kinds[node.attr["T"].type])
 
 
 def _observe(tf):
     """Patches TF1 Sessions and switches the eager context's run metadata on."""
     from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+    _kinds.update({tf.float16.as_datatype_enum: "half", tf.bfloat16.as_datatype_enum: "half",
+                   tf.float32.as_datatype_enum: "float32"})
     base = tf.compat.v1.Session.__mro__[1]
     original = base.run
 

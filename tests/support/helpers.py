@@ -72,6 +72,20 @@ def write_frozen(function, path):
     return data
 
 
+def executed_function_graphs(call):
+    """(what `call()` returned, [the partition graphs of every function it ran]) from the
+    eager context's run metadata: the graphs as TensorFlow executed them, Casts and half
+    kernels included."""
+    from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+    context.enable_run_metadata()
+    try:
+        out = call()
+        metadata = context.export_run_metadata()
+    finally:
+        context.disable_run_metadata()
+    return out, [g for f in metadata.function_graphs for g in f.partition_graphs]
+
+
 def executed_ops(call):
     """[(node name, op type, picoseconds)] of every op TensorFlow's executor threads ran
     during `call()`, from its profiler: unlike run metadata, it sees the functions a call

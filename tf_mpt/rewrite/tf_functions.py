@@ -95,9 +95,10 @@ def _rewrite_concrete(cf, dtype, config, jit_compile, target, timed=False):
         return _Rewritten(cf, report=result.report)
     graph_def = _rename_library(result.graph_def, f"_tf_mpt_{dtype_name}")
     whole = None  # kept only for a function to be timed (step_timing)
-    decided_for = _targets.resolve(config, dtype_name,
-                                   gpu_visible=_ta.default_device_type() == "GPU")
-    if timed and _timing.worth_timing(result.report, decided_for, config.step_timing):
+    if timed and _timing.worth_timing(
+            result.report, _targets.resolve(config, dtype_name,
+                                            gpu_visible=_ta.default_device_type() == "GPU"),
+            config.step_timing):
         whole = type(graph_def)()
         whole.CopyFrom(graph_def)
     try:
