@@ -69,6 +69,14 @@ class RewriteReport:
             (per iteration: its trip count is not known).
         predicted_changed: the seconds per run of faster kernels and of Casts that prediction
             adds up (its size: a saving small beside it is uncertain).
+        weighed_nodes: with the cost model on, (nodes it could size, nodes with a float type):
+            a node is sized when every output's static shape is known (from the graph's
+            `_output_shapes`, TensorFlow's shape inference or a traced graph; an unknown
+            batch read as TF_MPT_COST_BATCH); None with the model off. The op lists decide
+            for what it cannot size.
+        unweighed_nodes: the names of the nodes with a float type it could not size (keyed
+            as in `decisions`).
+        unweighed_why: why the shapes of a graph could not be inferred at all, or None.
     """
     dtype: str
     total_nodes: int
@@ -86,6 +94,9 @@ class RewriteReport:
     target: typing.Optional[str] = None  # the target decided for: 'rules', 'here' or a table
     predicted_saving: float = 0.0
     predicted_changed: float = 0.0
+    weighed_nodes: typing.Optional[tuple] = None
+    unweighed_nodes: tuple = ()
+    unweighed_why: typing.Optional[str] = None
 
     def summary(self):
         """One line: 'Converted 18/40 nodes to bfloat16 using 6 cast(s)', and when the graph
@@ -104,6 +115,10 @@ class RewriteReport:
             where = "here" if self.target in (None, "here") else "on the target"
             line += (f"; {by_cost} kept float32 by the cost model ({self.dtype} would be slower "
                      f"{where}, Casts included)")
+        if self.weighed_nodes is not None:
+            line += "; the cost model weighed {}/{} nodes".format(*self.weighed_nodes)
+            if self.unweighed_why:
+                line += f" (no shapes: {self.unweighed_why})"
         if self.batch_norms_folded:
             line += (f"; {self.batch_norms_folded} batch norm(s) folded into their "
                      "convolutions")
@@ -131,6 +146,10 @@ class RewriteReport:
             "target": self.target,
             "predicted_saving": self.predicted_saving,
             "predicted_changed": self.predicted_changed,
+            "weighed_nodes": (list(self.weighed_nodes) if self.weighed_nodes is not None
+                              else None),
+            "unweighed_nodes": list(self.unweighed_nodes),
+            "unweighed_why": self.unweighed_why,
             "summary": self.summary(),
             "nodes": {
                 name: {

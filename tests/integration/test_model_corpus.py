@@ -43,6 +43,9 @@ ROUNDOFF = {"float16": 4.9e-4, "bfloat16": 3.9e-3}
 MATRIX_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
                         "Conv2D", "DepthwiseConv2dNative", "Conv3D"})
 _NUMPY_HALF = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+# The op lists decide (Grappler's pass, the anchor, colours by its lists alone); the cost
+# model's decisions on these graphs are tests/integration/test_graph_shapes.py's.
+TARGET = "rules"
 
 
 def _marked(name):
@@ -68,7 +71,7 @@ def _float32_outputs(name):
 def _rewritten(name, dtype):
     model = _model(name)
     return tf_mpt.rewrite_graph_def(model.graph_def, dtype=dtype, fetches=model.fetch_nodes,
-                                    strict=True)
+                                    strict=True, target=TARGET)
 
 
 def _rel_l2(actual, expected):
@@ -109,7 +112,7 @@ def test_rewrite_is_pure_and_idempotent(name, half_dtype):
     assert model.graph_def.SerializeToString(deterministic=True) == before
     assert result.modified and result.report.converted_nodes > 0
     again = tf_mpt.rewrite_graph_def(result.graph_def, dtype=half_dtype,
-                                     fetches=model.fetch_nodes, strict=True)
+                                     fetches=model.fetch_nodes, strict=True, target=TARGET)
     assert not again.modified
     assert added_casts(again.graph_def) == added_casts(result.graph_def)
 

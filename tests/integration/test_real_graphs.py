@@ -17,7 +17,9 @@ HALF_OPS = ("Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput", "MatMul")
 @pytest.mark.parametrize("use_resource", [False, True], ids=["ref_vars", "resource_vars"])
 def test_conv_net_training_structure(half_dtype, use_resource):
     graph, names = conv_net.build(use_resource=use_resource)
-    result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype=half_dtype, fetches=FETCHES)
+    # the op lists' structure (every contraction half); the cost model's: test_cost_model.py
+    result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype=half_dtype, fetches=FETCHES,
+                                      target="rules")
     gd = result.graph_def
     nodes = node_map(gd)
     half = tf.as_dtype(half_dtype).as_datatype_enum

@@ -254,6 +254,14 @@ CASES = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _op_lists_decide(monkeypatch):
+    """These are Grappler's own cases for its op-list algorithm: the op lists decide (TF_MPT_TARGET=rules). The cost model sizes any graph
+    (TensorFlow's shape inference) and would keep these graphs of small matrices float32 in
+    bfloat16; its decisions are tests/unit/test_cost_model.py's."""
+    monkeypatch.setenv("TF_MPT_TARGET", "rules")
+
+
 @functools.lru_cache(maxsize=None)
 def _case(name):
     return CASES[name]()

@@ -72,7 +72,8 @@ def test_report_gives_the_measured_numbers(cost_model):
         "runs ~")
     assert report.summary() == ("Converted 0/182 nodes to bfloat16 using 0 cast(s) for target "
                                 "op_costs_zen4.json; 90 kept float32 by the cost model "
-                                "(bfloat16 would be slower on the target, Casts included)")
+                                "(bfloat16 would be slower on the target, Casts included); "
+                                "the cost model weighed 182/182 nodes")
 
 
 def _sigmoid_between_matmuls(fused=False, swish=False, rows=16384, n=64):
@@ -246,7 +247,8 @@ def test_big_layers_stay_half(cost_model):
 def test_below_the_noise_floor_the_rules_stay_unless_slower_than_float32(cost_model,
                                                                         monkeypatch):
     """Changes that save less than the 50 us floor leave the rules' colours, unless those
-    are slower than float32 by the model; a graph it cannot weigh keeps the rules' colours."""
+    are slower than float32 by the model; a graph it cannot weigh keeps the rules' colours;
+    a GraphDef without `_output_shapes` is weighed by TensorFlow's shape inference."""
     cost_model(None)
     one_layer = tf_mpt.rewrite_graph_def(_layers(16, 16, 1).as_graph_def(add_shapes=True),
                                          dtype="bfloat16", fetches=["y"])
@@ -263,9 +265,25 @@ def test_below_the_noise_floor_the_rules_stay_unless_slower_than_float32(cost_mo
     unknown = tf_mpt.rewrite_graph(_layers(16, 16, 30, known_batch=False), dtype="bfloat16",
                                    fetches=["y"])
     assert _matmul_dtypes(unknown) == {tf.bfloat16}
+    assert "weighed" not in tf_mpt.rewrite_graph_def(
+        _layers(16, 16, 30).as_graph_def(), dtype="bfloat16", fetches=["y"],
+        target="rules").report.summary()  # the lists decide: nothing weighed
     plain_graph_def = _layers(16, 16, 30).as_graph_def()  # no `_output_shapes`
     result = tf_mpt.rewrite_graph_def(plain_graph_def, dtype="bfloat16", fetches=["y"])
-    assert all(d.converted for d in result.report.decisions.values() if d.op == "MatMul")
+    shaped = tf_mpt.rewrite_graph_def(_layers(16, 16, 30).as_graph_def(add_shapes=True),
+                                      dtype="bfloat16", fetches=["y"])
+    assert not any(d.converted for d in result.report.decisions.values() if d.op == "MatMul")
+    assert result.report.weighed_nodes == shaped.report.weighed_nodes == (182, 182)
+    assert result.graph_def == shaped.graph_def.__class__.FromString(
+        _without_shape_attrs(shaped.graph_def).SerializeToString())
+
+
+def _without_shape_attrs(graph_def):
+    stripped = type(graph_def)()
+    stripped.CopyFrom(graph_def)
+    for node in stripped.node:
+        node.attr.pop("_output_shapes", None)
+    return stripped
 
 
 def test_where_the_rules_are_slower_a_half_region_under_the_floor_goes_float32_too(cost_model):

@@ -4,6 +4,7 @@ Structure first (per-node dtypes, the exact Casts added), then numbers against f
 """
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import tf_mpt
@@ -11,6 +12,14 @@ from support.tolerances import TOLERANCES
 from support.helpers import added_casts, half_tag, inputs_of, random_feed, rewrite, run, tf1, type_attr
 
 SHAPE = [8, 8]
+
+
+@pytest.fixture(autouse=True)
+def _op_lists_decide(monkeypatch):
+    """These tests are of the painting passes: the op lists decide (TF_MPT_TARGET=rules). The cost model sizes any graph
+    (TensorFlow's shape inference) and would keep these graphs of 8x8 matrices float32 in
+    bfloat16; its decisions are tests/unit/test_cost_model.py's."""
+    monkeypatch.setenv("TF_MPT_TARGET", "rules")
 
 
 def _placeholders(*names):

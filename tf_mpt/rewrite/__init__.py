@@ -165,19 +165,19 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
         graph_def, folded = _fold.fold_batch_norms(graph_def, fetched, view)
         if folded:
             view = _graph_view.GraphView(graph_def)
+    if costed and shapes is None:  # attrs, or TensorFlow's inference of the GraphDef alone
+        shapes = functools.partial(_shapes.graph_def_shapes, graph_def, view)
     argument_shapes, loop_bodies = {}, set()  # what the cost model weighs bodies by
     if costed and graph_def.library.function:
-        table = shapes() if shapes is not None else _shapes.output_shapes_from_attrs(view)
-        shapes = functools.partial(dict, table)
+        table = shapes()
+        shapes = functools.partial(lambda t: t, table)
         argument_shapes = _shapes.call_argument_shapes(graph_def, table)
         loop_bodies = _cost.loop_bodies(graph_def)
     # a graph fed batches of any size is costed at TF_MPT_COST_BATCH, bodies and all
     assumed_batch = config.cost_batch if costed and \
         _shapes.batch_left_open(view, fetched) else 0
     if costed:  # one table for the measuring step and the decisions
-        shapes = functools.cache(_shapes.with_assumed_batch(
-            shapes or functools.partial(_shapes.output_shapes_from_attrs, view),
-            assumed_batch))
+        shapes = functools.cache(_shapes.with_assumed_batch(shapes, assumed_batch))
     main = _jobs.Job(graph_def, view, fetched, shapes, _cost.noise_floor(False))
     reachable = _jobs.reachable_functions(graph_def, function_roots)
     def function_job(fdef):

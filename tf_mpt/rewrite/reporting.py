@@ -7,6 +7,7 @@ from tensorflow.core.framework import types_pb2
 from tf_mpt import report as _report
 from tf_mpt.rewrite.casts import CAST_SUFFIX
 from tf_mpt.rewrite.function_bodies import RET_PREFIX
+from tf_mpt.rewrite.paint import shapes as _shapes
 
 
 def _attr_label(key):
@@ -43,12 +44,31 @@ def build_report(paint, cast_names, explain):
         already_half += rank == 1  # allow, already half, nothing converted
         decisions[node.name] = _report.NodeDecision(node.name, node.op, node_colour, node_reason,
                                             attrs, converted)
+    weighed, unweighed, unweighed_why = _weighed(paint)
     return _report.RewriteReport(dtype=paint.half_name, total_nodes=len(view.nodes),
                          converted_nodes=converted_nodes, casts_added=len(cast_names),
                          cast_names=tuple(cast_names), decisions=decisions,
                          already_half_nodes=already_half,
                          predicted_saving=paint.cost_prediction[0],
-                         predicted_changed=paint.cost_prediction[1])
+                         predicted_changed=paint.cost_prediction[1],
+                         weighed_nodes=weighed, unweighed_nodes=unweighed,
+                         unweighed_why=unweighed_why)
+
+
+def _weighed(paint):
+    """With the cost model on: ((nodes with a float type whose output shapes are all known,
+    nodes with a float type), the names of the others, why the graph has no shapes at all or
+    None); else (None, (), None). A function body's return-value stand-ins do not count."""
+    if paint.cost is None:
+        return None, (), None
+    table = paint.static_shapes()
+    known = _shapes.known_nodes(paint.view, table)
+    floats = (types_pb2.DT_FLOAT, paint.half_enum)
+    typed = [node.name for i, node in enumerate(paint.view.nodes)
+             if any(paint.v_dtype[v] in floats for v in paint.node_vertex[i].values())
+             and not node.name.startswith(RET_PREFIX)]
+    unknown = tuple(name for name in typed if name not in known)
+    return (len(typed) - len(unknown), len(typed)), unknown, getattr(table, "why", None)
 
 
 def merge_function_reports(report, function_reports):
@@ -58,9 +78,15 @@ def merge_function_reports(report, function_reports):
     already_half = report.already_half_nodes
     cast_names = list(report.cast_names)
     saving, changed = report.predicted_saving, report.predicted_changed
+    weighed, why = report.weighed_nodes, report.unweighed_why
+    unweighed = list(report.unweighed_nodes)
     for function, sub in function_reports.items():
         saving += sub.predicted_saving
         changed += sub.predicted_changed
+        if sub.weighed_nodes is not None:
+            weighed = tuple(a + b for a, b in zip(weighed or (0, 0), sub.weighed_nodes))
+            why = why or (sub.unweighed_why and f"function {function}: {sub.unweighed_why}")
+            unweighed.extend(f"{function}/{name}" for name in sub.unweighed_nodes)
         for name, d in sub.decisions.items():
             if name.startswith(RET_PREFIX) or (d.op == "Placeholder" and not d.converted):
                 continue  # the conversion's stand-ins for arguments and return values
@@ -74,7 +100,9 @@ def merge_function_reports(report, function_reports):
                                already_half_nodes=already_half,
                                casts_added=casts, cast_names=tuple(cast_names),
                                decisions=decisions, functions=tuple(function_reports),
-                               predicted_saving=saving, predicted_changed=changed)
+                               predicted_saving=saving, predicted_changed=changed,
+                               weighed_nodes=weighed, unweighed_nodes=tuple(unweighed),
+                               unweighed_why=why)
 
 
 def recount_casts(report, before, after, kept):

@@ -4,6 +4,9 @@ Sources, each a {node name: [static shape or None per output]} table (a dimensio
 does not know is -1):
 
     output_shapes_from_attrs   `_output_shapes` attrs (as_graph_def(add_shapes=True))
+    graph_def_shapes           the attrs where every node has one, else TensorFlow's shape
+                               inference over the GraphDef imported alone (a frozen graph,
+                               a SavedModel's graph, rewrite_graph_def's input)
     shapes_of_graph            a tf.Graph's (or FuncGraph's) own inference, with the shapes
                                of the variables its resource handles hold
     function_body_shapes       a library function's body, imported alone, its arguments
@@ -35,6 +38,56 @@ def output_shapes_from_attrs(view):
                 None if s.unknown_rank else tuple(d.size for d in s.dim)
                 for s in node.attr["_output_shapes"].list.shape]
     return shapes
+
+
+def has_all_shape_attrs(view):
+    """Whether every node of the graph carries `_output_shapes`."""
+    return all("_output_shapes" in node.attr for node in view.nodes)
+
+
+class InferredShapes(dict):
+    """A shape table with how it was made: `source` ('attrs', 'inferred' or 'none') and,
+    for 'none', `why` (TensorFlow's error importing the graph)."""
+
+    def __init__(self, table, source, why=None):
+        super().__init__(table)
+        self.variables = getattr(table, "variables", {})
+        self.source, self.why = source, why
+
+
+def graph_def_shapes(graph_def, view):
+    """The static shapes of a GraphDef: its `_output_shapes` attrs where every node has one,
+    else TensorFlow's own shape inference (the GraphDef imported into a new tf.Graph: its
+    placeholders' declared shapes, its constants' and variables' shapes carried forward by
+    each op's shape function), the attrs filling in nodes it could not shape. Where
+    TensorFlow cannot import the graph (an op this process has not registered, say), the
+    attrs alone, with `why`. Never raises."""
+    attrs = output_shapes_from_attrs(view)
+    if len(attrs) == len(view.nodes):
+        return InferredShapes(attrs, "attrs")
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    try:
+        with tf.Graph().as_default() as graph:
+            tf.graph_util.import_graph_def(graph_def, name="")
+    except Exception as error:  # pylint: disable=broad-except
+        first = (str(error).splitlines() or [""])[0].split(". ")[0]
+        return InferredShapes(attrs, "none", f"{type(error).__name__}: {first}"[:200])
+    table = shapes_of_graph(graph)
+    for name, entry in attrs.items():
+        if all(s is None for s in table.get(name, [None])):
+            table[name] = entry
+    return InferredShapes(table, "inferred")
+
+
+def known_nodes(view, table):
+    """Names of the nodes every output of which has a fully known static shape in `table`
+    (a node with no outputs counts as known)."""
+    known = set()
+    for node in view.nodes:
+        entry = table.get(node.name)
+        if entry is not None and all(dims(s) is not None for s in entry):
+            known.add(node.name)
+    return known
 
 
 class ShapeTable(dict):
@@ -242,6 +295,7 @@ class AssumedBatch(dict):
     def __init__(self, table, batch):
         super().__init__(table)
         self.batch, self.assumed = batch, set()
+        self.source, self.why = getattr(table, "source", None), getattr(table, "why", None)
         for name, entry in table.items():
             if entry and any(_batch_unknown(s) for s in entry):
                 self[name] = [(batch,) + tuple(s[1:]) if _batch_unknown(s) else s
