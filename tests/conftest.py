@@ -13,6 +13,9 @@ os.environ.setdefault("TF_MPT_OP_COSTS", OP_COSTS_TABLE)
 # machine's clock: off unless a test asks, so the versions tests check do not depend on it
 # (tests/unit/test_step_timing.py and tests/integration/test_keras_step_timing.py switch it on).
 os.environ.setdefault("TF_MPT_STEP_TIMING", "off")
+# Timing a graph's candidate colourings (target here) picks by this machine's clock too: off
+# unless a test asks (tests/unit/test_graph_timing.py injects a clock and a sandbox).
+os.environ.setdefault("TF_MPT_TIMING_BUDGET", "0")
 
 import pytest  # noqa: E402
 
@@ -46,6 +49,14 @@ def _no_verdict_from_this_cpus_clock(request, monkeypatch):
             "Build the configuration with Config.from_env (the suite's TF_MPT_OP_COSTS table) "
             "or mark the test @pytest.mark.measures_this_cpu")
     monkeypatch.setattr(op_costs, "_in_child", measuring)
+    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+
+    def timing(graph_def, *args, **kwargs):
+        raise AssertionError(
+            "this test timed candidate graphs on this machine: its verdict would depend on "
+            "this CPU's clock. Inject graph_timing._Sandbox and graph_timing._clock, or mark "
+            "the test @pytest.mark.measures_this_cpu")
+    monkeypatch.setattr(graph_timing, "_Sandbox", timing)
 
 
 @pytest.fixture(params=HALF_DTYPES)

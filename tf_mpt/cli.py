@@ -63,6 +63,7 @@ def _measure_command(options):
     from tf_mpt.models import sources as _sources  # pylint: disable=g-import-not-at-top
     from tf_mpt.costs import op_costs as _op_costs  # pylint: disable=g-import-not-at-top
     from tf_mpt.costs import probes as _probes  # pylint: disable=g-import-not-at-top
+    from tf_mpt.costs import verdicts as _verdicts  # pylint: disable=g-import-not-at-top
     from tf_mpt import rewrite  # pylint: disable=g-import-not-at-top
     dtypes = ("bfloat16", "float16") if options.dtype == "both" else (options.dtype,)
     model = _sources.open_model(options.model) if options.model else None
@@ -82,7 +83,7 @@ def _measure_command(options):
         sys.stderr.write(f"tf-mpt measure: timing float32 and {dtype} kernels on this CPU ...\n")
         tables[dtype] = json.loads(_probes.measure(dtype).to_json())
     write(tables)
-    nodes = 0
+    nodes, timed = 0, None
     for dtype in dtypes if model is not None else ():
         # the shapes the model's conversion asks times for, decided with the table just written
         config = rewrite.with_target(_config.Config.from_env(os.environ), options.out)
@@ -93,7 +94,22 @@ def _measure_command(options):
         tables[dtype]["nodes"] = _probes.time_nodes(sorted(specs), dtype)
         nodes += len(tables[dtype]["nodes"])
         write(tables)
-    of_model = f" and {nodes} node shape(s) of {options.model}" if model is not None else ""
+        # then the model's graphs themselves, each candidate colouring decided with the
+        # table as it now is, timed here (graph timing); the verdicts go into the table
+        if config.timing_budget > 0:
+            sys.stderr.write(f"tf-mpt measure: timing the candidate colourings of "
+                             f"{options.model}'s graphs in {dtype} ...\n")
+            with _verdicts.recording() as verdicts:
+                conversion = model.convert(dtype, config.lists_for(dtype), config=config)
+            for label, report in conversion.reports.items():
+                if report.verdict is not None:
+                    sys.stderr.write(f"tf-mpt measure: {label}: {report.verdict.describe()}\n")
+            tables[dtype]["verdicts"] = verdicts
+            timed = (timed or 0) + len(verdicts)
+            write(tables)
+    verdicts = f" and {timed} graph verdict(s)" if timed is not None else ""
+    of_model = (f" and {nodes} node shape(s){verdicts} of {options.model}"
+                if model is not None else "")
     print(f"wrote {options.out}: {', '.join(dtypes)} costs{of_model} "
           f"{tables[dtypes[0]]['source']}; use it with --target {options.out} "
           f"(TF_MPT_TARGET={options.out}) on any machine")
@@ -112,6 +128,8 @@ def _config_of(options):
         if options.target is not None:
             config = dataclasses.replace(rewrite.with_target(config, options.target),
                                          cost_model="auto")
+        if getattr(options, "no_timing", False):
+            config = dataclasses.replace(config, timing_budget=0.0)
         if options.dtype == "float32":  # back to float32: nothing to decide
             return config
         target = rewrite.target_for(config, options.dtype)
@@ -382,6 +400,10 @@ def main(argv=None):
                          "TF_MPT_TARGET, else auto (here for bfloat16 on a CPU with native "
                          "bfloat16, else rules)")
         sub.add_argument("--deny", default="", help="comma-separated op types kept float32")
+        sub.add_argument("--no-timing", action="store_true",
+                         help="with target here: decide by the prediction alone, without "
+                         "timing the graph's candidate colourings on this CPU "
+                         "(TF_MPT_TIMING_BUDGET=0)")
         sub.add_argument("--inputs", metavar="FILE.npz",
                          help="sample inputs: one array per input name, fed as they are")
         sub.add_argument("--seed", type=int, default=0, help="seed of random sample inputs")

@@ -41,6 +41,7 @@ TF_MPT_COST_BATCH = "TF_MPT_COST_BATCH"
 TF_MPT_ALLREDUCE_DTYPE = "TF_MPT_ALLREDUCE_DTYPE"
 TF_MPT_KERAS = "TF_MPT_KERAS"
 TF_MPT_STEP_TIMING = "TF_MPT_STEP_TIMING"
+TF_MPT_TIMING_BUDGET = "TF_MPT_TIMING_BUDGET"
 
 # (variable, default, meaning): the README's env-var table is checked against this by a test.
 ENV_VARS = (
@@ -106,6 +107,13 @@ ENV_VARS = (
      "their own (the script's variables and inputs are not touched); the function then runs "
      "the faster one. A function with an op that acts outside its variables (printing, "
      "summaries, queues, iterators, collectives, Python calls) is not timed."),
+    (TF_MPT_TIMING_BUDGET, "30", "Seconds a rewrite for this CPU (target here) may spend "
+     "timing the graph itself: its candidate colourings (float32, the op lists', the cost "
+     "model's, contractions only) run on made-up inputs of its placeholders' shapes, each in "
+     "a Session of its own with random copies of its variables, and the fastest is kept "
+     "(the prediction unless another is over 3% faster). 0: never (the prediction decides). "
+     "`tf-mpt convert` / `inspect --no-timing` is 0. A graph whose fetches need ops with "
+     "effects outside their own state (files, queues, iterators, Python calls) is not timed."),
     (TF_MPT_CACHE_DIR, "(~/.cache/tf_mpt)", "Directory for the compiled Grappler optimizer "
      "(one file per TensorFlow version and compiler, with its SHA-256 beside it; "
      "$XDG_CACHE_HOME/tf_mpt when that is set). Used only if it is yours and not writable by "
@@ -221,6 +229,24 @@ def _parse_cost_batch(environ):
     return int(value)
 
 
+DEFAULT_TIMING_BUDGET = 30.0
+
+
+def _parse_timing_budget(environ):
+    value = environ.get(TF_MPT_TIMING_BUDGET, "").strip()
+    if not value:
+        return DEFAULT_TIMING_BUDGET
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not 0 <= number < float("inf"):
+        raise ValueError(f"{TF_MPT_TIMING_BUDGET} must be a number of seconds >= 0 (how long a "
+                         "rewrite for this CPU may time its candidate graphs; 0: never). "
+                         f"Received: {TF_MPT_TIMING_BUDGET}={value!r}")
+    return number
+
+
 def _parse_loss_scale(environ):
     value = environ.get(TF_MPT_LOSS_SCALE, "").strip()
     if not value or value.lower() == "dynamic":
@@ -261,6 +287,7 @@ class Config:
         allreduce_dtype: 'float32', 'float16', 'bfloat16' or 'auto' (TF_MPT_ALLREDUCE_DTYPE).
         keras: 'rewrite' or 'policy' (TF_MPT_KERAS).
         step_timing: 'auto', 'always' or 'off' (TF_MPT_STEP_TIMING).
+        timing_budget: TF_MPT_TIMING_BUDGET, seconds of graph timing per graph (0: none).
     """
     list_add: tuple = ()
     list_remove: tuple = ()
@@ -280,6 +307,7 @@ class Config:
     allreduce_dtype: str = "float32"
     keras: str = "rewrite"
     step_timing: str = "auto"
+    timing_budget: float = DEFAULT_TIMING_BUDGET
 
     @classmethod
     def from_env(cls, environ):
@@ -313,7 +341,8 @@ class Config:
                    allreduce_dtype=allreduce_dtype_from_env(environ),
                    keras=_parse_choice(environ, TF_MPT_KERAS, KERAS_MODES, "rewrite"),
                    step_timing=_parse_choice(environ, TF_MPT_STEP_TIMING, STEP_TIMINGS,
-                                             "auto"))
+                                             "auto"),
+                   timing_budget=_parse_timing_budget(environ))
 
     def loss_scaling_for(self, dtype):
         """Whether the automatic path scales the loss for `dtype` ('float16'/'bfloat16').

@@ -77,6 +77,9 @@ class RewriteReport:
         unweighed_nodes: the names of the nodes with a float type it could not size (keyed
             as in `decisions`).
         unweighed_why: why the shapes of a graph could not be inferred at all, or None.
+        verdict: where the graph was decided for this CPU with timing on, the
+            graph_timing.Verdict: each candidate colouring's times and the pick (or why it was
+            not timed); None otherwise.
     """
     dtype: str
     total_nodes: int
@@ -97,6 +100,7 @@ class RewriteReport:
     weighed_nodes: typing.Optional[tuple] = None
     unweighed_nodes: tuple = ()
     unweighed_why: typing.Optional[str] = None
+    verdict: typing.Optional[object] = None
 
     def summary(self):
         """One line: 'Converted 18/40 nodes to bfloat16 using 6 cast(s)', and when the graph
@@ -119,6 +123,8 @@ class RewriteReport:
             line += "; the cost model weighed {}/{} nodes".format(*self.weighed_nodes)
             if self.unweighed_why:
                 line += f" (no shapes: {self.unweighed_why})"
+        if self.verdict is not None:
+            line += "; " + self.verdict.describe()
         if self.batch_norms_folded:
             line += (f"; {self.batch_norms_folded} batch norm(s) folded into their "
                      "convolutions")
@@ -150,6 +156,7 @@ class RewriteReport:
                               else None),
             "unweighed_nodes": list(self.unweighed_nodes),
             "unweighed_why": self.unweighed_why,
+            "verdict": self.verdict.to_dict() if self.verdict is not None else None,
             "summary": self.summary(),
             "nodes": {
                 name: {

@@ -110,7 +110,10 @@ class _Shadow:
         self.user_graph = graph
         self.version = graph.version
         settings = _state.STATE.settings
-        self.graph = _rewrite.rewrite_graph(graph, dtype=settings.dtype, config=settings.config)
+        # (not timed: graph timing of the automatic path's Session graphs is still to come)
+        self.graph = _rewrite.rewrite_graph(
+            graph, dtype=settings.dtype,
+            config=dataclasses.replace(settings.config, timing_budget=0.0))
         self.session = tf.compat.v1.Session(target=session.sess_str, graph=self.graph,
                                             config=getattr(session, "_config", None))
         self.session._tf_mpt_unshadowed = True  # pylint: disable=protected-access

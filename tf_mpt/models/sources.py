@@ -295,7 +295,7 @@ class SavedModelDir:
             source = _source_kind(graph_def)
             result = _rewrite.rewrite_with_library(
                 graph_def, dtype=dtype, fetches=sorted(fetches), lists=lists, strict=True,
-                function_roots=roots, config=config)
+                function_roots=roots, config=config, timing=True)
             meta_graph.graph_def.CopyFrom(result.graph_def)
             _retarget.mark_source(meta_graph.graph_def, source)
             reports[self._label(index)] = result.report

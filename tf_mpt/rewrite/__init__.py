@@ -63,6 +63,7 @@ from tf_mpt import _opt_out
 from tf_mpt import report as _report
 from tf_mpt._process import autograph as _autograph
 from tf_mpt.rewrite import boundaries as _boundaries
+from tf_mpt.rewrite import decision as _decision
 from tf_mpt.rewrite import dumps as _dumps
 from tf_mpt.rewrite import fold_batch_norms as _fold
 from tf_mpt.rewrite import graph_view as _graph_view
@@ -123,25 +124,43 @@ def rewrite_graph_def(graph_def, *, dtype="float16", fetches=None, lists=None, s
         RewriteError: an internal error, with strict=True.
     """
     return rewrite_with_library(graph_def, dtype=dtype, fetches=fetches, lists=lists,
-                                strict=strict, config=config, target=target)
+                                strict=strict, config=config, target=target, timing=True)
 
 
 def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_roots=(),
-                         shapes=None, config=None, target=None, control_outputs=()):
+                         shapes=None, config=None, target=None, control_outputs=(),
+                         timing=False):
     """rewrite_graph_def that also rewrites the library functions named in `function_roots`
     (and what they call) when the graph itself does not call them: a SavedModel's object
     graph calls its functions from outside its GraphDef. `shapes`: a callable returning
     {node name: output shapes} of the graph, called only when the cost model is on (default:
     the nodes' `_output_shapes` attrs). `control_outputs`: names among `fetches` that only
     have to run (a tf.function's control outputs, e.g. the While of an RNN): the boundary
-    passes may change their dtypes, as they do a function body's."""
+    passes may change their dtypes, as they do a function body's. `timing`: where the
+    target is `here` and TF_MPT_TIMING_BUDGET is not 0, time the candidate colourings on this
+    CPU and keep the fastest (decision.py); the automatic path does not (yet)."""
     # The rewrite allocates many small objects while TensorFlow keeps ~300k tracked ones:
     # pausing the cyclic collector halves the time on large graphs (nothing here is cyclic).
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
-                                  shapes, _inputs.with_target(config, target), control_outputs)
+        config = _inputs.with_target(config, target)
+        result = _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
+                                    shapes, config, control_outputs)
+        # 7. verdict: where the decisions are for this CPU, the candidates timed here
+        resolved = _measuring.resolved_target(config, dtype) if timing else None
+        if timing and result.report.error is None and _decision.applies(
+                config, resolved, result.report.dtype):
+            base = lists if lists is not None else config.lists_for(result.report.dtype)
+
+            def candidate(target_name, candidate_lists):
+                return _rewrite_graph_def(
+                    graph_def, dtype, fetches, candidate_lists or base, strict,
+                    function_roots, shapes, _inputs.with_target(config, target_name),
+                    control_outputs)
+            result = _decision.decide(graph_def, result, candidate, config, fetches, base,
+                                      resolved)
+        return result
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -270,7 +289,7 @@ def rewrite_graph(graph, *, dtype="float16", fetches=None, config=None, target=N
     graph_def = meta_graph.graph_def if meta_graph is not None else graph.as_graph_def()
     result = rewrite_with_library(graph_def, dtype=dtype, fetches=fetches, lists=None,
                                   strict=False, shapes=lambda: _shapes.shapes_of_graph(graph),
-                                  config=config)
+                                  config=config, timing=True)
     new_graph = tf.Graph()
     with new_graph.as_default():
         if meta_graph is not None:

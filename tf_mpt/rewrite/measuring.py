@@ -22,6 +22,13 @@ def target_for(config, dtype):
     return _op_costs.bind(target, config, name)
 
 
+def resolved_target(config, dtype):
+    """The tf_mpt.targets.Target a rewrite to `dtype` with `config` decides for, resolved
+    only (nothing bound, nothing said)."""
+    return _targets.resolve(config, _dtypes.parse(dtype).name,
+                            gpu_visible=ta.default_device_type() == "GPU")
+
+
 def measure_workloads(target, jobs, config, dtype):
     """The measuring step, apart from every decision: the op types and the matrix products
     and convolutions with static shapes of every graph (cost.cost_keys, cost.workloads),

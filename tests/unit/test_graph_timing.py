@@ -1,0 +1,336 @@
+"""Graph timing (issue "measured, not predicted"): with target `here`, a rewrite times its
+candidate colourings (float32, the rules', the cost model's, contractions only) and keeps
+the fastest.
+
+The verdicts here come from an injected clock and sandbox (graph_timing._clock,
+graph_timing._Sandbox): each run advances the clock by what a cost function of the
+candidate's GraphDef says, so every pick is decided by the test, never by this CPU. One test
+runs the real sandbox (@pytest.mark.measures_this_cpu) and asserts only what holds whichever
+way this machine's clock goes.
+"""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_mpt
+from tf_mpt import cli
+from tf_mpt.rewrite import decision
+from tf_mpt.rewrite import graph_timing
+from support.helpers import run, tf1
+
+BF16 = tf.bfloat16.as_datatype_enum
+
+
+def _mlp(batch=None, width=1024, depth=4):
+    """A [batch, width] input through `depth` MatMul + Sigmoid layers (constant weights)."""
+    graph = tf.Graph()
+    rng = np.random.RandomState(0)
+    with graph.as_default():
+        h = tf1.placeholder(tf.float32, [batch, width], name="x")
+        for k in range(depth):
+            w = tf.constant(rng.uniform(-0.05, 0.05, (width, width)).astype(np.float32))
+            h = tf.nn.sigmoid(tf.matmul(h, w, name=f"matmul_{k}"), name=f"sigmoid_{k}")
+        tf.identity(h, name="y")
+    return graph.as_graph_def()
+
+
+def _half(graph_def, op):
+    return sum(1 for n in graph_def.node if n.op == op and n.attr["T"].type == BF16)
+
+
+def _casts(graph_def):
+    return sum(1 for n in graph_def.node if n.op == "Cast")
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def timed(monkeypatch, tmp_path):
+    """Timing on (budget 5 s) with an injected clock and a cache of verdicts of its own;
+    returns a setter for the cost function (GraphDef, run index -> seconds) the fake
+    sandbox's runs take, and the record of runs."""
+    monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
+    monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path / "cache"))
+    clock, runs = _Clock(), []
+    state = {"cost": lambda graph_def, index: 1e-3}
+
+    class FakeSandbox:
+        def __init__(self, graph_def, inputs, fetches, needed):
+            self.graph_def, self.index = graph_def, 0
+            assert set(inputs) == {"x"} and inputs["x"].shape[1:] == (1024,)
+            assert fetches == ["y"]
+
+        def run(self):
+            clock.now += state["cost"](self.graph_def, self.index)
+            self.index += 1
+            runs.append(self.graph_def)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(graph_timing, "_clock", clock)
+    monkeypatch.setattr(graph_timing, "_Sandbox", FakeSandbox)
+
+    def set_cost(cost, forget=True):
+        """forget: the verdicts cached so far dropped (the next rewrite times again)."""
+        state["cost"] = cost
+        if forget:
+            shutil.rmtree(tmp_path / "cache", ignore_errors=True)
+    set_cost.runs = runs
+    return set_cost
+
+
+def _rewrite(graph_def, **kwargs):
+    kwargs.setdefault("target", "here")  # here reads the suite's table (TF_MPT_OP_COSTS)
+    return tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", fetches=["y"], **kwargs)
+
+
+def _candidate(graph_def, lists=None):
+    return _rewrite(graph_def, target="rules", lists=lists)
+
+
+def test_the_fastest_candidate_is_kept(timed):
+    """Half MatMuls and half Sigmoids both save time here (the suite's table says the
+    Sigmoids would not): the rules' colouring is fastest, and the rewrite returns exactly its
+    graph, over the prediction."""
+    timed(lambda g, i: 1e-3 * (1 - 0.1 * _half(g, "MatMul") - 0.05 * _half(g, "Sigmoid")
+                               + 0.001 * _casts(g)))
+    graph_def = _mlp()
+    result = _rewrite(graph_def)
+    verdict = result.report.verdict
+    assert verdict.timed and verdict.pick == graph_timing.RULES
+    assert verdict.predicted == graph_timing.COST
+    assert result.graph_def == _candidate(graph_def).graph_def
+    assert _half(result.graph_def, "MatMul") == 4 and _half(result.graph_def, "Sigmoid") == 4
+    assert result.report.target == "here" and result.report.weighed_nodes == (14, 14)
+    speed_up = verdict.median(graph_timing.FLOAT32) / verdict.median(graph_timing.RULES)
+    assert f"picked rules, {speed_up:.2f}x float32" in result.report.summary()
+    assert "over the prediction (cost model)" in result.report.summary()
+    assert set(verdict.times) | set(verdict.same_as) == {
+        graph_timing.FLOAT32, graph_timing.RULES, graph_timing.COST, graph_timing.CONTRACTIONS}
+    assert all(len(t) >= graph_timing.MIN_ROUNDS for t in verdict.times.values())
+    assert f"float32 {verdict.median('float32') * 1e3:.3g} ms" in result.report.summary()
+
+
+def test_contractions_only_is_half_matrix_products_and_float32_around_them():
+    graph_def = _mlp()
+    lists = decision.contractions_only(tf_mpt.Config.from_env(os.environ).lists_for(
+        "bfloat16"))
+    assert lists.allow == {"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
+                           "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter",
+                           "DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+                           "DepthwiseConv2dNativeBackpropFilter", "Einsum", "Conv3D",
+                           "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2"} & \
+        tf_mpt.Config.from_env(os.environ).lists_for("bfloat16").allow
+    assert not lists.infer and not lists.clear
+    result = _candidate(graph_def, lists).graph_def
+    assert _half(result, "MatMul") == 4 and _half(result, "Sigmoid") == 0
+    assert _casts(result) == 8  # into and out of each MatMul
+
+
+def test_float32_is_kept_where_it_is_fastest(timed):
+    timed(lambda g, i: 1e-3 * (1 + 0.05 * (_half(g, "MatMul") + _half(g, "Sigmoid"))))
+    graph_def = _mlp()
+    result = _rewrite(graph_def)
+    assert result.report.verdict.pick == graph_timing.FLOAT32
+    assert result.graph_def == graph_def and not result.modified
+    assert result.report.converted_nodes == 0 and result.report.casts_added == 0
+    reasons = {d.reason for d in result.report.decisions.values()
+               if d.reason.startswith("graph timing")}
+    assert reasons == {"graph timing: the graph ran faster in float32"}
+    x = np.random.RandomState(1).uniform(-1, 1, (3, 1024)).astype(np.float32)
+    np.testing.assert_array_equal(run(result.graph_def, "y:0", {"x:0": x}),
+                                  run(graph_def, "y:0", {"x:0": x}))
+
+
+def test_the_prediction_stays_unless_another_is_clearly_faster(timed):
+    """The rules' graph 2% faster than the cost model's (under MARGIN): the prediction
+    stays; 10% faster: the rules' graph is kept."""
+    graph_def = _mlp()
+    rules = _candidate(graph_def).graph_def
+    predicted = _rewrite(graph_def, target="here", config=tf_mpt.Config.from_env(
+        dict(os.environ, TF_MPT_TIMING_BUDGET="0"))).graph_def
+    assert rules != predicted  # (the table keeps some of the rules' half ops float32)
+    for share, kept in ((0.98, predicted), (0.90, rules)):
+        timed(lambda g, i, s=share: 1e-3 * (s if g == rules else 1.0 if g != graph_def
+                                            else 1.2))  # (the cached verdict forgotten)
+        assert _rewrite(graph_def).graph_def == kept
+
+
+def test_a_clear_winner_stops_early_and_a_close_race_runs_every_round(timed):
+    timed(lambda g, i: 1e-3 * (1 - 0.1 * _half(g, "MatMul") - 0.05 * _half(g, "Sigmoid")))
+    verdict = _rewrite(_mlp()).report.verdict
+    assert {len(t) for t in verdict.times.values()} == {graph_timing.MIN_ROUNDS}
+    timed(lambda g, i: 1e-3 * (1.0 + (0.3 if i % 2 else -0.3) - 0.01 * _half(g, "MatMul")))
+    verdict = _rewrite(_mlp()).report.verdict
+    assert {len(t) for t in verdict.times.values()} == {graph_timing.MAX_ROUNDS}
+
+
+def test_a_graph_too_slow_for_the_budget_keeps_the_prediction_and_says_why(timed):
+    timed(lambda g, i: 2.0)  # 3 or 4 candidates a round, 2 s each, against 5 s
+    graph_def = _mlp()
+    result = _rewrite(graph_def)
+    verdict = result.report.verdict
+    assert not verdict.timed and verdict.pick == verdict.predicted == graph_timing.COST
+    assert "do not fit in the 5 s budget (TF_MPT_TIMING_BUDGET)" in verdict.why
+    assert "graph not timed (one round of the" in result.report.summary()
+    no_timing = tf_mpt.Config.from_env(dict(os.environ, TF_MPT_TIMING_BUDGET="0"))
+    assert result.graph_def == _rewrite(graph_def, config=no_timing).graph_def
+
+
+def test_a_graph_with_effects_outside_its_state_is_not_timed(timed):
+    timed(lambda g, i: pytest.fail("nothing may run"))
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 1024], name="x")
+        w = tf.constant(np.full((1024, 1024), 0.01, np.float32))
+        h = tf.nn.relu(tf.matmul(x, w))
+        printed = tf.print(h[0, 0])
+        with tf.control_dependencies([printed]):
+            tf.identity(h, name="y")
+    result = _rewrite(graph.as_graph_def())
+    assert not result.report.verdict.timed
+    assert result.report.verdict.why == ("its fetches need op(s) with effects outside its "
+                                         "own state: PrintV2")
+    assert not timed.runs
+
+
+def test_no_timing_for_another_machine_or_with_no_budget(timed):
+    timed(lambda g, i: pytest.fail("nothing may run"))
+    table = os.environ["TF_MPT_OP_COSTS"]
+    for target in ("rules", table, None):  # None: auto, the suite's table standing in
+        assert _rewrite(_mlp(), target=target).report.verdict is None
+    no_timing = tf_mpt.Config.from_env(dict(os.environ, TF_MPT_TIMING_BUDGET="0"))
+    assert _rewrite(_mlp(), config=no_timing).report.verdict is None
+    assert not timed.runs
+
+
+def test_a_bad_budget_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match=r"TF_MPT_TIMING_BUDGET must be a number of seconds "
+                                         r">= 0 .* Received: TF_MPT_TIMING_BUDGET='-3'"):
+        tf_mpt.Config.from_env({"TF_MPT_TIMING_BUDGET": "-3"})
+
+
+def test_convert_times_with_target_here_unless_no_timing(timed, tmp_path, capsys):
+    timed(lambda g, i: 1e-3 * (1 - 0.1 * _half(g, "MatMul")))
+    src = tmp_path / "mlp.pb"
+    src.write_bytes(_mlp().SerializeToString())
+    cli.main(["convert", str(src), str(tmp_path / "a.pb"), "--dtype", "bfloat16",
+              "--target", "here"])
+    out = capsys.readouterr().out
+    assert "graph timing (median of 15 rounds): float32" in out and "; picked " in out
+    runs = len(timed.runs)
+    cli.main(["convert", str(src), str(tmp_path / "b.pb"), "--dtype", "bfloat16",
+              "--target", "here", "--no-timing"])
+    out = capsys.readouterr().out
+    assert "graph timing" not in out and "Converted" in out
+    assert len(timed.runs) == runs
+
+
+def test_a_verdict_is_measured_once_then_read_from_the_cache(timed):
+    timed(lambda g, i: 1e-3 * (1 - 0.1 * _half(g, "MatMul") - 0.05 * _half(g, "Sigmoid")))
+    graph_def = _mlp()
+    first = _rewrite(graph_def)
+    runs = len(timed.runs)
+    assert runs > 0 and first.report.verdict.source == "timed"
+    timed(lambda g, i: pytest.fail("a cached verdict times nothing"), forget=False)
+    second = _rewrite(graph_def)
+    assert len(timed.runs) == runs
+    assert second.graph_def == first.graph_def
+    verdict = second.report.verdict
+    assert verdict.source == "cached" and verdict.pick == first.report.verdict.pick
+    assert verdict.times == first.report.verdict.times
+    assert "graph timing (cached here, median of 3 rounds)" in second.report.summary()
+    # another graph (other fetches, another batch assumed) is timed on its own
+    timed(lambda g, i: 1e-3 * (1 - 0.1 * _half(g, "MatMul")), forget=False)
+    other = tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", fetches=["y"],
+                                     target="here", config=tf_mpt.Config.from_env(
+                                         dict(os.environ, TF_MPT_COST_BATCH="64")))
+    assert other.report.verdict.source == "timed" and len(timed.runs) > runs
+
+
+def test_measure_model_stores_verdicts_that_a_table_target_replays_anywhere(
+        timed, tmp_path, monkeypatch, capsys):
+    """`tf-mpt measure --model` (its kernel probes replaced by the suite's table) times the
+    model's graph and stores the verdict in the table; `convert --target FILE` then applies
+    it without timing, byte for byte, also where nothing could be timed."""
+    from tf_mpt.costs import probes  # pylint: disable=import-outside-toplevel
+    from tf_mpt.costs import op_costs  # pylint: disable=import-outside-toplevel
+    suite = op_costs._read(os.environ["TF_MPT_OP_COSTS"], "bfloat16")  # pylint: disable=protected-access
+    monkeypatch.setattr(probes, "measure", lambda dtype: suite)
+    monkeypatch.setattr(probes, "time_nodes", lambda specs, dtype: {})
+    # half Sigmoids fast (the rules' colouring wins over the prediction)
+    timed(lambda g, i: 1e-3 * (1 - 0.1 * _half(g, "MatMul") - 0.05 * _half(g, "Sigmoid")))
+    model, table = tmp_path / "mlp.pb", tmp_path / "table.json"
+    model.write_bytes(_mlp().SerializeToString())
+    cli.main(["measure", "--dtype", "bfloat16", "--out", str(table), "--model", str(model)])
+    assert "and 1 graph verdict(s) of" in capsys.readouterr().out
+    (stored,) = json.loads(table.read_text())[0]["verdicts"].values()
+    assert stored["pick"] == "rules" and stored["predicted"] == "cost model"
+    runs = len(timed.runs)
+    timed(lambda g, i: pytest.fail("a table's verdict times nothing"))
+    for out in ("a.pb", "b.pb"):
+        cli.main(["convert", str(model), str(tmp_path / out), "--dtype", "bfloat16",
+                  "--target", str(table)])
+    assert "graph timing (from the target's table, median of 3 rounds)" in \
+        capsys.readouterr().out
+    assert (tmp_path / "a.pb").read_bytes() == (tmp_path / "b.pb").read_bytes()
+    converted = tf1.GraphDef.FromString((tmp_path / "a.pb").read_bytes())
+    assert _half(converted, "Sigmoid") == 4  # the rules' colouring, as timed
+    assert len(timed.runs) == runs
+    # a graph the table holds no verdict for keeps the table's prediction, untimed
+    result = _rewrite(_mlp(width=512), target=str(table))
+    assert result.report.verdict is None
+
+
+@pytest.mark.measures_this_cpu
+def test_a_tf1_training_graph_is_timed_on_copies_of_its_variables(monkeypatch, tmp_path):
+    """The real sandbox: a TF1 training graph (variables, Adam) is timed with random copies
+    of its variables; whichever candidate wins here, the graph kept is that candidate's and
+    the user's graph is untouched."""
+    monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "10")
+    monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 784], name="x")
+        labels = tf1.placeholder(tf.int64, [None], name="labels")
+        w1 = tf1.get_variable("w1", [784, 512])
+        w2 = tf1.get_variable("w2", [512, 10])
+        logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=logits), name="loss")
+        tf1.train.AdamOptimizer(1e-3).minimize(loss, name="train")
+    before = graph.as_graph_def().SerializeToString(deterministic=True)
+    result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype="bfloat16",
+                                      fetches=["loss", "train"], target="here")
+    verdict = result.report.verdict
+    assert verdict.timed, verdict.why
+    assert all(len(t) >= graph_timing.MIN_ROUNDS and min(t) > 0
+               for t in verdict.times.values())
+    assert graph.as_graph_def().SerializeToString(deterministic=True) == before
+    lists = tf_mpt.Config.from_env(os.environ).lists_for("bfloat16")
+    expected = {
+        graph_timing.FLOAT32: lambda: graph.as_graph_def(),
+        graph_timing.RULES: lambda: tf_mpt.rewrite_graph_def(
+            graph.as_graph_def(), dtype="bfloat16", fetches=["loss", "train"],
+            target="rules").graph_def,
+        graph_timing.CONTRACTIONS: lambda: tf_mpt.rewrite_graph_def(
+            graph.as_graph_def(), dtype="bfloat16", fetches=["loss", "train"],
+            target="rules", lists=decision.contractions_only(lists)).graph_def,
+    }
+    if verdict.pick in expected:
+        assert result.graph_def == expected[verdict.pick]()
+    else:
+        assert verdict.pick == verdict.predicted == graph_timing.COST
+    print(result.report.verdict.describe())

@@ -1,0 +1,162 @@
+"""The decision for one graph, in one place: candidates, prediction, measurement, verdict.
+
+    prediction    the rewrite's colouring for the target: the cost model's where the target
+                  has a table (`here`, a FILE), else the op lists' (`rules`)
+    candidates    where the decisions are for this CPU (target `here`) and graph timing is on
+                  (TF_MPT_TIMING_BUDGET > 0; `--no-timing` off): float32, the rules', the cost
+                  model's and contractions only, each a full rewrite of the same GraphDef
+    measurement   graph_timing.time_candidates: each candidate run on made-up inputs in a
+                  sandbox; candidates whose graphs are equal are timed once
+    verdict       graph_timing.Verdict: every time and the pick, in the report
+                  (RewriteReport.verdict) and in one INFO line
+
+A graph that cannot be timed keeps the prediction, and its verdict says why.
+"""
+
+import dataclasses
+import functools
+import logging
+import os
+
+from tensorflow.core.framework import graph_pb2
+
+from tf_mpt import lists as _lists
+from tf_mpt import targets as _targets
+from tf_mpt._process import state as _state
+from tf_mpt.costs import contractions as _contractions
+from tf_mpt.costs import verdicts as _verdicts
+from tf_mpt.rewrite import graph_timing as _timing
+from tf_mpt.rewrite import graph_view as _graph_view
+from tf_mpt.rewrite import inputs as _inputs
+
+_log = logging.getLogger("tf_mpt.rewrite")
+
+CONTRACTION_OPS = _contractions.NODE_TIMED_OPS | frozenset((
+    "Conv3D", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2"))
+
+
+def timed_here(config, target):
+    """Whether a rewrite for the resolved `target` times its candidates: only where its
+    decisions are for this CPU as measured (`here`) and the budget is not 0."""
+    return config.timing_budget > 0 and target.kind == _targets.HERE
+
+
+def contractions_only(lists):
+    """The op lists with only their matrix products and convolutions allowed half and no op
+    inferred or cleared: every other op float32, with Casts around each contraction."""
+    return _lists.OpLists(allow=lists.allow & CONTRACTION_OPS, deny=lists.deny)
+
+
+def float32_result(graph_def, predicted):
+    """The RewriteResult of keeping the graph float32, its report the prediction's with
+    nothing converted."""
+    unchanged = graph_pb2.GraphDef()
+    unchanged.CopyFrom(graph_def)
+    decisions = {}
+    for name, d in predicted.report.decisions.items():
+        if d.converted:
+            d = dataclasses.replace(d, colour="fp32", converted=False,
+                                    reason="graph timing: the graph ran faster in float32")
+        decisions[name] = d
+    report = dataclasses.replace(predicted.report, converted_nodes=0, casts_added=0,
+                                 cast_names=(), decisions=decisions, predicted_saving=0.0,
+                                 loop_variables_kept_half=0, call_values_kept_half=0,
+                                 tensor_lists_kept_half=0, batch_norms_folded=0)
+    return type(predicted)(unchanged, report, False)
+
+
+def applies(config, target, dtype):
+    """Whether a rewrite for the resolved `target` goes through `decide`: for this CPU
+    (`here`) with a budget; for a cost table file that holds verdicts (`tf-mpt measure
+    --model`), or while such a table is being measured."""
+    if timed_here(config, target):
+        return True
+    return target.kind == "table" and target.table is not None and (
+        _verdicts.measuring_for_a_table() or bool(_table_verdicts(target.table, dtype)))
+
+
+def _table_verdicts(path, dtype):
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        return {}
+    return _table_verdicts_at(path, stamp, dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _table_verdicts_at(path, stamp, dtype):
+    del stamp  # (the key: a rewritten file is read again)
+    return _verdicts.in_table(path, dtype)
+
+
+def decide(graph_def, predicted, rewrite, config, fetches, lists, target):
+    """The verdict for one graph: `predicted` (a RewriteResult) unless timing its candidates
+    on this CPU (or a verdict cached here, or one a cost table file holds) finds another
+    faster. `rewrite(target, lists)` returns a candidate's RewriteResult (target 'rules';
+    lists None: `lists`, the prediction's). Returns the RewriteResult kept, its report's
+    `verdict` set (for a table without this graph's verdict: `predicted` as it is)."""
+    dtype = predicted.report.dtype
+    predicted_name = _timing.COST if predicted.report.weighed_nodes is not None \
+        else _timing.RULES
+    view = _graph_view.GraphView(graph_def)
+    names = sorted(_inputs.fetch_node_names(fetches, view) or
+                   _inputs.fetch_node_names(None, view))
+    key = _verdicts.fingerprint(graph_def, names, dtype, lists, config.cost_batch)
+    known, source = None, "timed"
+    if target.kind == "table" and not _verdicts.measuring_for_a_table():
+        known, source = _table_verdicts(target.table, dtype).get(key), "table"
+        if known is None:
+            return predicted
+    elif target.kind != "table":
+        known, source = _verdicts.cached(config, dtype).get(key), "cached"
+    results = {_timing.FLOAT32: None, predicted_name: predicted}
+    same_as = {}  # candidate -> the candidate whose graph it equals
+    try:
+        if predicted_name != _timing.RULES:
+            results[_timing.RULES] = rewrite("rules", None)
+        results[_timing.CONTRACTIONS] = rewrite("rules", contractions_only(lists))
+        graphs, seen = {}, {}
+        for name, result in results.items():
+            graph = graph_def if result is None else result.graph_def
+            serialized = graph.SerializeToString(deterministic=True)
+            if serialized in seen:
+                same_as[name] = seen[serialized]
+                continue
+            seen[serialized] = name
+            graphs[name] = graph
+        verdict = None
+        if known is not None:
+            verdict = _timing.Verdict.from_dict(known, source)
+            if verdict is None or verdict.pick not in graphs:
+                verdict = None  # a record this version cannot apply: timed again
+            else:
+                verdict = dataclasses.replace(verdict, same_as=same_as)
+        if verdict is None:
+            if len(graphs) == 1:
+                raise _timing.NotTimed("every candidate is the float32 graph")
+            times = _timing.time_candidates(graphs, names, config.cost_batch,
+                                            config.timing_budget)
+            chosen = _timing.pick(times, same_as.get(predicted_name, predicted_name))
+            verdict = _timing.Verdict(times, chosen, predicted_name, "", same_as)
+            _verdicts.store(config, dtype, key, verdict.to_dict())
+    except _timing.NotTimed as error:
+        verdict = _timing.Verdict({}, predicted_name, predicted_name, str(error))
+    except Exception as error:  # pylint: disable=broad-except
+        _state.warn_once(("graph_timing", type(error).__name__),
+                         "tf_mpt could not time a graph's candidate colourings (%s: %s); it "
+                         "keeps the predicted one", type(error).__name__, error)
+        verdict = _timing.Verdict({}, predicted_name, predicted_name,
+                                  f"timing failed: {type(error).__name__}: {error}")
+    _log.info("%s", verdict.describe())
+    if verdict.pick in (predicted_name, same_as.get(predicted_name)):
+        kept = predicted  # (the prediction's graph, whatever else equals it)
+    elif verdict.pick == _timing.FLOAT32:
+        kept = float32_result(graph_def, predicted)
+    else:
+        kept = results[verdict.pick]
+    # the target decided for, and what its prediction weighed, whichever candidate is kept
+    report = dataclasses.replace(kept.report, verdict=verdict, target=predicted.report.target,
+                                 weighed_nodes=predicted.report.weighed_nodes,
+                                 unweighed_nodes=predicted.report.unweighed_nodes,
+                                 unweighed_why=predicted.report.unweighed_why)
+    return type(kept)(kept.graph_def, report, kept.modified)

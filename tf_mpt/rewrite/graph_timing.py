@@ -1,0 +1,348 @@
+"""Graph timing: candidate colourings of one GraphDef run on this CPU, the fastest kept.
+
+A per-op table cannot see what a graph does on the machine (fusions that do or do not
+happen, layout reorders, element-wise kernels in context, memory traffic), so where the
+decisions are for this CPU the rewrite runs the graph itself, as TensorRT's builder times
+candidate precisions per layer and keeps float32 where it is faster:
+
+    candidates      float32 (the graph as given), the op lists' colouring (`rules`), the cost
+                    model's (`cost model`), contractions only (matrix products and
+                    convolutions half, every other op float32, Casts around each)
+    sandbox         one tf.Graph and Session per candidate, each importing its GraphDef;
+                    made-up inputs of its placeholders' shapes (an unknown leading dimension:
+                    the cost model's batch) held in variables; the graph's variables copies
+                    of nothing (random values): the script's variables, inputs, iterators and
+                    files are never touched
+    runs            one warm-up run each (Grappler, kernel set-up), then rounds of one run
+                    each, the order rotating, until the budget is spent, MAX_ROUNDS, or (after
+                    MIN_ROUNDS) the fastest's slowest run beats every other's fastest
+    verdict         the fastest median; the prediction's candidate stays unless another is
+                    faster by more than MARGIN (timing noise does not overturn it)
+
+Only the part of the graph its fetches need is run. A graph whose fetches need an op with
+effects outside the sandbox (files, queues, iterators, tables, Python calls, printing,
+summaries, collectives) is not timed; nor one whose inputs have an unknown size other than
+the batch, or a dtype with no made-up value (strings). It then keeps the prediction, and
+the report says why.
+"""
+
+import dataclasses
+import statistics
+import time
+
+import numpy as np
+from tensorflow.core.framework import types_pb2
+
+from tf_mpt._process import state as _state
+from tf_mpt.rewrite import function_bodies as _function_library
+from tf_mpt.rewrite import step_timing as _step_timing
+
+FLOAT32, RULES, COST, CONTRACTIONS = "float32", "rules", "cost model", "contractions only"
+MIN_ROUNDS = 3
+MAX_ROUNDS = 15
+MARGIN = 0.03  # another candidate must be this much faster than the prediction's to win
+DEFAULT_BUDGET_SECONDS = 30.0
+_RUN_TIMEOUT_MS = 30_000
+_MAX_COPY_BYTES = 1 << 30
+
+NotTimed = _step_timing.NotTimed
+_MADE_UP_DTYPES = frozenset((
+    types_pb2.DT_FLOAT, types_pb2.DT_HALF, types_pb2.DT_BFLOAT16, types_pb2.DT_DOUBLE,
+    types_pb2.DT_INT32, types_pb2.DT_INT64, types_pb2.DT_INT8, types_pb2.DT_UINT8,
+    types_pb2.DT_INT16, types_pb2.DT_UINT16, types_pb2.DT_BOOL))
+
+# Stateful ops that only act on the sandbox's own state: a TF1 graph's reference variables
+# and their updates (besides step timing's resource-variable and random ops).
+_SAFE_REF_STATEFUL = frozenset((
+    "VariableV2", "Variable", "VarHandleOp", "Assign", "AssignAdd", "AssignSub",
+    "IsVariableInitialized", "VarIsInitializedOp", "TemporaryVariable",
+    "DestroyTemporaryVariable", "ScatterAdd", "ScatterSub", "ScatterMul", "ScatterDiv",
+    "ScatterUpdate", "ScatterMin", "ScatterMax", "ScatterNdAdd", "ScatterNdSub",
+    "ScatterNdUpdate", "NoOp", "Placeholder", "PlaceholderWithDefault"))
+_SAFE_REF_PREFIXES = ("Apply", "SparseApply", "ResourceApply", "ResourceSparseApply")
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What graph timing found for one graph.
+
+    Attributes:
+        times: {candidate: (seconds per run, one per round)} of the candidates timed, in the
+            order they were timed; {} where nothing was timed.
+        pick: the candidate the graph runs as.
+        predicted: the candidate the prediction (the cost model, or the op lists) chose.
+        why: '' where timed; else why the graph was not timed (it keeps the prediction).
+        same_as: {candidate: the candidate whose graph it equals} for candidates not timed
+            because their graph was another's.
+        source: 'timed' (here, now), 'cached' (here, by an earlier process: nothing timed)
+            or 'table' (a cost table file's, `tf-mpt measure --model`: nothing timed).
+    """
+    times: dict
+    pick: str
+    predicted: str
+    why: str = ""
+    same_as: dict = dataclasses.field(default_factory=dict)
+    source: str = "timed"
+
+    @classmethod
+    def from_dict(cls, data, source):
+        """A verdict as `to_dict` wrote it (None where it does not read as one)."""
+        try:
+            times = {str(k): tuple(float(t) for t in v) for k, v in data["times"].items()}
+            pick, predicted = str(data["pick"]), str(data["predicted"])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+        if pick not in times or not all(times.values()):
+            return None
+        return cls(times, pick, predicted, "", {}, source)
+
+    @property
+    def timed(self):
+        return bool(self.times)
+
+    def median(self, name):
+        return statistics.median(self.times[name]) if name in self.times else None
+
+    def describe(self):
+        """One line: each candidate's median time and the pick."""
+        if not self.timed:
+            return f"graph not timed ({self.why}): kept the prediction ({self.predicted})"
+        rounds = min(len(t) for t in self.times.values())
+        where = {"cached": "cached here, ", "table": "from the target's table, "}.get(
+            self.source, "")
+        parts = [f"{name} {self.median(name) * 1e3:.3g} ms" for name in self.times]
+        parts += [f"{name} = {other}" for name, other in self.same_as.items()]
+        base = self.median(FLOAT32)
+        speed = (f", {base / self.median(self.pick):.2f}x float32" if base and
+                 self.pick != FLOAT32 else "")
+        predicted = self.same_as.get(self.predicted, self.predicted)
+        return (f"graph timing ({where}median of {rounds} rounds): {', '.join(parts)}; picked "
+                f"{self.pick}{speed}" + ("" if self.pick == predicted else
+                                         f" over the prediction ({self.predicted})"))
+
+    def to_dict(self):
+        return {"times": {k: list(v) for k, v in self.times.items()}, "pick": self.pick,
+                "predicted": self.predicted, "why": self.why, "same_as": dict(self.same_as),
+                "source": self.source}
+
+
+def pick(times, predicted):
+    """The candidate to keep from {candidate: per-round seconds}: the fastest median, unless
+    the prediction's is within MARGIN of it."""
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    fastest = min(medians, key=medians.get)
+    if predicted in medians and medians[predicted] <= medians[fastest] * (1.0 + MARGIN):
+        return predicted
+    return fastest
+
+
+def clear_winner(times):
+    """After MIN_ROUNDS: the fastest median's slowest run is below every other candidate's
+    fastest run (more rounds would not change the pick)."""
+    if len(times) < 2 or min(len(t) for t in times.values()) < MIN_ROUNDS:
+        return False
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    best = min(medians, key=medians.get)
+    return all(max(times[best]) < min(t) for name, t in times.items() if name != best)
+
+
+def runnable(graph_def, fetches):
+    """(the fetches whose runs stay in a sandbox, the main-graph nodes those need). A fetch
+    that needs an op with effects outside the sandbox (a SavedModel's saver, a summary
+    writer) or an input with no made-up value (a string: a saver's file name) is left out;
+    NotTimed where none is left."""
+    view = {node.name: node for node in graph_def.node}
+    library = {f.signature.name: f for f in graph_def.library.function}
+    kept, needed, unsafe = [], set(), set()
+    for fetch in fetches:
+        if fetch not in view:
+            continue
+        mine, stack = set(), [fetch]
+        while stack:
+            name = stack.pop()
+            if name in mine:
+                continue
+            mine.add(name)
+            for ref in view[name].input:
+                source = ref.lstrip("^").partition(":")[0]
+                if source in view and source not in mine:
+                    stack.append(source)
+        nodes, functions, stack = [view[n] for n in mine], set(), [view[n] for n in mine]
+        while stack:
+            node = stack.pop()
+            for name in [node.op] + [f.name for f in _function_library.called_functions(node)]:
+                if name in library and name not in functions:
+                    functions.add(name)
+                    stack.extend(library[name].node_def)
+                    nodes.extend(library[name].node_def)
+        found = _unsafe(nodes, library) | {
+            f"Placeholder of {types_pb2.DataType.Name(view[n].attr['dtype'].type)}"
+            for n in mine if view[n].op == "Placeholder" and
+            view[n].attr["dtype"].type not in _MADE_UP_DTYPES}
+        if found:
+            unsafe |= found
+            continue
+        kept.append(fetch)
+        needed |= mine
+    if not kept:
+        raise NotTimed(f"its fetches need op(s) with effects outside its own state: "
+                       f"{', '.join(sorted(unsafe)[:5]) or 'no fetch found'}")
+    return kept, needed
+
+
+def _unsafe(nodes, library):
+    from tensorflow.python.framework import op_def_registry  # pylint: disable=import-outside-toplevel
+    found = set()
+    for node in nodes:
+        op = node.op
+        if (op in library or op in _SAFE_REF_STATEFUL or op.startswith(_SAFE_REF_PREFIXES)
+                or op in _step_timing._SAFE_STATEFUL  # pylint: disable=protected-access
+                or op.startswith(_step_timing._SAFE_STATEFUL_PREFIXES)):  # pylint: disable=protected-access
+            continue
+        op_def = op_def_registry.get(op)
+        if op_def is None or op_def.is_stateful:
+            found.add(op)
+    return found
+
+
+def made_up_inputs(graph_def, needed, batch, seed=0):
+    """{placeholder name: array} for the Placeholders among `needed`: normal noise for floats,
+    zeros for integers and booleans (a valid index or label); an unknown leading dimension is
+    `batch`. Raises NotTimed where no value can be made."""
+    from tensorflow.python.framework import dtypes  # pylint: disable=import-outside-toplevel
+    rng = np.random.RandomState(seed)
+    values, total = {}, 0
+    for node in graph_def.node:
+        if node.name not in needed or node.op != "Placeholder":
+            continue
+        shape = node.attr["shape"].shape if "shape" in node.attr else None
+        if shape is None or shape.unknown_rank:
+            raise NotTimed(f"input {node.name} has an unknown rank")
+        dims = [d.size for d in shape.dim]
+        if dims and dims[0] < 0 and batch:
+            dims[0] = batch
+        if any(d < 0 for d in dims):
+            raise NotTimed(f"input {node.name} has shape {[d.size for d in shape.dim]}: a "
+                           "size other than the batch is unknown")
+        dtype = dtypes.as_dtype(node.attr["dtype"].type)
+        if dtype.is_floating:
+            value = rng.standard_normal(dims).astype(dtype.as_numpy_dtype)
+        elif dtype.is_integer or dtype.is_bool:
+            value = np.zeros(dims, dtype.as_numpy_dtype)
+        else:
+            raise NotTimed(f"input {node.name} is {dtype.name}: no made-up value for it")
+        total += value.nbytes
+        if total > _MAX_COPY_BYTES:
+            raise NotTimed(f"its made-up inputs would take over {_MAX_COPY_BYTES >> 20} MiB")
+        values[node.name] = value
+    return values
+
+
+class _Sandbox:
+    """One candidate's Session: its GraphDef imported with the made-up inputs in variables and
+    its own variables given random values."""
+
+    def __init__(self, graph_def, inputs, fetches, needed):
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            made, input_map = [], {}
+            for name, value in inputs.items():
+                variable = tf.Variable(value, trainable=False, name="tf_mpt_timing_input")
+                made.append(variable.initializer)
+                input_map[f"{name}:0"] = variable.value()
+            try:
+                tf.graph_util.import_graph_def(graph_def, input_map=input_map, name="")
+            except (ValueError, TypeError, tf.errors.OpError) as error:
+                raise NotTimed(f"a candidate did not import ({error})") from None
+            rng = np.random.RandomState(1)
+            for node in graph_def.node:
+                if node.name in needed and node.op in ("VariableV2", "Variable",
+                                                       "VarHandleOp"):
+                    made.append(_initializer(self.graph, node, rng))
+            self.init = tf.group(*made)
+            # (a fetched placeholder, a signature's input, is fed: nothing to run)
+            self.targets = [self.graph.get_operation_by_name(name) for name in fetches
+                            if name not in inputs]
+        self.session = tf.compat.v1.Session(graph=self.graph)
+        self.options = tf.compat.v1.RunOptions(timeout_in_ms=_RUN_TIMEOUT_MS)
+        self.session.run(self.init, options=self.options)
+
+    def run(self):
+        self.session.run(self.targets, options=self.options)
+
+    def close(self):
+        self.session.close()
+
+
+def _initializer(graph, node, rng):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    dtype = tf.as_dtype(node.attr["dtype"].type)
+    shape = node.attr["shape"].shape
+    dims = [d.size for d in shape.dim]
+    if shape.unknown_rank or any(d < 0 for d in dims):
+        raise NotTimed(f"variable {node.name} has no static shape")
+    if dtype.is_floating:
+        value = (0.05 * rng.standard_normal(dims)).astype(dtype.as_numpy_dtype)
+    elif dtype.is_integer or dtype.is_bool:
+        value = np.zeros(dims, dtype.as_numpy_dtype)
+    else:
+        raise NotTimed(f"variable {node.name} is {dtype.name}: no made-up value for it")
+    handle = graph.get_tensor_by_name(f"{node.name}:0")
+    if node.op == "VarHandleOp":
+        return tf.raw_ops.AssignVariableOp(resource=handle, value=value)
+    return tf.compat.v1.assign(handle, value).op
+
+
+# What the timing loop reads (tests put an injected clock and sandbox here: a verdict never
+# comes from the test machine's clock).
+_clock = time.perf_counter
+
+
+def time_candidates(graph_defs, fetches, batch, budget_seconds):
+    """Times each of {candidate: GraphDef} (one graph's colourings: the same inputs and
+    fetches) on this CPU. Returns {candidate: (seconds per run, ...)}; raises NotTimed where
+    that cannot be done safely."""
+    clock, sandbox_type = _clock, _Sandbox
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    first = next(iter(graph_defs.values()))
+    fetches, needed = runnable(first, fetches)
+    for graph_def in graph_defs.values():
+        if runnable(graph_def, fetches)[0] != fetches:
+            raise NotTimed("a candidate's fetches need op(s) the float32 graph's do not")
+    inputs = made_up_inputs(first, needed, batch)
+    sandboxes = {}
+    try:
+        with _state.bypass():  # the automatic path leaves these Sessions as they are
+            try:
+                for name, graph_def in graph_defs.items():
+                    sandboxes[name] = sandbox_type(graph_def, inputs, fetches, needed)
+                for sandbox in sandboxes.values():  # warm-up: Grappler, kernel set-up
+                    sandbox.run()
+                times = {name: [] for name in sandboxes}
+                order, start = list(sandboxes), clock()
+                for index in range(MAX_ROUNDS):
+                    for name in order:
+                        began = clock()
+                        sandboxes[name].run()
+                        times[name].append(clock() - began)
+                    order = order[1:] + order[:1]
+                    spent = clock() - start
+                    if index + 1 < MIN_ROUNDS and spent * MIN_ROUNDS / (index + 1) > \
+                            budget_seconds:
+                        raise NotTimed(f"one round of the {len(order)} candidates takes "
+                                       f"{spent / (index + 1):.1f} s: {MIN_ROUNDS} rounds do "
+                                       f"not fit in the {budget_seconds:.0f} s budget "
+                                       "(TF_MPT_TIMING_BUDGET)")
+                    if spent > budget_seconds or clear_winner(times):
+                        break
+            except tf.errors.OpError as error:
+                lines = [line for line in error.message.splitlines()
+                         if line.strip() and not line.startswith(
+                             ("Graph execution error", "Detected at node", "  "))]
+                raise NotTimed(f"a run on made-up inputs failed ({type(error).__name__}: "
+                               f"{(lines or [''])[0][:200]})") from None
+    finally:
+        for sandbox in sandboxes.values():
+            sandbox.close()
+    return {name: tuple(t) for name, t in times.items()}
