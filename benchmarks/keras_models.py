@@ -150,7 +150,8 @@ def _child(name, way, steps, min_seconds, dtype, keras_module):
             times = {phase: [] for phase in PHASES}
     loss = float(model.evaluate(x[:batch], y[:batch], batch_size=batch, verbose=0))
     print(json.dumps({phase: statistics.median(t) * 1e3 for phase, t in times.items()}
-                     | {"loss": loss, "converted": rewrites.converted, "steps": counts}))
+                     | {"loss": loss, "converted": rewrites.converted, "steps": counts,
+                        "timed": rewrites.timed}))
 
 
 class _Rewrites(logging.Handler):
@@ -159,19 +160,30 @@ class _Rewrites(logging.Handler):
     Keras's own float32 graph. Set `phase` before each phase runs."""
 
     _CONVERTED = re.compile(r"Converted (\d+)/\d+ nodes")
+    # step timing's verdict: each candidate's time and the one that runs
+    _TIMED = re.compile(r"tf_mpt timed tf.function (\S+) on copies of its variables: "
+                        r"mixed precision ([\d.]+) ms, float32 ([\d.]+) ms per run .*; it "
+                        r"runs in (mixed precision|float32)")
 
     def __init__(self):
         super().__init__(level=logging.INFO)
-        self.phase, self.converted = None, {}
+        self.phase, self.converted, self.timed = None, {}, {}
         logger = logging.getLogger("tf_mpt")
         logger.addHandler(self)
         if logger.getEffectiveLevel() > logging.INFO:
             logger.setLevel(logging.INFO)
 
     def emit(self, record):
-        found = self._CONVERTED.match(record.getMessage())
+        message = record.getMessage()
+        found = self._CONVERTED.match(message)
         if found and self.phase is not None:
             self.converted[self.phase] = self.converted.get(self.phase, 0) + int(found.group(1))
+        timed = self._TIMED.match(message)
+        if timed and self.phase is not None:
+            self.timed.setdefault(self.phase, []).append(
+                {"function": timed.group(1), "mixed ms": float(timed.group(2)),
+                 "float32 ms": float(timed.group(3)),
+                 "pick": "mixed" if timed.group(4) == "mixed precision" else "float32"})
 
 
 # --- the parent -------------------------------------------------------------------------------
@@ -211,11 +223,14 @@ def main():
     print("| model | phase | float32 ms/step | noise | policy | tf_mpt | tf_mpt policy |")
     print("|---|---|---|---|---|---|---|")
     ratios = {way: [] for way in WAYS[1:]}
+    picks = []  # (model, phase, step timing's verdict)
     for name in args.models:
         runs = []
         for k in range(args.rounds):
             order = WAYS[k % len(WAYS):] + WAYS[:k % len(WAYS)]  # interleaved
             runs.append({way: _measure(name, way, args) for way in order})
+        for phase, found in runs[0].get("tf_mpt", {}).get("timed", {}).items():
+            picks.extend((name, phase, each) for each in found)
         for phase in PHASES:
             base = [r["float32"][phase] for r in runs]
             noise = (max(base) - min(base)) / 2 / statistics.median(base)
@@ -233,6 +248,14 @@ def main():
                   f"±{noise:.0%} | " + " | ".join(cells) + " |", flush=True)
     means = [statistics.geometric_mean(ratios[way]) for way in WAYS[1:]]
     print("| geometric mean | | | | " + " | ".join(f"{m:.2f}x" for m in means) + " |")
+    if picks:
+        print("\ntf_mpt's step timing (the default way: each traced step it timed, both "
+              "candidates' sandbox ms per run and the one that ran; first round):")
+        print("| model | phase | function | mixed ms | float32 ms | pick |")
+        print("|---|---|---|---|---|---|")
+        for name, phase, each in picks:
+            print(f"| {name} | {phase} | {each['function']} | {each['mixed ms']:.1f} | "
+                  f"{each['float32 ms']:.1f} | {each['pick']} |")
 
 
 if __name__ == "__main__":

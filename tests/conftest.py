@@ -57,6 +57,15 @@ def _no_verdict_from_this_cpus_clock(request, monkeypatch):
             "this CPU's clock. Inject graph_timing._Sandbox and graph_timing._clock, or mark "
             "the test @pytest.mark.measures_this_cpu")
     monkeypatch.setattr(graph_timing, "_Sandbox", timing)
+    from tf_mpt.costs import dispatch  # pylint: disable=import-outside-toplevel
+
+    def not_checking(dtype, ops):
+        return {}  # no ratio measured: nothing is kept float32 by the dispatch check
+    # A configuration without the suite's table (a bare Config(), as a test of the automatic
+    # path's plumbing builds) would check this machine's kernels: it checks nothing instead,
+    # the same on every CPU. The check itself is tests/unit/test_dispatch_check.py's, with
+    # ratios from a table.
+    monkeypatch.setattr(dispatch, "_in_child", not_checking)
 
 
 @pytest.fixture(params=HALF_DTYPES)

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import os
 import runpy
+import subprocess
 import sys
 
 USAGE = "python -m tf_mpt script.py [args...]"
@@ -64,6 +65,7 @@ def _measure_command(options):
     from tf_mpt.costs import op_costs as _op_costs  # pylint: disable=g-import-not-at-top
     from tf_mpt.costs import probes as _probes  # pylint: disable=g-import-not-at-top
     from tf_mpt.costs import verdicts as _verdicts  # pylint: disable=g-import-not-at-top
+    from tf_mpt.costs import dispatch as _dispatch  # pylint: disable=g-import-not-at-top
     from tf_mpt import rewrite  # pylint: disable=g-import-not-at-top
     dtypes = ("bfloat16", "float16") if options.dtype == "both" else (options.dtype,)
     model = _sources.open_model(options.model) if options.model else None
@@ -82,6 +84,14 @@ def _measure_command(options):
     for dtype in dtypes:
         sys.stderr.write(f"tf-mpt measure: timing float32 and {dtype} kernels on this CPU ...\n")
         tables[dtype] = json.loads(_probes.measure(dtype).to_json())
+        # how TensorFlow runs each half op type here, fusions included (the dispatch check
+        # of a graph that runs where this table stands in for the CPU)
+        try:
+            tables[dtype]["dispatch"] = _dispatch._in_child(  # pylint: disable=protected-access
+                dtype, sorted(_dispatch.CHECKED_OPS))
+        except (OSError, ValueError, subprocess.SubprocessError) as error:
+            sys.stderr.write(f"tf-mpt measure: the dispatch check of {dtype} failed ({error}); "
+                             "the table has no 'dispatch' entry\n")
     write(tables)
     nodes, timed = 0, None
     for dtype in dtypes if model is not None else ():

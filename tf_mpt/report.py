@@ -77,6 +77,9 @@ class RewriteReport:
         unweighed_nodes: the names of the nodes with a float type it could not size (keyed
             as in `decisions`).
         unweighed_why: why the shapes of a graph could not be inferred at all, or None.
+        dispatch_kept: {op type: ratio} the dispatch check kept float32 (their half kernel,
+            as TensorFlow runs it on this CPU, that many times slower than float32), where
+            the graph runs here; {} otherwise.
         verdict: where the graph was decided for this CPU with timing on, the
             graph_timing.Verdict: each candidate colouring's times and the pick (or why it was
             not timed); None otherwise.
@@ -101,6 +104,7 @@ class RewriteReport:
     unweighed_nodes: tuple = ()
     unweighed_why: typing.Optional[str] = None
     verdict: typing.Optional[object] = None
+    dispatch_kept: typing.Mapping = dataclasses.field(default_factory=dict)
 
     def summary(self):
         """One line: 'Converted 18/40 nodes to bfloat16 using 6 cast(s)', and when the graph
@@ -123,6 +127,11 @@ class RewriteReport:
             line += "; the cost model weighed {}/{} nodes".format(*self.weighed_nodes)
             if self.unweighed_why:
                 line += f" (no shapes: {self.unweighed_why})"
+        if self.dispatch_kept:
+            kept = ", ".join(f"{op} ({ratio:.0f}x)" for op, ratio in
+                             sorted(self.dispatch_kept.items()))
+            line += (f"; kept float32 by the dispatch check ({self.dtype} kernel that many "
+                     f"times slower here): {kept}")
         if self.verdict is not None:
             line += "; " + self.verdict.describe()
         if self.batch_norms_folded:
@@ -157,6 +166,7 @@ class RewriteReport:
             "unweighed_nodes": list(self.unweighed_nodes),
             "unweighed_why": self.unweighed_why,
             "verdict": self.verdict.to_dict() if self.verdict is not None else None,
+            "dispatch_kept": dict(self.dispatch_kept),
             "summary": self.summary(),
             "nodes": {
                 name: {

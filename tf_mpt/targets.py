@@ -66,6 +66,10 @@ class Target:
         machine: the machine `costs` stands for (this CPU's identity, or the table's source).
         fusions: the remapper fusions the target has (_cpu.REMAPPER_FUSIONS names).
         threads: the CPU threads the table was measured with (0: not recorded).
+        slow_ops: where the graph runs on this machine, {op type: (ratio, pattern)} of the
+            op types whose half kernel TensorFlow runs here more than
+            costs.dispatch.SLOW times slower than float32 (the dispatch check): they stay
+            float32 (set by rewrite.measuring.check_dispatch).
     """
     kind: str
     table: typing.Optional[str] = None
@@ -76,6 +80,7 @@ class Target:
     machine: str = ""
     fusions: frozenset = _cpu.REMAPPER_FUSIONS
     threads: int = 0
+    slow_ops: typing.Mapping = dataclasses.field(default_factory=dict, compare=False)
 
     @property
     def label(self):

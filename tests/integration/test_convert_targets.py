@@ -111,6 +111,8 @@ def test_a_measured_table_decides_on_another_machine_without_measuring(saved_mod
     on machines of three kinds (flags injected): nothing measured, the model's node times
     read from the table, the same bytes on each."""
     table = tmp_path / "costs.json"
+    from tf_mpt.costs import dispatch  # (its child is tests/unit/test_dispatch_check.py's)
+    monkeypatch.setattr(dispatch, "_in_child", lambda dtype, ops: {"MatMul": 1.25})
     code, out, err = cli_main(capsys, "measure", "--dtype", "bfloat16", "--model", saved_model,
                               "--out", table)
     assert code == 0, err
@@ -119,6 +121,7 @@ def test_a_measured_table_decides_on_another_machine_without_measuring(saved_mod
     from tf_mpt.costs import op_costs
     (written,) = json.loads(table.read_text())
     costs = op_costs.OpCosts.from_dict(written)
+    assert written["dispatch"] == {"MatMul": 1.25}
     assert costs.dtype == "bfloat16" and {"MatMul", "Conv2D"} <= set(costs.half)
     ops = sorted(json.loads(spec)["op"] for spec in written["nodes"])
     assert ops == ["Conv2D", "Conv2D", "MatMul"]  # the model's two convolutions and its dense
@@ -143,7 +146,9 @@ def test_a_measured_table_decides_on_another_machine_without_measuring(saved_mod
 
 
 def test_measure_into_an_unwritable_path_says_so(tmp_path, capsys, monkeypatch):
+    from tf_mpt.costs import dispatch
     from tf_mpt.costs import probes
+    monkeypatch.setattr(dispatch, "_in_child", lambda dtype, ops: {})
     measured = []
     monkeypatch.setattr(probes, "measure", lambda dtype: measured.append(dtype) or
                         op_costs_table(dtype))

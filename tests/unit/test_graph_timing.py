@@ -216,6 +216,24 @@ def test_no_timing_for_another_machine_or_with_no_budget(timed):
     assert not timed.runs
 
 
+def test_only_what_runs_every_step_is_timed():
+    """An initializer among the fetches (run once, not every step) and a fetch needing a
+    saver (effects outside the sandbox) are left out; the step itself is timed."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 64], name="x")
+        w = tf1.get_variable("w", [64, 64])
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w)), name="loss")
+        tf1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+        tf1.global_variables_initializer().name  # pylint: disable=expression-not-assigned
+        saver = tf1.train.Saver()
+    init = [op.name for op in graph.get_operations() if op.name.startswith("init")][0]
+    fetches = [init, "loss", "train", saver.saver_def.save_tensor_name.split(":")[0]]
+    kept, needed = graph_timing.runnable(graph.as_graph_def(), fetches)
+    assert kept == ["loss", "train"]
+    assert "x" in needed and init not in needed
+
+
 def test_a_bad_budget_is_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"TF_MPT_TIMING_BUDGET must be a number of seconds "
                                          r">= 0 .* Received: TF_MPT_TIMING_BUDGET='-3'"):
@@ -270,6 +288,8 @@ def test_measure_model_stores_verdicts_that_a_table_target_replays_anywhere(
     suite = op_costs._read(os.environ["TF_MPT_OP_COSTS"], "bfloat16")  # pylint: disable=protected-access
     monkeypatch.setattr(probes, "measure", lambda dtype: suite)
     monkeypatch.setattr(probes, "time_nodes", lambda specs, dtype: {})
+    from tf_mpt.costs import dispatch  # pylint: disable=import-outside-toplevel
+    monkeypatch.setattr(dispatch, "_in_child", lambda dtype, ops: {})
     # half Sigmoids fast (the rules' colouring wins over the prediction)
     timed(lambda g, i: 1e-3 * (1 - 0.1 * _half(g, "MatMul") - 0.05 * _half(g, "Sigmoid")))
     model, table = tmp_path / "mlp.pb", tmp_path / "table.json"

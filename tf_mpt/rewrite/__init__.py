@@ -44,6 +44,9 @@ in loop_trials.py, TF_MPT_DUMP_DIR in dumps.py:
                    that leaves fewer Casts (_declare_loop_variables_half); then values kept
                    half across loop, call and TensorList boundaries (boundaries/)
     6. report      one report for the graph and its functions, Casts counted after phase 5
+    7. verdict     (rewrite_with_library, timing=True) where the decisions are for this CPU:
+                   the candidate colourings timed in sandboxes and the fastest kept, or a
+                   verdict cached here or held by the target's table (decision.py)
 
 Example:
     >>> result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype="bfloat16")
@@ -175,6 +178,7 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
     _inputs.check_lists(lists)
     signatures = {f.signature.name: f.signature for f in graph_def.library.function}
     target = _measuring.target_for(config, half.name)
+    target = _measuring.check_dispatch(target, config, half.name, graph_def, lists)
     costed = target.costs is not None
     # 1. index (the main graph; phases 2 and 3 follow in painting.rewrite_one)
     view = _graph_view.GraphView(graph_def)
@@ -250,6 +254,10 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
         report = dataclasses.replace(report, batch_norms_folded=folded)
         modified = True
     report = dataclasses.replace(report, target=target.label)
+    if target.slow_ops:
+        present = {d.op for d in report.decisions.values()}
+        report = dataclasses.replace(report, dispatch_kept={
+            op: ratio for op, (ratio, _) in target.slow_ops.items() if op in present})
     if _log.isEnabledFor(logging.DEBUG):
         for decision in report.decisions.values():
             _log.debug("%s", decision)

@@ -155,8 +155,8 @@ def runnable(graph_def, fetches):
     library = {f.signature.name: f for f in graph_def.library.function}
     kept, needed, unsafe = [], set(), set()
     for fetch in fetches:
-        if fetch not in view:
-            continue
+        if fetch not in view or _initializer_only(view, fetch):
+            continue  # (an initializer runs once, not every step: not timed)
         mine, stack = set(), [fetch]
         while stack:
             name = stack.pop()
@@ -188,6 +188,30 @@ def runnable(graph_def, fetches):
         raise NotTimed(f"its fetches need op(s) with effects outside its own state: "
                        f"{', '.join(sorted(unsafe)[:5]) or 'no fetch found'}")
     return kept, needed
+
+
+_INITIALIZING = frozenset(("Assign", "AssignVariableOp"))
+
+
+def _initializer_only(view, name, seen=None):
+    """Whether node `name` is a NoOp grouping only variable assignments (a TF1
+    `global_variables_initializer`), directly or through other such NoOps."""
+    node = view[name]
+    if node.op != "NoOp" or not node.input:
+        return False
+    seen = set() if seen is None else seen
+    seen.add(name)
+    for ref in node.input:
+        source = ref.lstrip("^").partition(":")[0]
+        if source in seen or source not in view:
+            continue
+        op = view[source].op
+        if op == "NoOp":
+            if not _initializer_only(view, source, seen):
+                return False
+        elif op not in _INITIALIZING:
+            return False
+    return True
 
 
 def _unsafe(nodes, library):

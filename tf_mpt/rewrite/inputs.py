@@ -59,7 +59,10 @@ def fetch_node_names(fetches, view):
     return names
 
 
-def node_skip_reasons(view, types, fetched):
+def node_skip_reasons(view, types, fetched, slow_ops=None, dtype=None):
+    """Per node, why it keeps float32 whatever the passes decide, or None. slow_ops: the
+    dispatch check's {op type: (ratio, pattern)} (measuring.check_dispatch)."""
+    slow_ops = slow_ops or {}
     reasons = []
     for node, nt in zip(view.nodes, types):
         if not nt.known:
@@ -70,6 +73,10 @@ def node_skip_reasons(view, types, fetched):
             reason = _paint.FETCHED
         elif ta.KEEP_FP32_ATTR in node.attr and node.attr[ta.KEEP_FP32_ATTR].b:
             reason = f"opted out with attr {ta.KEEP_FP32_ATTR}"
+        elif node.op in slow_ops:
+            ratio, pattern = slow_ops[node.op]
+            reason = (f"dispatch check: TensorFlow's {dtype} kernel for {node.op} ({pattern}) "
+                      f"ran {ratio:.0f}x slower than float32 on this CPU: kept float32")
         else:
             reason = None
         reasons.append(reason)

@@ -6,7 +6,9 @@ import dataclasses
 from tf_mpt import _dtypes
 from tf_mpt import targets as _targets
 from tf_mpt._process import state as _state
+from tf_mpt.costs import dispatch as _dispatch
 from tf_mpt.costs import op_costs as _op_costs
+from tf_mpt.rewrite import function_bodies as _function_bodies
 from tf_mpt.rewrite import type_attrs as ta
 from tf_mpt.rewrite.paint import cost as _cost
 
@@ -20,6 +22,33 @@ def target_for(config, dtype):
     target = _targets.resolve(config, name, gpu_visible=ta.default_device_type() == "GPU")
     _targets.say_why_once(target, name)
     return _op_costs.bind(target, config, name)
+
+
+def runs_here(target):
+    """Whether the graph a rewrite makes will run on this machine: decided for it (`here`),
+    or rewritten by the automatic path in this process; with no GPU visible (a GPU runs the
+    graph there)."""
+    if ta.default_device_type() == "GPU":
+        return False
+    return target.kind == _targets.HERE or _state.STATE.settings is not None
+
+
+def check_dispatch(target, config, dtype, graph_def, lists):
+    """The target with `slow_ops` set where the graph runs here (runs_here): the op types
+    of the graph and its functions that could go half and whose half kernel, as TensorFlow
+    runs it here, is over costs.dispatch.SLOW times slower than float32 (one WARNING each,
+    once per process). Where the graph is for another machine: the target as it is."""
+    if not runs_here(target):
+        return target
+    candidates = lists.allow | lists.infer | lists.clear
+    ops = {node.op for node in _function_bodies.all_nodes(graph_def)} & candidates
+    slow = _dispatch.slow_ops(config, dtype, ops)
+    for op, (ratio, pattern) in sorted(slow.items()):
+        _state.warn_once(("slow half kernel", dtype, op),
+                         "tf_mpt keeps %s float32: TensorFlow's %s kernel for it on this CPU "
+                         "(%s, as the remapper fuses it) ran %.0fx slower than float32",
+                         op, dtype, pattern, ratio)
+    return dataclasses.replace(target, slow_ops=slow) if slow else target
 
 
 def resolved_target(config, dtype):

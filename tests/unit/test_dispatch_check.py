@@ -1,0 +1,193 @@
+"""The dispatch check (issue "measured, not predicted", item 5): where the graph runs on this
+machine, an op type whose half kernel TensorFlow runs several times slower than float32 (a
+float16 Conv2DBackpropFilter on oneDNN's reference path: 195x on a Sapphire Rapids; a float16
+MatMul fused with its BiasAdd: 620x) stays float32, with one WARNING naming the op and the
+ratio, whatever the dtype and target; for another machine nothing changes.
+
+The ratios come from the table standing in for this CPU (its "dispatch" entry: the Sapphire
+Rapids figures of the issue), never from this machine, except in the one test marked
+measures_this_cpu, which asserts only that a ratio was measured.
+"""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import tensorflow as tf
+
+import tf_mpt
+from tf_mpt.costs import dispatch
+from support import half_ops
+from support.helpers import tf1
+
+F16 = tf.float16.as_datatype_enum
+SAPPHIRE_RAPIDS = {"Conv2DBackpropFilter": 195.0, "MatMul": 1.0, "MatMul+BiasAdd": 620.0,
+                   "Conv2D": 0.5, "Conv2D+BiasAdd+Relu": 0.6}
+
+
+def _table(tmp_path, dtype="float16", ratios=SAPPHIRE_RAPIDS):
+    """The suite's table with a "dispatch" entry for `dtype`."""
+    with open(os.environ["TF_MPT_OP_COSTS"]) as f:
+        tables = json.load(f)
+    for table in tables:
+        if table["dtype"] == dtype:
+            table["dispatch"] = ratios
+    path = tmp_path / "table_with_dispatch.json"
+    path.write_text(json.dumps(tables))
+    return str(path)
+
+
+def _training_graph():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [16, 15, 15, 32], name="x")
+        labels = tf1.placeholder(tf.int64, [16], name="labels")
+        kernel = tf1.get_variable("kernel", [3, 3, 32, 32])
+        h = tf.nn.relu(tf.nn.conv2d(x, kernel, 1, "VALID"))
+        flat = tf.reshape(h, [16, 13 * 13 * 32])
+        w, b = tf1.get_variable("w", [13 * 13 * 32, 64]), tf1.get_variable("b", [64])
+        logits = tf.nn.bias_add(tf.matmul(flat, w), b)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=logits), name="loss")
+        tf1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+    return graph
+
+
+def _half(graph_def, op):
+    return [n.name for n in graph_def.node if n.op == op and n.attr["T"].type == F16]
+
+
+def _of(graph_def, op):
+    return [n.name for n in graph_def.node if n.op == op]
+
+
+def test_patterns_named_are_the_patterns_built():
+    with tf.Graph().as_default():
+        built, _ = dispatch._patterns(tf, "float16")  # pylint: disable=protected-access
+    assert tuple(sorted(built)) == dispatch.PATTERNS
+
+
+def test_slow_half_kernels_stay_float32_where_the_graph_runs_here(tmp_path, monkeypatch,
+                                                                  caplog):
+    monkeypatch.setenv("TF_MPT_OP_COSTS", _table(tmp_path))
+    graph_def = _training_graph().as_graph_def()
+    with caplog.at_level(logging.WARNING, logger="tf_mpt"):
+        result = tf_mpt.rewrite_graph_def(graph_def, dtype="float16", target="here",
+                                          fetches=["loss", "train"])
+    gd = result.graph_def
+    assert _of(gd, "Conv2DBackpropFilter") and not _half(gd, "Conv2DBackpropFilter")
+    assert len(_of(gd, "MatMul")) == 3 and not _half(gd, "MatMul")  # forward and gradients
+    assert _half(gd, "Conv2D")  # 0.5x: as fast as float32 or faster, half
+    assert result.report.dispatch_kept == {"Conv2DBackpropFilter": 195.0, "MatMul": 620.0}
+    (decision,) = [d for d in result.report.decisions.values()
+                   if d.op == "Conv2DBackpropFilter"]
+    assert decision.reason == ("dispatch check: TensorFlow's float16 kernel for "
+                               "Conv2DBackpropFilter (Conv2DBackpropFilter) ran 195x slower "
+                               "than float32 on this CPU: kept float32")
+    assert "kept float32 by the dispatch check (float16 kernel that many times slower here): " \
+        "Conv2DBackpropFilter (195x), MatMul (620x)" in result.report.summary()
+    warnings = [r.getMessage() for r in caplog.records if "keeps" in r.getMessage()]
+    assert warnings == [
+        "tf_mpt keeps Conv2DBackpropFilter float32: TensorFlow's float16 kernel for it on this "
+        "CPU (Conv2DBackpropFilter, as the remapper fuses it) ran 195x slower than float32",
+        "tf_mpt keeps MatMul float32: TensorFlow's float16 kernel for it on this CPU "
+        "(MatMul+BiasAdd, as the remapper fuses it) ran 620x slower than float32"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tf_mpt"):  # once per process
+        tf_mpt.rewrite_graph_def(graph_def, dtype="float16", target="here",
+                                 fetches=["loss", "train"])
+    assert not [r for r in caplog.records if "keeps" in r.getMessage()]
+
+
+def test_for_another_machine_nothing_changes(tmp_path, monkeypatch):
+    """--target rules or FILE: the graph is for another machine; the table's ratios (this
+    CPU's) change nothing: the same graph as from the same table without them."""
+    table = _table(tmp_path)
+    without = tmp_path / "without" / "table.json"
+    without.parent.mkdir()
+    without.write_text(open(_table(tmp_path, ratios={})).read())
+    monkeypatch.setenv("TF_MPT_OP_COSTS", table)
+    graph_def = _training_graph().as_graph_def()
+    rules = tf_mpt.rewrite_graph_def(graph_def, dtype="float16", target="rules",
+                                     fetches=["loss", "train"])
+    assert _half(rules.graph_def, "Conv2DBackpropFilter")
+    assert len(_half(rules.graph_def, "MatMul")) == 3
+    assert rules.report.dispatch_kept == {}
+    for_table = tf_mpt.rewrite_graph_def(graph_def, dtype="float16", target=table,
+                                         fetches=["loss", "train"])
+    monkeypatch.setenv("TF_MPT_OP_COSTS", str(without))
+    plain = tf_mpt.rewrite_graph_def(graph_def, dtype="float16", target=str(without),
+                                     fetches=["loss", "train"])
+    assert for_table.graph_def == plain.graph_def and for_table.report.dispatch_kept == {}
+
+
+def test_bfloat16_is_checked_too_and_a_table_without_ratios_checks_nothing(tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.setenv("TF_MPT_OP_COSTS", _table(tmp_path, "bfloat16", {"Conv2D": 4.0}))
+    result = tf_mpt.rewrite_graph_def(_training_graph().as_graph_def(), dtype="bfloat16",
+                                      target="here", fetches=["loss", "train"])
+    assert result.report.dispatch_kept == {"Conv2D": 4.0}
+    # the suite's own table has no "dispatch" entry: nothing is checked, nothing measured
+    monkeypatch.setenv("TF_MPT_OP_COSTS", _table(tmp_path, "float16", {}))
+    result = tf_mpt.rewrite_graph_def(_training_graph().as_graph_def(), dtype="float16",
+                                      target="here", fetches=["loss", "train"])
+    assert result.report.dispatch_kept == {}
+
+
+_SCRIPT = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    tf1.disable_eager_execution()
+    x = tf1.placeholder(tf.float32, [16, 15, 15, 32])
+    labels = tf1.placeholder(tf.int64, [16])
+    kernel = tf1.get_variable("kernel", [3, 3, 32, 32])
+    h = tf.nn.relu(tf.nn.conv2d(x, kernel, 1, "VALID"))
+    logits = tf.matmul(tf.reshape(h, [16, 13 * 13 * 32]), tf1.get_variable("w", [5408, 10]))
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
+                                                                         logits=logits))
+    train = tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+    with tf1.Session() as session:
+        session.run(tf1.global_variables_initializer())
+        feed = {x: np.random.rand(16, 15, 15, 32).astype(np.float32),
+                labels: np.zeros(16, np.int64)}
+        for _ in range(2):
+            session.run([loss, train], feed)
+    print("loss dtype", loss.dtype.name)
+""")
+
+
+@pytest.mark.parametrize("target", ["rules", pytest.param("auto", marks=pytest.mark.heavy)])
+def test_the_automatic_path_checks_whatever_the_target(tmp_path, target):
+    """TF_MPT_ENABLE=1 TF_MPT_DTYPE=float16: the Session's graph runs here, so the table's
+    195x Conv2DBackpropFilter stays float32 (the Conv2D runs half), with the WARNING."""
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    env = dict(os.environ, TF_MPT_ENABLE="1", TF_MPT_DTYPE="float16", TF_MPT_TARGET=target,
+               TF_MPT_OP_COSTS=_table(tmp_path), TF_CPP_MIN_LOG_LEVEL="2",
+               TF_MPT_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, str(script)], env=half_ops.observed_env(env),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "loss dtype float32" in proc.stdout
+    counts = half_ops.parse(proc.stderr)
+    assert counts is not None, proc.stderr[-2000:]
+    assert counts["half_types"].get("Conv2D", 0) >= 1, counts
+    assert counts["half_types"].get("Conv2DBackpropFilter", 0) == 0, counts
+    assert "tf_mpt keeps Conv2DBackpropFilter float32: TensorFlow's float16 kernel for it " \
+        "on this CPU (Conv2DBackpropFilter, as the remapper fuses it) ran 195x slower" in \
+        proc.stderr
+
+
+@pytest.mark.measures_this_cpu
+def test_the_ratio_is_measured_in_a_child_once_then_cached(tmp_path, monkeypatch):
+    monkeypatch.delenv("TF_MPT_OP_COSTS")
+    config = tf_mpt.Config.from_env(dict(os.environ, TF_MPT_CACHE_DIR=str(tmp_path)))
+    found = dispatch.ratios(config, "float16", {"Relu"})
+    assert set(found) == {"Relu"} and found["Relu"] > 0
+    monkeypatch.setattr(dispatch, "_in_child", lambda dtype, ops: pytest.fail("measured"))
+    assert dispatch.ratios(config, "float16", {"Relu"}) == found
