@@ -34,9 +34,10 @@ def test_every_pass_says_its_kind_and_what_it_needs():
 def test_the_code_runs_the_listed_phases_in_order():
     phases = re.findall(r"^    (\d)\. (\w+)", rewrite_module.__doc__, re.M)
     assert [name for _, name in phases] == ["index", "paint", "casts", "functions",
-                                            "boundaries", "report"]
+                                            "boundaries", "report", "verdict"]
     seen = []
-    for function in (rewrite_module._rewrite_graph_def, painting.rewrite_one):
+    for function in (rewrite_module._rewrite_graph_def, painting.rewrite_one,
+                     rewrite_module.rewrite_with_library):
         marks = re.findall(r"# (\d)\. (\w+)", inspect.getsource(function))
         numbers = [int(number) for number, _ in marks]
         assert numbers == sorted(numbers), function.__name__
