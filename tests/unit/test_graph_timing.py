@@ -88,6 +88,7 @@ def timed(monkeypatch, tmp_path):
         if forget:
             shutil.rmtree(tmp_path / "cache", ignore_errors=True)
     set_cost.runs = runs
+    set_cost.cache_dir = tmp_path / "cache"
     return set_cost
 
 
@@ -276,6 +277,17 @@ def test_a_verdict_is_measured_once_then_read_from_the_cache(timed):
                                      target="here", config=tf_mpt.Config.from_env(
                                          dict(os.environ, TF_MPT_COST_BATCH="64")))
     assert other.report.verdict.source == "timed" and len(timed.runs) > runs
+    # a cached record that did not time a candidate there is now (the prediction changed)
+    # is timed again
+    (cache,) = (tmp for tmp in (timed.cache_dir / name for name in os.listdir(
+        timed.cache_dir)) if tmp.name.startswith("verdicts-"))
+    records = json.loads(cache.read_text())
+    for record in records.values():
+        record["times"].pop("cost model", None)
+    cache.write_text(json.dumps(records))
+    runs = len(timed.runs)
+    again = _rewrite(graph_def)
+    assert again.report.verdict.source == "timed" and len(timed.runs) > runs
 
 
 def test_measure_model_stores_verdicts_that_a_table_target_replays_anywhere(

@@ -414,3 +414,15 @@ def test_a_measurement_that_exits_says_how_with_its_last_stderr_line(tmp_path, m
                        match=r"^the measurement exited with 3: no TensorFlow here$"):
         op_costs._in_child(str(tmp_path), "bfloat16", ops=["Relu"])
     assert _state.STATE.probe_server is None  # ended: the next measurement starts another
+
+
+@pytest.mark.measures_this_cpu
+def test_matrix_products_alone_are_measured_at_the_sizes_they_have():
+    """A graph needing only BatchMatMulV2 (a Transformer's attention): its probes exist at
+    three of the four element sizes; the fourth has nothing to run (it once raised
+    IndexError, and the cost model went off for the whole process)."""
+    from tf_mpt.costs import probes  # pylint: disable=import-outside-toplevel
+    costs = probes.measure("bfloat16", ["BatchMatMulV2"])
+    assert len(costs.float32["BatchMatMulV2"]) == len(probes.BATCH_MATMUL_SHAPES)
+    assert len(costs.half["BatchMatMulV2"]) == len(probes.BATCH_MATMUL_SHAPES)
+    assert costs.probed == ("BatchMatMulV2",)

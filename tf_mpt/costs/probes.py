@@ -160,7 +160,10 @@ def _contraction_probes(tf, ph, size):
 
 def _kernel_seconds(tf, probes):
     """{op type: fastest seconds of its probe kernel} over RUNS traced runs; a probe whose
-    kernel does not run here (none registered for the dtype) is left out."""
+    kernel does not run here (none registered for the dtype) is left out. No probes (only
+    matrix products asked for, at a size they have no problem of): {}."""
+    if not probes:
+        return {}
     try:
         return _traced_seconds(tf, probes)
     except tf.errors.OpError:

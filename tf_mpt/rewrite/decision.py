@@ -127,8 +127,11 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target):
         verdict = None
         if known is not None:
             verdict = _timing.Verdict.from_dict(known, source)
-            if verdict is None or verdict.pick not in graphs:
-                verdict = None  # a record this version cannot apply: timed again
+            if verdict is None or not set(graphs) <= set(verdict.times):
+                # a record this version cannot apply, or one that did not time every
+                # candidate there is now (the prediction changed: a table measured since):
+                # timed again
+                verdict = None
             else:
                 verdict = dataclasses.replace(verdict, same_as=same_as)
         if verdict is None:

@@ -1,0 +1,144 @@
+"""Where a training step's bytes go: float32 against tf_mpt, from one traced step's allocation
+records (issue "memory", item 1: the table that drives the design).
+
+    python benchmarks/memory_profile.py [--models mlp lstm conv transformer] [--quick]
+                                        [--dtype bfloat16]
+
+The models are benchmarks/train_speed.py's TF1 training graphs (its full settings, or
+--quick's). Per (model, variant), in a Session of its own: the initializer, WARMUP steps,
+then one step with RunOptions FULL_TRACE. Its step stats carry every allocation and release
+of TensorFlow's CPU allocator during the step (AllocatorMemoryUsed.allocation_records:
+microseconds, +bytes / -bytes) and the node that made it. From them:
+
+    step peak      the highest sum of bytes allocated and not yet released during the step
+                   (what the step adds on top of what lives across steps: variables, slots)
+    live at peak   the nodes holding those bytes at that moment, by the dtype of what they
+                   produced (float32, the half type, other) and by op type (Casts apart)
+    in use         the allocator's bytes in use at its highest during the step (the
+                   variables and slots included; allocator_bytes_in_use)
+
+tf_mpt is `tf_mpt.rewrite_graph_def` with the environment's target (auto: `here` on a CPU
+with native bfloat16). The CPU and whether it computes bfloat16 natively are printed first;
+bytes do not depend on the CPU's speed, only on what the rewrite decided.
+"""
+
+import argparse
+import collections
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, ".."), HERE]
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tf_mpt  # noqa: E402
+from tf_mpt import _cpu  # noqa: E402
+import train_speed  # noqa: E402  (the models)
+
+tf1 = tf.compat.v1
+WARMUP = 3
+MIB = 1 << 20
+HALF = {tf.bfloat16.as_datatype_enum: "bfloat16", tf.float16.as_datatype_enum: "float16"}
+
+
+def _graph(model, variant, dtype):
+    if variant == "float32":
+        return model.graph, None
+    fetches = [train_speed.LOSS, train_speed.TRAIN, train_speed.INIT]
+    result = tf_mpt.rewrite_graph_def(model.graph.as_graph_def(), dtype=dtype, fetches=fetches)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(result.graph_def, name="")
+    return graph, result.report
+
+
+def traced_step(graph, feeds):
+    """RunMetadata of one step after WARMUP steps."""
+    with tf1.Session(graph=graph, config=train_speed.session_config(0, False)) as session:
+        session.run(train_speed.INIT)
+        fetches = [f"{train_speed.LOSS}:0", train_speed.TRAIN]
+        for _ in range(WARMUP):
+            session.run(fetches, feeds)
+        metadata = tf1.RunMetadata()
+        session.run(fetches, feeds, options=tf1.RunOptions(
+            trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
+    return metadata
+
+
+def _kind(node_stats):
+    kinds = {HALF.get(o.tensor_description.dtype, "float32"
+                      if o.tensor_description.dtype == tf.float32.as_datatype_enum else "other")
+             for o in node_stats.output}
+    return kinds.pop() if len(kinds) == 1 else "other"
+
+
+def analyse(metadata):
+    """{'peak': bytes, 'live': {(kind, op): bytes at the peak}, 'in_use': bytes}."""
+    events, in_use = [], 0
+    for device in metadata.step_stats.dev_stats:
+        for ns in device.node_stats:
+            op = ns.timeline_label.split(" = ")[1].split("(")[0] if " = " in \
+                ns.timeline_label else "?"
+            for memory in ns.memory:
+                in_use = max(in_use, memory.allocator_bytes_in_use)
+                for record in memory.allocation_records:
+                    events.append((record.alloc_micros, record.alloc_bytes, ns.node_name,
+                                   (_kind(ns), op)))
+    events.sort(key=lambda e: (e[0], -e[1]))  # at one instant, allocations first
+    total = peak = 0
+    held, at_peak = collections.Counter(), {}
+    for _, size, node, key in events:
+        total += size
+        held[node, key] += size
+        if total > peak:
+            peak = total
+            at_peak = {k: v for k, v in held.items() if v > 0}
+    live = collections.Counter()
+    for (_, key), size in at_peak.items():
+        live[key] += size
+    return {"peak": peak, "live": live, "in_use": in_use}
+
+
+def _mib(n):
+    return f"{n / MIB:.1f}"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["mlp", "lstm"],
+                        choices=sorted(train_speed.BUILDERS))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    args = parser.parse_args(argv)
+    native = _cpu.has_native_bfloat16(_cpu.cpu_flags())
+    print(f"CPU: {_cpu.cpu_model()}; native bfloat16: {'yes' if native else 'no'}; "
+          f"{args.dtype}; {'quick' if args.quick else 'full'} settings of train_speed.py")
+    settings = train_speed.QUICK if args.quick else train_speed.FULL
+    print("| model | variant | step peak MiB | live at peak: float32 / half / other MiB | "
+          "of which Cast outputs MiB | largest holders at peak (op, dtype: MiB) | "
+          "allocator in use MiB | tf_mpt summary |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in args.models:
+        model = train_speed.BUILDERS[name](settings, np.random.RandomState(0))
+        for variant in ("float32", "tf_mpt"):
+            graph, report = _graph(model, variant, args.dtype)
+            found = analyse(traced_step(graph, model.feeds))
+            by_kind = collections.Counter()
+            for (kind, _), size in found["live"].items():
+                by_kind["half" if kind in HALF.values() else kind] += size
+            casts = sum(v for (_, op), v in found["live"].items() if op == "Cast")
+            top = ", ".join(f"{op}, {kind}: {_mib(v)}" for (kind, op), v in
+                            found["live"].most_common(4))
+            summary = report.summary() if report is not None else ""
+            print(f"| {name} | {variant} | {_mib(found['peak'])} | "
+                  f"{_mib(by_kind['float32'])} / {_mib(by_kind['half'])} / "
+                  f"{_mib(by_kind['other'])} | {_mib(casts)} | {top} | "
+                  f"{_mib(found['in_use'])} | {summary} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
