@@ -1,6 +1,7 @@
 """benchmarks/real_models.py --quick: the real-model benchmark runs end to end on small
 models (structure only: a row per model and step, float32 / Grappler / tf_mpt speed-ups and
-tf_mpt's Casts, a second float32 Session's ratio as the run's noise; no timing is asserted). tf_keras builds the models."""
+tf_mpt's Casts, graph timing's candidates, a second float32 Session's ratio as the run's noise;
+no timing is asserted). tf_keras builds the models."""
 
 import importlib.util
 import os
@@ -32,11 +33,13 @@ def test_quick_run_prints_a_row_per_model_and_step():
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert float(cells[2]) > 0
         assert re.fullmatch(r"\d+\.\d\dx", cells[3]) and re.fullmatch(r"\d+\.\d\dx", cells[4])
-        folds = "batch norm(s) folded" in cells[8]
+        folds = "batch norm(s) folded" in cells[9]
         assert re.fullmatch(r"\d+\.\d\dx", cells[5]) if folds else cells[5] == "-"
         assert re.fullmatch(r"\d+\.\d\dx", cells[6])  # float32 again: the run's noise
-        assert int(cells[7]) >= 0 and cells[8].startswith("Converted ")
-        converted = int(re.match(r"Converted (\d+)/", cells[8]).group(1))
-        assert converted > 0 or "kept float32 by the cost model" in cells[8], row
+        # graph timing's candidates: none here (the suite's table stands in for this CPU)
+        assert cells[8] == "not timed (target not here, or TF_MPT_TIMING_BUDGET=0)", row
+        assert int(cells[7]) >= 0 and cells[9].startswith("Converted ")
+        converted = int(re.match(r"Converted (\d+)/", cells[9]).group(1))
+        assert converted > 0 or "kept float32 by the cost model" in cells[9], row
     assert any("batch norm(s) folded" in row for row in rows)  # MobileNetV2's inference
     assert sum(line.startswith("| geometric mean |") for line in lines) == 2
