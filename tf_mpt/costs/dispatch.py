@@ -29,7 +29,6 @@ import sys
 import tempfile
 import time
 
-from tf_mpt import config as _config
 from tf_mpt._process import state as _state
 
 SLOW = 3.0
@@ -174,25 +173,13 @@ def _log_measuring(dtype, ops):
 
 def in_table(path, dtype):
     """{pattern: ratio} a cost table file holds for `dtype` ("dispatch"; {} where none)."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    for table in data if isinstance(data, list) else [data]:
-        if isinstance(table, dict) and table.get("dtype") == dtype:
-            found = table.get("dispatch", {})
-            return {str(k): float(v) for k, v in found.items()} if isinstance(found, dict) \
-                else {}
-    return {}
+    from tf_mpt.costs import op_costs  # pylint: disable=import-outside-toplevel
+    return {str(k): float(v) for k, v in op_costs.table_entry(path, dtype, "dispatch").items()}
 
 
 def _cache_path(config, dtype):
-    from tf_mpt import _cpu  # pylint: disable=import-outside-toplevel
     from tf_mpt.costs import op_costs  # pylint: disable=import-outside-toplevel
-    directory = config.cache_dir or _config.default_cache_dir()
-    key = op_costs.cache_key(dtype, _cpu.identity(config))
-    return os.path.join(directory, f"dispatch-{dtype}-{key}-v{VERSION}.json")
+    return op_costs.cache_file(config, dtype, "dispatch", f"-v{VERSION}")
 
 
 def _read(path):

@@ -31,6 +31,7 @@ import atexit
 import base64
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -459,6 +460,41 @@ def _write_atomically(path, text):
     except OSError as error:
         _log.info("tf_mpt could not cache op costs in %s (%s); they are measured again in the "
                   "next process", path, error)
+
+
+def cache_file(config, dtype, stem, suffix=""):
+    """The path of one of this CPU's cache files beside its op table:
+    <cache dir>/<stem>-<dtype>-<cache_key><suffix>.json (graph timing's verdicts, the
+    dispatch check's ratios)."""
+    directory = config.cache_dir or _config.default_cache_dir()
+    key = cache_key(dtype, _cpu.identity(config))
+    return os.path.join(directory, f"{stem}-{dtype}-{key}{suffix}.json")
+
+
+def table_entry(path, dtype, key):
+    """The `key` entry ("verdicts", "dispatch") of a cost table file's table for `dtype` (a
+    dict; {} where there is none or the file cannot be read). Read once per version of the
+    file: a rewrite asks for it every time."""
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        return {}
+    return _table_entry_at(path, stamp, dtype, key)
+
+
+@functools.lru_cache(maxsize=32)
+def _table_entry_at(path, stamp, dtype, key):
+    del stamp  # (part of the key: a rewritten file is read again)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    for table in data if isinstance(data, list) else [data]:
+        if isinstance(table, dict) and table.get("dtype") == dtype:
+            found = table.get(key)
+            return found if isinstance(found, dict) else {}
+    return {}
 
 
 def _table_path(directory, dtype, machine):

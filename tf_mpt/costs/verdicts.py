@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 
-from tf_mpt import config as _config
 from tf_mpt import lists as _lists
 from tf_mpt._process import state as _state
 
@@ -40,12 +39,8 @@ def fingerprint(graph_def, fetches, dtype, lists, cost_batch):
 
 
 def _cache_path(config, dtype):
-    from tf_mpt import _cpu  # pylint: disable=import-outside-toplevel
     from tf_mpt.costs import op_costs  # pylint: disable=import-outside-toplevel
-    directory = config.cache_dir or _config.default_cache_dir()
-    machine = _cpu.identity(config)
-    return os.path.join(directory,
-                        f"verdicts-{dtype}-{op_costs.cache_key(dtype, machine)}.json")
+    return op_costs.cache_file(config, dtype, "verdicts")
 
 
 def _read_json(path):
@@ -84,13 +79,8 @@ def store(config, dtype, key, verdict):
 
 def in_table(path, dtype):
     """{fingerprint: verdict dict} a cost table file holds for `dtype` ({} where none)."""
-    data = _read_json(path)
-    tables = data if isinstance(data, list) else [data] if isinstance(data, dict) else []
-    for table in tables:
-        if isinstance(table, dict) and table.get("dtype") == dtype:
-            found = table.get("verdicts")
-            return found if isinstance(found, dict) else {}
-    return {}
+    from tf_mpt.costs import op_costs  # pylint: disable=import-outside-toplevel
+    return op_costs.table_entry(path, dtype, "verdicts")
 
 
 @contextlib.contextmanager

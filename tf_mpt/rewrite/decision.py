@@ -14,9 +14,7 @@ A graph that cannot be timed keeps the prediction, and its verdict says why.
 """
 
 import dataclasses
-import functools
 import logging
-import os
 
 from tensorflow.core.framework import graph_pb2
 
@@ -72,21 +70,7 @@ def applies(config, target, dtype):
     if timed_here(config, target):
         return True
     return target.kind == "table" and target.table is not None and (
-        _verdicts.measuring_for_a_table() or bool(_table_verdicts(target.table, dtype)))
-
-
-def _table_verdicts(path, dtype):
-    try:
-        stamp = os.stat(path).st_mtime_ns
-    except OSError:
-        return {}
-    return _table_verdicts_at(path, stamp, dtype)
-
-
-@functools.lru_cache(maxsize=16)
-def _table_verdicts_at(path, stamp, dtype):
-    del stamp  # (the key: a rewritten file is read again)
-    return _verdicts.in_table(path, dtype)
+        _verdicts.measuring_for_a_table() or bool(_verdicts.in_table(target.table, dtype)))
 
 
 def decide(graph_def, predicted, rewrite, config, fetches, lists, target):
@@ -104,7 +88,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target):
     key = _verdicts.fingerprint(graph_def, names, dtype, lists, config.cost_batch)
     known, source = None, "timed"
     if target.kind == "table" and not _verdicts.measuring_for_a_table():
-        known, source = _table_verdicts(target.table, dtype).get(key), "table"
+        known, source = _verdicts.in_table(target.table, dtype).get(key), "table"
         if known is None:
             return predicted
     elif target.kind != "table":

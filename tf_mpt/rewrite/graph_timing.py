@@ -42,8 +42,6 @@ MIN_ROUNDS = 3
 MAX_ROUNDS = 15
 MARGIN = 0.03  # another candidate must be this much faster than the prediction's to win
 DEFAULT_BUDGET_SECONDS = 30.0
-_RUN_TIMEOUT_MS = 30_000
-_MAX_COPY_BYTES = 1 << 30
 
 NotTimed = _step_timing.NotTimed
 _MADE_UP_DTYPES = frozenset((
@@ -59,7 +57,7 @@ _SAFE_REF_STATEFUL = frozenset((
     "DestroyTemporaryVariable", "ScatterAdd", "ScatterSub", "ScatterMul", "ScatterDiv",
     "ScatterUpdate", "ScatterMin", "ScatterMax", "ScatterNdAdd", "ScatterNdSub",
     "ScatterNdUpdate", "NoOp", "Placeholder", "PlaceholderWithDefault"))
-_SAFE_REF_PREFIXES = ("Apply", "SparseApply", "ResourceApply", "ResourceSparseApply")
+_SAFE_REF_PREFIXES = ("Apply", "SparseApply")  # (the Resource* ones: step timing's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +173,8 @@ def runnable(graph_def, fetches):
                     functions.add(name)
                     stack.extend(library[name].node_def)
                     nodes.extend(library[name].node_def)
-        found = _unsafe(nodes, library) | {
+        found = _step_timing.unsafe_ops(nodes, library, _SAFE_REF_STATEFUL,
+                                        _SAFE_REF_PREFIXES) | {
             f"Placeholder of {types_pb2.DataType.Name(view[n].attr['dtype'].type)}"
             for n in mine if view[n].op == "Placeholder" and
             view[n].attr["dtype"].type not in _MADE_UP_DTYPES}
@@ -214,21 +213,6 @@ def _initializer_only(view, name, seen=None):
     return True
 
 
-def _unsafe(nodes, library):
-    from tensorflow.python.framework import op_def_registry  # pylint: disable=import-outside-toplevel
-    found = set()
-    for node in nodes:
-        op = node.op
-        if (op in library or op in _SAFE_REF_STATEFUL or op.startswith(_SAFE_REF_PREFIXES)
-                or op in _step_timing._SAFE_STATEFUL  # pylint: disable=protected-access
-                or op.startswith(_step_timing._SAFE_STATEFUL_PREFIXES)):  # pylint: disable=protected-access
-            continue
-        op_def = op_def_registry.get(op)
-        if op_def is None or op_def.is_stateful:
-            found.add(op)
-    return found
-
-
 def made_up_inputs(graph_def, needed, batch, seed=0):
     """{placeholder name: array} for the Placeholders among `needed`: normal noise for floats,
     zeros for integers and booleans (a valid index or label); an unknown leading dimension is
@@ -256,8 +240,9 @@ def made_up_inputs(graph_def, needed, batch, seed=0):
         else:
             raise NotTimed(f"input {node.name} is {dtype.name}: no made-up value for it")
         total += value.nbytes
-        if total > _MAX_COPY_BYTES:
-            raise NotTimed(f"its made-up inputs would take over {_MAX_COPY_BYTES >> 20} MiB")
+        if total > _step_timing.MAX_COPY_BYTES:
+            raise NotTimed(f"its made-up inputs would take over "
+                           f"{_step_timing.MAX_COPY_BYTES >> 20} MiB")
         values[node.name] = value
     return values
 
@@ -289,7 +274,8 @@ class _Sandbox:
             self.targets = [self.graph.get_operation_by_name(name) for name in fetches
                             if name not in inputs]
         self.session = tf.compat.v1.Session(graph=self.graph)
-        self.options = tf.compat.v1.RunOptions(timeout_in_ms=_RUN_TIMEOUT_MS)
+        self.options = tf.compat.v1.RunOptions(
+            timeout_in_ms=_step_timing._RUN_TIMEOUT_MS)  # pylint: disable=protected-access
         self.session.run(self.init, options=self.options)
 
     def run(self):

@@ -155,11 +155,19 @@ def time_both(concrete_function, mixed_graph_def, batch, rounds=ROUNDS,
 def _unsafe_ops(graph_def):
     """Op types of the graph and its functions that are stateful and not known to be safe
     (an op TensorFlow does not know, nor the library defines, is: nothing is known of it)."""
-    library = {f.signature.name for f in graph_def.library.function}
+    return unsafe_ops(_function_library.all_nodes(graph_def),
+                      {f.signature.name for f in graph_def.library.function})
+
+
+def unsafe_ops(nodes, library, also_safe=frozenset(), also_safe_prefixes=()):
+    """Op types of `nodes` that are stateful and not known to be safe: neither a function of
+    `library` (names), nor in _SAFE_STATEFUL or `also_safe`, nor starting with one of
+    _SAFE_STATEFUL_PREFIXES or `also_safe_prefixes`."""
     found = set()
-    for node in _function_library.all_nodes(graph_def):
+    prefixes = _SAFE_STATEFUL_PREFIXES + tuple(also_safe_prefixes)
+    for node in nodes:
         op = node.op
-        if op in library or op in _SAFE_STATEFUL or op.startswith(_SAFE_STATEFUL_PREFIXES):
+        if op in library or op in _SAFE_STATEFUL or op in also_safe or op.startswith(prefixes):
             continue
         op_def = _op_def_registry.get(op)
         if op_def is None or op_def.is_stateful:
