@@ -66,6 +66,8 @@ def _no_verdict_from_this_cpus_clock(request, monkeypatch):
     # the same on every CPU. The check itself is tests/unit/test_dispatch_check.py's, with
     # ratios from a table.
     monkeypatch.setattr(dispatch, "_in_child", not_checking)
+    # (nor does the automatic path start a child checking them early)
+    monkeypatch.setattr(dispatch, "_spawn", lambda dtype, ops, cache: None)
 
 
 @pytest.fixture(params=HALF_DTYPES)

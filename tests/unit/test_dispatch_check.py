@@ -191,3 +191,122 @@ def test_the_ratio_is_measured_in_a_child_once_then_cached(tmp_path, monkeypatch
     assert set(found) == {"Relu"} and found["Relu"] > 0
     monkeypatch.setattr(dispatch, "_in_child", lambda dtype, ops: pytest.fail("measured"))
     assert dispatch.ratios(config, "float16", {"Relu"}) == found
+
+
+class _FakeEarly:
+    """An early child that has measured `measured` (the injected table's figures)."""
+
+    def __init__(self, measured):
+        self.measured, self.asked = dict(measured), []
+
+    def wait_for(self, patterns, timeout=None):
+        self.asked.append(sorted(patterns))
+        return dict(self.measured)
+
+
+def test_a_rewrite_waits_for_the_early_child_and_measures_only_what_it_lacks(tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.delenv("TF_MPT_OP_COSTS")
+    config = tf_mpt.Config.from_env(dict(os.environ, TF_MPT_CACHE_DIR=str(tmp_path)))
+    early = _FakeEarly({"MatMul": 1.0, "MatMul+BiasAdd": 620.0, "MatMul+BiasAdd+Relu": 2.0})
+    monkeypatch.setitem(dispatch._EARLY, "float16", early)  # pylint: disable=protected-access
+    asked = []
+
+    def in_child(dtype, ops):
+        asked.append(ops)
+        return {"Relu": 1.5}
+    monkeypatch.setattr(dispatch, "_in_child", in_child)
+    assert dispatch.slow_ops(config, "float16", {"MatMul", "Relu"}) == {
+        "MatMul": (620.0, "MatMul+BiasAdd")}
+    # it waited for the MatMul and Relu patterns; the early child had not measured Relu
+    assert early.asked == [["MatMul", "MatMul+BiasAdd", "MatMul+BiasAdd+Relu", "Relu"]]
+    assert asked == [["Relu"]]
+    # both are cached: a second rewrite waits for nothing and measures nothing
+    monkeypatch.setattr(dispatch, "_in_child", lambda dtype, ops: pytest.fail("measured"))
+    monkeypatch.setitem(dispatch._EARLY, "float16", None)  # pylint: disable=protected-access
+    assert dispatch.ratios(config, "float16", {"MatMul", "Relu"}) == {
+        "MatMul": 1.0, "MatMul+BiasAdd": 620.0, "MatMul+BiasAdd+Relu": 2.0, "Relu": 1.5}
+
+
+def test_the_automatic_path_starts_the_check_when_switched_on_and_not_with_a_table(
+        tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(dispatch, "_spawn", lambda dtype, ops, cache: started.append(
+        (dtype, ops, cache)))
+    monkeypatch.setattr(dispatch, "_EARLY", {})
+    with_table = tf_mpt.Config.from_env(dict(os.environ, TF_MPT_CACHE_DIR=str(tmp_path)))
+    dispatch.start_early(with_table, "float16")
+    assert started == []  # the suite's table stands in for this CPU: nothing is measured
+    monkeypatch.delenv("TF_MPT_OP_COSTS")
+    config = tf_mpt.Config.from_env(dict(os.environ, TF_MPT_CACHE_DIR=str(tmp_path)))
+    dispatch.start_early(config, "float16")
+    (dtype, ops, cache), = started
+    assert dtype == "float16" and cache.startswith(str(tmp_path))
+    assert sorted(ops) == sorted(dispatch.CHECKED_OPS)
+    assert ops[:3] == ["MatMul", "AddV2", "Mul"]  # the common op types first
+    # a cache that has every pattern: nothing starts
+    started.clear()
+    with open(cache, "w") as f:
+        json.dump({p: 1.0 for p in dispatch.PATTERNS}, f)
+    monkeypatch.setattr(dispatch, "_EARLY", {})
+    dispatch.start_early(config, "float16")
+    assert started == []
+
+
+def test_a_failing_check_warns_once_and_keeps_nothing_float32(tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv("TF_MPT_OP_COSTS")
+    config = tf_mpt.Config.from_env(dict(os.environ, TF_MPT_CACHE_DIR=str(tmp_path)))
+
+    def failing(dtype, ops):
+        raise ValueError("the child exited with 1: ['ImportError: no tensorflow']")
+    monkeypatch.setattr(dispatch, "_in_child", failing)
+    from tf_mpt._process import state  # pylint: disable=import-outside-toplevel
+    monkeypatch.setattr(state.STATE, "warned", set())
+    caplog.set_level(logging.WARNING, logger="tf_mpt")
+    for _ in range(2):
+        assert dispatch.slow_ops(config, "float16", {"MatMul", "Conv2D"}) == {}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "tf_mpt could not check how TensorFlow runs float16 kernels on this CPU (ValueError: "
+        "the child exited with 1: ['ImportError: no tensorflow']); no op is kept float32 for "
+        "a slow half kernel"], warnings
+
+
+@pytest.mark.measures_this_cpu
+def test_the_early_child_writes_each_ratio_as_it_is_done_and_caches_them(tmp_path):
+    cache = str(tmp_path / "cache" / "dispatch.json")
+    early = dispatch._spawn("float16", ["Relu", "Tanh"], cache)  # pylint: disable=protected-access
+    try:
+        first = early.wait_for(["Relu"], timeout=300)
+        assert "Relu" in first and first["Relu"] > 0
+        early.proc.wait(timeout=300)
+        assert early.proc.returncode == 0
+        with open(cache) as f:
+            assert set(json.load(f)) == {"Relu", "Tanh"}
+    finally:
+        early.stop()
+    assert not os.path.exists(early.directory)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_every_pattern_runs_its_op_as_tensorflow_runs_it(dtype):
+    """What is timed is the pattern: a run's trace has a node of the op type checked (or the
+    kernel the remapper fused it into), not only the fetch (a NoOp target grouping the
+    pattern was pruned by Grappler, and the ratios were of empty runs)."""
+    tf1 = tf.compat.v1
+    with tf.Graph().as_default():
+        patterns, f32 = dispatch._patterns(tf, dtype)  # pylint: disable=protected-access
+    for pattern in dispatch.PATTERNS:
+        graph, init, target = dispatch.pattern_graph(tf, patterns[pattern], f32,
+                                                     tf.as_dtype(dtype))
+        with tf1.Session(graph=graph) as session:
+            session.run(init)
+            metadata = tf1.RunMetadata()
+            session.run(target, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE),
+                        run_metadata=metadata)
+        ran = " ".join(n.timeline_label for d in metadata.step_stats.dev_stats
+                       for n in d.node_stats)
+        op = dispatch.op_of(pattern)
+        kernels = {"MatMul": "MatMul", "Conv2D": "Conv2D", "Relu": "Relu", "Softmax": "Softmax",
+                   "FusedBatchNormV3": "FusedBatchNorm", "AddV2": "Add"}.get(op, op)
+        assert kernels in ran, (pattern, ran[:2000])

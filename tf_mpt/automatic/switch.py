@@ -21,6 +21,7 @@ from tf_mpt.automatic import optimizers as _optimizers
 from tf_mpt.automatic import sessions as _sessions
 from tf_mpt.automatic import state as _state
 from tf_mpt.automatic.native import rewriter as _session_rewrite
+from tf_mpt.costs import dispatch as _dispatch
 from tf_mpt.costs import op_costs as _op_costs
 from tf_mpt.training import gradient_records as _records
 
@@ -62,6 +63,8 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
     if settings.rewrite:  # the first rewrite will measure this CPU: its child imports now,
         # while the optimizer compiles and the script builds its graph
         _op_costs.start_measuring_early(config, dtype, gpu_visible)
+        if not gpu_visible:  # the graphs run here: the dispatch check's child starts too
+            _dispatch.start_early(config, dtype)
     settings = dataclasses.replace(settings, session_rewrite=_sessions.patch_sessions(
         config, dtype, settings.rewrite, settings.loss_scaling))
     if settings.rewrite:

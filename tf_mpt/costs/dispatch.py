@@ -17,13 +17,18 @@ max(TIMEOUT_FACTOR x float32, TIMEOUT_FLOOR_MS) is stopped: its ratio is at leas
 (recorded as such).
 
 The ratios are measured once per machine, TensorFlow version and dtype, in a child process
-(`python -m tf_mpt.costs.dispatch`), only for the op types a graph has, and cached beside the
-op table; a cost table standing in for this CPU (TF_MPT_OP_COSTS) supplies them instead (its
+(`python -m tf_mpt.costs.dispatch`), and cached beside the op table. The automatic path starts
+that child when it is switched on (`start_early`: every pattern, the common ones first, each
+written as it is done), so the script's own start-up hides it and the first rewrite waits
+only for the patterns of its op types; a rewrite with no child under way measures only the
+op types its graph has; a cost table standing in for this CPU (TF_MPT_OP_COSTS) supplies them instead (its
 "dispatch" entry; none: nothing is checked), so tests never measure.
 """
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,7 +40,7 @@ SLOW = 3.0
 TIMEOUT_FACTOR = 50.0
 TIMEOUT_FLOOR_MS = 2000
 RUNS = 5
-VERSION = 1
+VERSION = 2  # 2: the patterns run (1 fetched a NoOp Grappler pruned: nothing was timed)
 
 ELEMENTS = (2048, 2048)  # element-wise probes: 4M elements
 
@@ -110,6 +115,13 @@ PATTERNS = (
     "FusedBatchNormGradV3", "FusedBatchNormV3", "MatMul", "MatMul+BiasAdd",
     "MatMul+BiasAdd+Relu", "MaxPool", "Mul", "Relu", "Relu6", "Sigmoid", "Softmax", "Tanh")
 CHILD_TIMEOUT_SECONDS = 900
+# The order an early child measures in: the op types most graphs have first (dense and
+# convolutional layers, their element-wise neighbours, their gradients), the rare ones last.
+FIRST = ("MatMul+BiasAdd", "MatMul", "MatMul+BiasAdd+Relu", "AddV2", "Mul", "Relu",
+         "BiasAddGrad", "Conv2D+BiasAdd+Relu", "Conv2D", "Conv2DBackpropFilter",
+         "Conv2DBackpropInput", "Sigmoid", "Tanh", "Softmax", "FusedBatchNormV3",
+         "FusedBatchNormGradV3", "MaxPool", "AvgPool", "Relu6", "BatchMatMulV2", "Exp", "Erf")
+_POLL_SECONDS = 0.05
 
 
 def op_of(pattern):
@@ -148,7 +160,12 @@ def ratios(config, dtype, ops):
         return known
     try:
         _log_measuring(dtype, missing)
-        known.update(_in_child(dtype, sorted(missing)))
+        early = _EARLY.get(dtype)
+        if early is not None:
+            known.update(early.wait_for([p for p in PATTERNS if op_of(p) in missing]))
+            missing = {op_of(p) for p in PATTERNS if op_of(p) in ops and p not in known}
+        if missing:
+            known.update(_in_child(dtype, sorted(missing)))
     except (OSError, ValueError, subprocess.SubprocessError) as error:
         _state.warn_once(("dispatch check", dtype),
                          "tf_mpt could not check how TensorFlow runs %s kernels on this CPU "
@@ -162,6 +179,81 @@ def ratios(config, dtype, ops):
     except OSError:
         pass  # measured again by the next process
     return known
+
+
+class _Early:
+    """A child measuring every pattern, started before any graph asked (`start_early`)."""
+
+    def __init__(self, proc, directory):
+        self.proc, self.directory = proc, directory
+        self.out = os.path.join(directory, "dispatch.json")
+
+    def done(self):
+        return _read(self.out)
+
+    def wait_for(self, patterns, timeout=CHILD_TIMEOUT_SECONDS):
+        """{pattern: ratio} the child has measured once it has every one of `patterns`, or
+        has ended (then: what it measured), or `timeout` seconds have passed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.done()
+            if all(p in found for p in patterns) or self.proc.poll() is not None or \
+                    time.monotonic() > deadline:
+                return self.done() if self.proc.poll() is not None else found
+            time.sleep(_POLL_SECONDS)
+
+    def stop(self):
+        """Ends the child (at the process's exit: a script that ends first does not leave it
+        running) and removes its directory."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+_EARLY = {}  # dtype -> _Early
+
+
+def start_early(config, dtype):
+    """Starts a child measuring every pattern of `dtype` now, the common ones first, where a
+    rewrite in this process will check them (no table stands in for this CPU, and its cache
+    lacks some): the automatic path calls it when it is switched on. Never raises."""
+    try:
+        if config.op_costs or dtype in _EARLY:
+            return
+        cache = _cache_path(config, dtype)
+        known = _read(cache)
+        missing = [p for p in FIRST + PATTERNS if p not in known]
+        if not missing:
+            return
+        ops = list(dict.fromkeys(op_of(p) for p in missing))
+        early = _spawn(dtype, ops, cache)
+        if early is not None:
+            _EARLY[dtype] = early
+            atexit.register(early.stop)
+    except Exception as error:  # pylint: disable=broad-except
+        _state.warn_once(("dispatch early", dtype),
+                         "tf_mpt did not start checking %s kernels early (%s: %s); the first "
+                         "rewrite checks them", dtype, type(error).__name__, error, level=10)
+
+
+def _spawn(dtype, ops, cache):
+    """An _Early whose child measures `ops` in that order, writing each pattern's ratio as it
+    is done and, at its end, merging them into `cache`."""
+    directory = tempfile.mkdtemp(prefix="tf_mpt_dispatch_")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tf_mpt.costs.dispatch", "--dtype", dtype, "--ops",
+         ",".join(ops), "--out", os.path.join(directory, "dispatch.json"), "--cache", cache],
+        env=_child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return _Early(proc, directory)
+
+
+def _child_env():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    for name in list(env):  # the child is tf_mpt's own probe, never rewritten
+        if name.startswith("TF_MPT_") and name != "TF_MPT_CACHE_DIR":
+            del env[name]
+    return env
 
 
 def _log_measuring(dtype, ops):
@@ -196,13 +288,9 @@ def _in_child(dtype, ops):
     the probe Sessions stay out of this one)."""
     with tempfile.TemporaryDirectory() as directory:
         out = os.path.join(directory, "dispatch.json")
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-        for name in list(env):  # the child is tf_mpt's own probe, never rewritten
-            if name.startswith("TF_MPT_") and name != "TF_MPT_CACHE_DIR":
-                del env[name]
         proc = subprocess.run(
             [sys.executable, "-m", "tf_mpt.costs.dispatch", "--dtype", dtype, "--ops",
-             ",".join(ops), "--out", out], env=env, capture_output=True, text=True,
+             ",".join(ops), "--out", out], env=_child_env(), capture_output=True, text=True,
             timeout=CHILD_TIMEOUT_SECONDS, check=False)
         if proc.returncode != 0:
             raise ValueError(f"the child exited with {proc.returncode}: "
@@ -211,32 +299,44 @@ def _in_child(dtype, ops):
             return json.load(f)
 
 
-def measure(dtype, ops):
-    """{pattern: ratio} for the patterns of the op types `ops`, timed here (in this
-    process: the child's)."""
-    import numpy as np  # pylint: disable=import-outside-toplevel
+def pattern_graph(tf, pattern, f32, dtype):
+    """(graph, initializer, fetch) of one pattern (`_patterns`' (shapes, build)) in `dtype`."""
+    shapes, build = pattern
+    graph = tf.Graph()
+    with graph.as_default():
+        held = {}
+        for index, (k, shape) in enumerate(sorted(shapes.items())):
+            # drawn in the graph: a large constant would be copied into every Session's graph
+            value = 0.1 * tf.random.stateless_normal(shape, seed=[index, 0])
+            held[k] = tf.compat.v1.Variable(value if k in f32 else tf.cast(value, dtype),
+                                            trainable=False)
+        out = build({k: h.value() for k, h in held.items()})
+        # one element fetched: the pattern runs whole (a NoOp target grouping it would be
+        # pruned by Grappler, the pattern never run) and little is copied out
+        target = tf.reshape(out, [-1])[:1]
+        init = tf.compat.v1.global_variables_initializer()
+    return graph, init, target
+
+
+def measure(dtype, ops, done=None):
+    """{pattern: ratio} for the patterns of the op types `ops` (in that order where it is a
+    list), timed here (in this process: the child's). `done(results so far)` is called after
+    each pattern."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     tf1 = tf.compat.v1
     half = tf.as_dtype(dtype)
     results = {}
-    rng = np.random.RandomState(0)
     with tf.Graph().as_default():
         patterns, f32 = _patterns(tf, dtype)
-    for pattern, (shapes, build) in sorted(patterns.items()):
+    rank = {op: index for index, op in enumerate(ops)} if isinstance(ops, list) else {}
+    for pattern in sorted(patterns, key=lambda p: (rank.get(op_of(p), len(rank)),
+                                                   FIRST.index(p) if p in FIRST else len(FIRST),
+                                                   p)):
         if op_of(pattern) not in ops:
             continue
         seconds = {}
         for name, dt in (("float32", tf.float32), ("half", half)):
-            graph = tf.Graph()
-            with graph.as_default():
-                held = {}
-                for k, shape in shapes.items():
-                    value = tf.constant((0.1 * rng.standard_normal(shape)).astype(np.float32))
-                    held[k] = tf1.Variable(value if k in f32 else tf.cast(value, dt),
-                                           trainable=False)
-                out = build({k: h.value() for k, h in held.items()})
-                target = tf.group(tf.reduce_sum(tf.cast(out, tf.float32)))
-                init = tf1.global_variables_initializer()
+            graph, init, target = pattern_graph(tf, patterns[pattern], f32, dt)
             with tf1.Session(graph=graph) as session:
                 session.run(init)
                 timeout = TIMEOUT_FLOOR_MS if name == "float32" else max(
@@ -254,6 +354,8 @@ def measure(dtype, ops):
                     seconds[name] = timeout / 1e3
                     seconds["stopped"] = True
         results[pattern] = round(seconds["half"] / seconds["float32"], 3)
+        if done is not None:
+            done(results)
     return results
 
 
@@ -262,19 +364,26 @@ def _main(argv):
     parser = argparse.ArgumentParser(prog="python -m tf_mpt.costs.dispatch")
     parser.add_argument("--dtype", default="float16")
     parser.add_argument("--ops", default="")
-    parser.add_argument("--out")
+    parser.add_argument("--out", help="written after each pattern (atomically)")
+    parser.add_argument("--cache", help="a cache file the ratios are merged into at the end")
     options = parser.parse_args(argv)
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    with tf.Graph().as_default():
-        every = {op_of(p) for p in _patterns(tf, options.dtype)[0]}
-    ops = set(options.ops.split(",")) if options.ops else every
-    result = measure(options.dtype, ops)
-    text = json.dumps(result, indent=1, sort_keys=True)
-    if options.out:
-        with open(options.out, "w") as f:
-            f.write(text)
-    else:
-        print(text)
+    from tf_mpt.costs import op_costs  # pylint: disable=import-outside-toplevel
+    ops = options.ops.split(",") if options.ops else list(
+        dict.fromkeys(op_of(p) for p in FIRST + PATTERNS))
+
+    def done(results):
+        if options.out:
+            op_costs._write_atomically(  # pylint: disable=protected-access
+                options.out, json.dumps(results, indent=1, sort_keys=True))
+    result = measure(options.dtype, ops, done)
+    done(result)
+    if options.cache:
+        merged = dict(_read(options.cache), **result)
+        os.makedirs(os.path.dirname(options.cache) or ".", exist_ok=True)
+        op_costs._write_atomically(  # pylint: disable=protected-access
+            options.cache, json.dumps(merged, indent=1, sort_keys=True))
+    if not options.out:
+        print(json.dumps(result, indent=1, sort_keys=True))
 
 
 if __name__ == "__main__":
