@@ -327,32 +327,49 @@ def time_candidates(graph_defs, fetches, batch, budget_seconds):
             try:
                 for name, graph_def in graph_defs.items():
                     sandboxes[name] = sandbox_type(graph_def, inputs, fetches, needed)
-                for sandbox in sandboxes.values():  # warm-up: Grappler, kernel set-up
-                    sandbox.run()
-                times = {name: [] for name in sandboxes}
-                order, start = list(sandboxes), clock()
-                for index in range(MAX_ROUNDS):
-                    for name in order:
-                        began = clock()
-                        sandboxes[name].run()
-                        times[name].append(clock() - began)
-                    order = order[1:] + order[:1]
-                    spent = clock() - start
-                    if index + 1 < MIN_ROUNDS and spent * MIN_ROUNDS / (index + 1) > \
-                            budget_seconds:
-                        raise NotTimed(f"one round of the {len(order)} candidates takes "
-                                       f"{spent / (index + 1):.1f} s: {MIN_ROUNDS} rounds do "
-                                       f"not fit in the {budget_seconds:.0f} s budget "
-                                       "(TF_MPT_TIMING_BUDGET)")
-                    if spent > budget_seconds or clear_winner(times):
-                        break
             except tf.errors.OpError as error:
-                lines = [line for line in error.message.splitlines()
-                         if line.strip() and not line.startswith(
-                             ("Graph execution error", "Detected at node", "  "))]
-                raise NotTimed(f"a run on made-up inputs failed ({type(error).__name__}: "
-                               f"{(lines or [''])[0][:200]})") from None
+                raise NotTimed(f"a run on made-up inputs failed ({_first_line(error)})") \
+                    from None
+            return rounds({name: box.run for name, box in sandboxes.items()}, budget_seconds,
+                          clock)
     finally:
         for sandbox in sandboxes.values():
             sandbox.close()
+
+
+def rounds(runners, budget_seconds, clock=None):
+    """Times {candidate: run()}: one warm-up run each (Grappler, kernel set-up), then rounds
+    of one run each, the order rotating, until the budget is spent, MAX_ROUNDS, or a clear
+    winner. Returns {candidate: (seconds per run, ...)}; NotTimed where MIN_ROUNDS rounds do
+    not fit in the budget or a run fails."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    clock = clock or _clock
+    try:
+        for run in runners.values():
+            run()
+        times = {name: [] for name in runners}
+        order, start = list(runners), clock()
+        for index in range(MAX_ROUNDS):
+            for name in order:
+                began = clock()
+                runners[name]()
+                times[name].append(clock() - began)
+            order = order[1:] + order[:1]
+            spent = clock() - start
+            if index + 1 < MIN_ROUNDS and spent * MIN_ROUNDS / (index + 1) > budget_seconds:
+                raise NotTimed(f"one round of the {len(order)} candidates takes "
+                               f"{spent / (index + 1):.1f} s: {MIN_ROUNDS} rounds do not fit "
+                               f"in the {budget_seconds:.0f} s budget (TF_MPT_TIMING_BUDGET)")
+            if spent > budget_seconds or clear_winner(times):
+                break
+    except tf.errors.OpError as error:
+        raise NotTimed(f"a run on made-up inputs failed ({_first_line(error)})") from None
     return {name: tuple(t) for name, t in times.items()}
+
+
+def _first_line(error):
+    """'<error type>: <the first line of its message that says what failed>'."""
+    lines = [line for line in error.message.splitlines()
+             if line.strip() and not line.startswith(
+                 ("Graph execution error", "Detected at node", "  "))]
+    return f"{type(error).__name__}: {(lines or [''])[0][:200]}"
