@@ -161,9 +161,10 @@ class _Rewrites(logging.Handler):
 
     _CONVERTED = re.compile(r"Converted (\d+)/\d+ nodes")
     # step timing's verdict: each candidate's time and the one that runs
-    _TIMED = re.compile(r"tf_mpt timed tf.function (\S+) on copies of its variables: "
-                        r"mixed precision ([\d.]+) ms, float32 ([\d.]+) ms per run .*; it "
-                        r"runs in (mixed precision|float32)")
+    _TIMED = re.compile(r"tf_mpt timed tf.function (\S+) on copies of its variables: graph "
+                        r"timing \(median of \d+ rounds\): (.*); picked ([a-z0-9 ]+?)"
+                        r"(,| over|$)")
+    _CANDIDATE = re.compile(r"(float32|rules|cost model|contractions only) ([\d.e+-]+) ms")
 
     def __init__(self):
         super().__init__(level=logging.INFO)
@@ -180,10 +181,9 @@ class _Rewrites(logging.Handler):
             self.converted[self.phase] = self.converted.get(self.phase, 0) + int(found.group(1))
         timed = self._TIMED.match(message)
         if timed and self.phase is not None:
+            times = {name: float(ms) for name, ms in self._CANDIDATE.findall(timed.group(2))}
             self.timed.setdefault(self.phase, []).append(
-                {"function": timed.group(1), "mixed ms": float(timed.group(2)),
-                 "float32 ms": float(timed.group(3)),
-                 "pick": "mixed" if timed.group(4) == "mixed precision" else "float32"})
+                {"function": timed.group(1), "ms": times, "pick": timed.group(3)})
 
 
 # --- the parent -------------------------------------------------------------------------------
@@ -249,13 +249,17 @@ def main():
     means = [statistics.geometric_mean(ratios[way]) for way in WAYS[1:]]
     print("| geometric mean | | | | " + " | ".join(f"{m:.2f}x" for m in means) + " |")
     if picks:
-        print("\ntf_mpt's step timing (the default way: each traced step it timed, both "
-              "candidates' sandbox ms per run and the one that ran; first round):")
-        print("| model | phase | function | mixed ms | float32 ms | pick |")
-        print("|---|---|---|---|---|---|")
+        print("\ntf_mpt's step timing (the default way: each traced step it timed, each "
+              "candidate's sandbox ms per run (a candidate equal to another is timed once) "
+              "and the one that ran; first round):")
+        names = ("float32", "rules", "cost model", "contractions only")
+        print("| model | phase | function | " + " | ".join(f"{n} ms" for n in names) +
+              " | pick |")
+        print("|---|---|---|" + "---|" * len(names) + "---|")
         for name, phase, each in picks:
-            print(f"| {name} | {phase} | {each['function']} | {each['mixed ms']:.1f} | "
-                  f"{each['float32 ms']:.1f} | {each['pick']} |")
+            cells = [f"{each['ms'][n]:.1f}" if n in each["ms"] else "=" for n in names]
+            print(f"| {name} | {phase} | {each['function']} | " + " | ".join(cells) +
+                  f" | {each['pick']} |")
 
 
 if __name__ == "__main__":

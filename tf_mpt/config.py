@@ -42,6 +42,7 @@ TF_MPT_ALLREDUCE_DTYPE = "TF_MPT_ALLREDUCE_DTYPE"
 TF_MPT_KERAS = "TF_MPT_KERAS"
 TF_MPT_STEP_TIMING = "TF_MPT_STEP_TIMING"
 TF_MPT_TIMING_BUDGET = "TF_MPT_TIMING_BUDGET"
+TF_MPT_DISPATCH_CHECK = "TF_MPT_DISPATCH_CHECK"
 
 # (variable, default, meaning): the README's env-var table is checked against this by a test.
 ENV_VARS = (
@@ -98,22 +99,32 @@ ENV_VARS = (
      "tf_mpt rewrites the graphs Keras traces for fit / evaluate / predict, like a "
      "tf.function's; policy: the global mixed_float16 / mixed_bfloat16 dtype policy (layers "
      "compute and return half tensors; Keras's own LossScaleOptimizer for float16)."),
-    (TF_MPT_STEP_TIMING, "auto", "Whether a rewritten tf.function (a Keras step included) is "
-     "timed against its float32 original before it runs. auto: where the cost model measured "
-     "this CPU and its predicted saving is small beside the kernel and Cast times it sums "
-     "(under 30%); always: wherever the cost model measured this CPU and something was "
-     "converted; off: never. Both versions run a few times, alternating, on copies of the "
-     "function's variables and on made-up inputs of its argument shapes, in a Session of "
-     "their own (the script's variables and inputs are not touched); the function then runs "
-     "the faster one. A function with an op that acts outside its variables (printing, "
-     "summaries, queues, iterators, collectives, Python calls) is not timed."),
-    (TF_MPT_TIMING_BUDGET, "30", "Seconds a rewrite for this CPU (target here) may spend "
-     "timing the graph itself: its candidate colourings (float32, the op lists', the cost "
+    (TF_MPT_STEP_TIMING, "auto", "Whether a rewritten tf.function (a Keras step included) has "
+     "its candidate colourings timed before it runs: float32, the op lists', the cost "
+     "model's and contractions only, as a graph's (TF_MPT_TIMING_BUDGET). auto: where the cost "
+     "model measured this CPU and its predicted saving is small beside the kernel and Cast "
+     "times it sums (under 30%); always: wherever the cost model measured this CPU and "
+     "something was converted; off: never. The candidates run in rotating rounds on copies "
+     "of the function's variables and on made-up inputs of its argument shapes, in a Session "
+     "of their own (the script's variables and inputs are not touched); the function then "
+     "runs the fastest (the cost model's unless another is over 3% faster). A function with "
+     "an op that acts outside its variables (printing, summaries, queues, iterators, "
+     "collectives, Python calls) is not timed."),
+    (TF_MPT_TIMING_BUDGET, "30", "Seconds a rewrite for this CPU (target here; a traced "
+     "tf.function where TF_MPT_STEP_TIMING times it) may spend timing the graph itself: its candidate colourings (float32, the op lists', the cost "
      "model's, contractions only) run on made-up inputs of its placeholders' shapes, each in "
      "a Session of its own with random copies of its variables, and the fastest is kept "
      "(the prediction unless another is over 3% faster). 0: never (the prediction decides). "
-     "`tf-mpt convert` / `inspect --no-timing` is 0. A graph whose fetches need ops with "
+     "`tf-mpt convert` / `inspect --no-timing` is 0, and 0 turns step timing off too. A graph whose fetches need ops with "
      "effects outside their own state (files, queues, iterators, Python calls) is not timed."),
+    (TF_MPT_DISPATCH_CHECK, "1", "Where the graph runs on this machine (the automatic path "
+     "in a process with no GPU; target here), each half op type is first run as TensorFlow "
+     "runs it here (with the neighbours its remapper fuses into it) against float32, once "
+     "per machine in a child process (cached), and an op type over 3x slower in half stays "
+     "float32 with one WARNING naming the op and the ratio (a float16 Conv2DBackpropFilter "
+     "on a CPU without AVX512_FP16 runs on oneDNN's reference path). 0: no check, every op "
+     "the lists allow goes half. A table standing in for this CPU (TF_MPT_OP_COSTS) "
+     "supplies the ratios instead."),
     (TF_MPT_CACHE_DIR, "(~/.cache/tf_mpt)", "Directory for the compiled Grappler optimizer "
      "(one file per TensorFlow version and compiler, with its SHA-256 beside it; "
      "$XDG_CACHE_HOME/tf_mpt when that is set). Used only if it is yours and not writable by "
@@ -288,6 +299,7 @@ class Config:
         keras: 'rewrite' or 'policy' (TF_MPT_KERAS).
         step_timing: 'auto', 'always' or 'off' (TF_MPT_STEP_TIMING).
         timing_budget: TF_MPT_TIMING_BUDGET, seconds of graph timing per graph (0: none).
+        dispatch_check: TF_MPT_DISPATCH_CHECK, whether slow half kernels are checked for.
     """
     list_add: tuple = ()
     list_remove: tuple = ()
@@ -308,6 +320,7 @@ class Config:
     keras: str = "rewrite"
     step_timing: str = "auto"
     timing_budget: float = DEFAULT_TIMING_BUDGET
+    dispatch_check: bool = True
 
     @classmethod
     def from_env(cls, environ):
@@ -342,7 +355,8 @@ class Config:
                    keras=_parse_choice(environ, TF_MPT_KERAS, KERAS_MODES, "rewrite"),
                    step_timing=_parse_choice(environ, TF_MPT_STEP_TIMING, STEP_TIMINGS,
                                              "auto"),
-                   timing_budget=_parse_timing_budget(environ))
+                   timing_budget=_parse_timing_budget(environ),
+                   dispatch_check=_parse_bool(environ, TF_MPT_DISPATCH_CHECK) is not False)
 
     def loss_scaling_for(self, dtype):
         """Whether the automatic path scales the loss for `dtype` ('float16'/'bfloat16').

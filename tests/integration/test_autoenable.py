@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from support import half_ops
 from support.tolerances import FINAL_LOSS_RTOL
+from support.helpers import child_env
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TIMEOUT_S = 300
@@ -36,8 +37,7 @@ def _run(args, env):
     """The script run as a user runs it, observed: half_ops.half_ops(proc.stderr) is the
     number of half ops TensorFlow executed in it. TF_MPT_CPU_FLAGS passes through: a run of
     the suite "as another CPU" reaches the scripts."""
-    full_env = {k: v for k, v in os.environ.items()
-                if not k.startswith("TF_MPT_") or k == "TF_MPT_CPU_FLAGS"}
+    full_env = child_env(keep=("TF_MPT_CPU_FLAGS",))
     full_env.update(env, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.run([sys.executable, *args], env=half_ops.observed_env(full_env),
                           capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT)
@@ -242,7 +242,7 @@ def test_auto_dtype_on_this_cpu(tmp_path):
     from tf_mpt import _cpu
     script = tmp_path / "tiny.py"
     script.write_text(_TINY_TF1_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    env = child_env()
     env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_ENABLE="1",
                TF_MPT_COST_MODEL="0")
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,

@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from support.helpers import cli_main, executed_function_graphs
+from support.helpers import child_env
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TABLE = os.environ["TF_MPT_OP_COSTS"]  # the Zen 4 table conftest.py injects
@@ -80,7 +81,7 @@ def test_the_same_model_converts_to_the_same_bytes_on_every_cpu(saved_model, tmp
     for seed, (kind, flags) in enumerate(CPUS):
         out = tmp_path / kind
         out.mkdir()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+        env = child_env()
         # another CPU's flags, and another order of Python's sets and dicts of strings
         env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_CPU_FLAGS=flags,
                    PYTHONHASHSEED=str(seed + 1))

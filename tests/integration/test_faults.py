@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import pytest
+from support.helpers import child_env
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TIMEOUT_S = 180
@@ -44,7 +45,7 @@ _PRELUDE = textwrap.dedent("""
 
 
 def _run(body, signal_name, dtype="bfloat16", **env):
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    full_env = child_env()
     full_env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_ENABLE="1",
                     TF_MPT_DTYPE=dtype, **env)
     try:
@@ -123,8 +124,7 @@ _IMPORTS_FIRST = textwrap.dedent("""
     "import tf_mpt.models.sources"])
 def test_tf_mpt_imported_before_tensorflow_enables_once_and_fully(first):
     # TF_MPT_CPU_FLAGS passes through: a run of the suite "as another CPU" reaches the script
-    full_env = {k: v for k, v in os.environ.items()
-                if not k.startswith("TF_MPT_") or k == "TF_MPT_CPU_FLAGS"}
+    full_env = child_env(keep=("TF_MPT_CPU_FLAGS",))
     # the op lists decide: whether this CPU times a [64x256] x [256x256] MatMul faster in
     # bfloat16 is no part of enabling (a Zen 4 measured it slower, Casts included, and kept
     # it float32; a Cascade Lake always does)
@@ -164,7 +164,7 @@ _REMOTE = textwrap.dedent("""
 
 @pytest.mark.parametrize("session_rewrite", ["grappler", "copy"])
 def test_a_session_on_a_remote_master_says_once_that_it_runs_float32(session_rewrite):
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    full_env = child_env()
     full_env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     runs = {}
     for label, extra in (("float32", {}), ("mixed", dict(
@@ -199,7 +199,7 @@ _EAGER_THEN_SESSION = textwrap.dedent("""
 def test_the_native_optimizer_is_built_at_the_first_session_only(with_session, tmp_path):
     """An eager TF2 script never compiles the TF1 Session optimizer; the first Session does
     (here the compiler is missing: one warning then, at the Session, and the copy path)."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    full_env = child_env()
     full_env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_ENABLE="1",
                     TF_MPT_DTYPE="bfloat16", CXX=str(tmp_path / "no-such-compiler"),
                     TF_MPT_CACHE_DIR=str(tmp_path / "cache"),

@@ -23,6 +23,7 @@ import sys
 import pytest
 
 from support.tolerances import FINAL_LOSS_RTOL
+from support.helpers import child_env
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 WORKER = os.path.join(ROOT, "tests", "support", "keras_float16_worker.py")
@@ -33,8 +34,7 @@ WAYS = ("float32", "policy", "tf_mpt")
 
 
 def _run(way):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("TF_MPT_") or k in ("TF_MPT_CPU_FLAGS", "TF_MPT_CACHE_DIR")}
+    env = child_env(keep=("TF_MPT_CPU_FLAGS", "TF_MPT_CACHE_DIR"))
     env.update(PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),
                TF_CPP_MIN_LOG_LEVEL="2")
     args = [sys.executable, WORKER, *CASES]

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from support.helpers import child_env
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 _SCRIPT = r"""
@@ -44,8 +46,7 @@ print(json.dumps(kinds))
 
 
 def _run(case, tf_mpt):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("TF_MPT_") or k == "TF_MPT_CPU_FLAGS"}
+    env = child_env(keep=("TF_MPT_CPU_FLAGS",))
     env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     if tf_mpt:
         env.update(TF_MPT_ENABLE="1", TF_MPT_DTYPE="bfloat16", TF_MPT_TARGET="rules")

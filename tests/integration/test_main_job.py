@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+from support.helpers import child_env
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 STEPS = "40"
@@ -24,7 +25,7 @@ ACCURACY_STANDARD_ERRORS, ACCURACY_POINTS = 3.0, 1.0
 
 
 def _run(*args, steps=STEPS, **env):
-    full = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    full = child_env()
     full.update(TF_MPT_TARGET="rules")
     full.update(env, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run([sys.executable, "examples/rewrite_conv_net.py", "--steps", steps,

@@ -13,6 +13,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from support.helpers import child_env
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 SCRIPT = textwrap.dedent("""
@@ -43,7 +44,7 @@ def test_tf_function_calling_a_tf_function_runs_half_in_a_tf1_session(dtype, ses
                                                                        tmp_path):
     script = tmp_path / "nested.py"
     script.write_text(SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    env = child_env()
     # the cost model off: it would keep these tiny MatMuls float32 (test_cost_model.py)
     env.update(TF_MPT_ENABLE="1", TF_MPT_DTYPE=dtype, TF_MPT_SESSION_REWRITE=session_rewrite,
                TF_MPT_COST_MODEL="0", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
@@ -82,7 +83,7 @@ def test_a_ref_variable_passed_to_a_tf_function_runs_as_without_tf_mpt(dtype, tm
     for label, extra in (("float32", {}), ("mixed", dict(  # the lists decide (cost model off)
             TF_MPT_ENABLE="1", TF_MPT_DTYPE=dtype, TF_MPT_LOSS_SCALING="0",
             TF_MPT_COST_MODEL="0"))):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+        env = child_env()
         env.update(extra, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
         proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                               text=True, timeout=240)

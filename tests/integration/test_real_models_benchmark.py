@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from support.helpers import child_env
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -18,8 +19,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
                     reason='needs tf_keras: python -m pip install --no-deps "tf_keras==2.21.*"')
 @pytest.mark.heavy
 def test_quick_run_prints_a_row_per_model_and_step():
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("TF_MPT_") or k == "TF_MPT_OP_COSTS"}  # the injected times
+    env = child_env(keep=("TF_MPT_OP_COSTS",))  # the injected times
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "real_models.py"),
                            "--quick"], env=env, capture_output=True, text=True, timeout=600,
                           cwd=ROOT)

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from support.helpers import cli_main, write_frozen
+from support.helpers import child_env
 
 DTYPES = ["float16", "bfloat16"]
 
@@ -203,7 +204,7 @@ def test_convert_example_serves_digits_in_half_with_half_the_checkpoint():
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    env = child_env()
     # the injected Zen 4 costs (conftest): the decisions do not depend on this machine
     env.update(PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL="2",
                TF_MPT_OP_COSTS=os.environ["TF_MPT_OP_COSTS"])

@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from support.helpers import child_env
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 SCRIPT = os.path.join(HERE, "..", "support", "tf1_patterns.py")
@@ -33,7 +35,7 @@ DETERMINISTIC = ["initializable_iterator", "callables", "lookup_table", "graph_g
 
 
 def run_pattern(pattern, workdir, env):
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    full_env = child_env()
     full_env.update(env, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     os.makedirs(workdir, exist_ok=True)
     try:
@@ -134,7 +136,7 @@ def test_the_native_optimizer_is_built_once_and_cached(tmp_path):
     cache = tmp_path / "cache"
     code = ("import tensorflow as tf; from tf_mpt.automatic.native import library as _native; "
             "print(_native.load(%r)._name)" % str(cache))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    env = child_env()
     env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     paths = []
     for _ in range(2):
@@ -180,7 +182,7 @@ with v1.Session() as s:
 
 
 def _evaluation_after_training(env_extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    env = child_env()
     env.update(env_extra, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1")
     proc = subprocess.run([sys.executable, "-c", _EVALUATION_AFTER_TRAINING], env=env,
                           capture_output=True, text=True, timeout=TIMEOUT_S)

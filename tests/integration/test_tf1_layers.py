@@ -17,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from support.helpers import child_env
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("tf_keras") is None,
@@ -33,7 +34,7 @@ LAYER_PRODUCTS = ["conv1/Conv2D", "conv2/Conv2D", "fc1/MatMul", "logits/MatMul"]
 
 
 def _run(env, *args):
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    full_env = child_env()
     full_env.update(env, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run([sys.executable, SCRIPT, *args], env=full_env, capture_output=True,
                           text=True, timeout=TIMEOUT_S, cwd=ROOT)

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from support.tolerances import FINAL_LOSS_RTOL, HALF_DTYPES
+from support.helpers import child_env
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 WORKER = os.path.join(ROOT, "tests", "support", "tf2_patterns_worker.py")
@@ -46,7 +47,7 @@ WEIGHED = ("function_loop_wide",)
 
 
 def _worker(env, *args):
-    full = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_") or k in KEPT}
+    full = child_env(keep=KEPT)
     full.update(env, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),
                 TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run([sys.executable, WORKER, *args], env=full, capture_output=True,

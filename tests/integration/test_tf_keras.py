@@ -20,6 +20,7 @@ import tf_mpt
 from tf_mpt.automatic import switch as _autoenable
 from tf_mpt.automatic import optimizers as auto_scaling
 from support.helpers import tf1
+from support.helpers import child_env
 
 tf_keras = pytest.importorskip(
     "tf_keras", reason='needs tf_keras: python -m pip install --no-deps "tf_keras==2.21.*"')
@@ -203,7 +204,7 @@ def test_tf_keras_fit_script_under_tf_mpt_enable(keras_mode):
               "print('scale', type(tf_mpt.loss_scale_of(m.optimizer)).__name__)\n"
               "print('output', m.predict(np.ones((2, 8), 'float32'), verbose=0).dtype)\n"
               "print('finite', bool(np.isfinite(h.history['loss'][-1])))\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    env = child_env()
     env.update(TF_MPT_ENABLE="1", TF_MPT_DTYPE="float16", TF_USE_LEGACY_KERAS="1",
                TF_MPT_KERAS=keras_mode, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,

@@ -115,3 +115,13 @@ def executed_ops(call):
                     node, op_type = name.rsplit(":", 1)
                     ran.append((node, op_type, event.duration_ps))
     return ran
+
+
+def child_env(keep=()):
+    """os.environ for a child script: no TF_MPT_* variable (but those named in `keep`), and
+    the dispatch check off (TF_MPT_DISPATCH_CHECK=0): a child's half ops never depend on
+    how this machine's kernels run (the check itself: tests/unit/test_dispatch_check.py)."""
+    import os  # pylint: disable=import-outside-toplevel
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_") or k in keep}
+    env["TF_MPT_DISPATCH_CHECK"] = "0"
+    return env

@@ -310,3 +310,24 @@ def test_every_pattern_runs_its_op_as_tensorflow_runs_it(dtype):
         kernels = {"MatMul": "MatMul", "Conv2D": "Conv2D", "Relu": "Relu", "Softmax": "Softmax",
                    "FusedBatchNormV3": "FusedBatchNorm", "AddV2": "Add"}.get(op, op)
         assert kernels in ran, (pattern, ran[:2000])
+
+
+def test_switched_off_nothing_is_checked_and_a_bad_value_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_MPT_OP_COSTS", _table(tmp_path))
+    monkeypatch.setenv("TF_MPT_DISPATCH_CHECK", "0")
+    result = tf_mpt.rewrite_graph_def(_training_graph().as_graph_def(), dtype="float16",
+                                      target="here", fetches=["loss", "train"])
+    assert result.report.dispatch_kept == {}
+    # the graph of the same table without ratios: nothing kept for a slow kernel
+    monkeypatch.setenv("TF_MPT_OP_COSTS", _table(tmp_path / "..", ratios={}))
+    plain = tf_mpt.rewrite_graph_def(_training_graph().as_graph_def(), dtype="float16",
+                                     target="here", fetches=["loss", "train"])
+    assert result.graph_def == plain.graph_def
+    started = []
+    monkeypatch.setattr(dispatch, "_spawn", lambda *args: started.append(args))
+    monkeypatch.setattr(dispatch, "_EARLY", {})
+    monkeypatch.delenv("TF_MPT_OP_COSTS")
+    dispatch.start_early(tf_mpt.Config.from_env(os.environ), "float16")
+    assert started == []
+    with pytest.raises(ValueError, match="TF_MPT_DISPATCH_CHECK.*'sometimes'"):
+        tf_mpt.Config.from_env({"TF_MPT_DISPATCH_CHECK": "sometimes"})

@@ -12,6 +12,7 @@ way this machine's clock goes.
 import json
 import os
 import shutil
+import signal
 
 import numpy as np
 import pytest
@@ -366,3 +367,33 @@ def test_a_tf1_training_graph_is_timed_on_copies_of_its_variables(monkeypatch, t
     else:
         assert verdict.pick == verdict.predicted == graph_timing.COST
     print(result.report.verdict.describe())
+
+
+def test_a_signal_arriving_while_candidates_are_timed_stops_the_timing(monkeypatch):
+    """Inside a Session's rewrite signals wait until the run returns; graph timing then stops
+    at the end of the round (the prediction is kept) instead of holding them for its whole
+    budget, and a sandbox Session's run does not run their handlers inside the rewrite."""
+    from tf_mpt._process import state  # pylint: disable=import-outside-toplevel
+    from tf_mpt.automatic.native import rewriter  # pylint: disable=import-outside-toplevel
+    clock, handled = _Clock(), []
+    monkeypatch.setattr(state.STATE, "deferred_signals", [])
+
+    def run():
+        clock.now += 1e-3
+        if len(calls) == 5:  # in the second round
+            state.STATE.deferred_signals.append(signal.SIGUSR1)
+        calls.append(1)
+    calls = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: handled.append(signum))
+    try:
+        with pytest.raises(graph_timing.NotTimed, match="a signal arrived"):
+            with rewriter._signals_deferred():  # pylint: disable=protected-access
+                try:
+                    graph_timing.rounds({"a": run, "b": run}, 5.0, clock)
+                finally:
+                    rewriter.run_deferred_signals()  # (a sandbox run returning: not yet)
+                    assert handled == []
+        rewriter.run_deferred_signals()  # the script's own run returning: now
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert handled == [signal.SIGUSR1] and len(calls) == 6

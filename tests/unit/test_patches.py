@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from tf_mpt._process import patches as _patches
+from support.helpers import child_env
 
 
 class _Owner:
@@ -37,7 +38,7 @@ def test_disable_removes_the_start_up_import_hook():
             "_patches.undo_all()  # what tf_mpt.disable() runs\n"
             "assert hooks() == [] and 'tensorflow' not in sys.modules\n"
             "print('hook removed')\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    env = child_env()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, timeout=120,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))

@@ -15,6 +15,7 @@ import tf_mpt
 from tf_mpt import config as _config
 from tf_mpt import report as _report
 from tf_mpt import targets as _targets
+from tf_mpt.rewrite import graph_timing
 from tf_mpt.rewrite import step_timing as _timing
 from tf_mpt.rewrite import tf_functions as _functions
 
@@ -85,24 +86,29 @@ def _step(extra=None, signature=None):
     return step, w, acc
 
 
-def _mixed_graph_def(cf):
-    """The rewritten graph of `cf` as tf_mpt.function keeps it to be timed, decided the way a
-    user's run decides (the environment: the suite's injected table), never by this CPU."""
-    config = dataclasses.replace(_config.Config.from_env(os.environ), step_timing="always")
-    done = _functions._rewrite_concrete(  # pylint: disable=protected-access
-        cf, "bfloat16", config, None, None, timed=True)
-    assert done.function is not cf and done.graph_def is not None
-    return done.graph_def
+def _versions(cf):
+    """{'float32': cf's graph, 'mixed': its rewrite}, the rewrite decided the way a user's run
+    decides (the environment: the suite's injected table), never by this CPU."""
+    from tf_mpt import rewrite as _rewrite  # pylint: disable=import-outside-toplevel
+    graph_def = cf.graph.as_graph_def()
+    fetches = [t.op.name for t in cf.outputs] + [t.op.name for t in cf.inputs]
+    controls = [op.name for op in cf.graph.control_outputs if op.name not in fetches]
+    done = _rewrite.rewrite_with_library(
+        graph_def, dtype="bfloat16", fetches=fetches + controls, lists=None, strict=False,
+        config=_config.Config.from_env(os.environ), control_outputs=controls)
+    assert done.modified
+    return {"float32": graph_def,
+            "mixed": _functions._rename_library(done.graph_def, "_t1")}  # pylint: disable=protected-access
 
 
-def test_both_versions_are_timed_on_copies_and_the_scripts_variables_stay_as_they_were():
+def test_each_version_is_timed_on_copies_and_the_scripts_variables_stay_as_they_were():
     step, w, acc = _step()
     cf = step.get_concrete_function()
     before = acc.numpy().copy()
-    timing = _timing.time_both(cf, _mixed_graph_def(cf), batch=64)
-    assert len(timing.mixed) == len(timing.float32) == _timing.ROUNDS
-    assert all(t > 0 for t in timing.mixed + timing.float32)
-    assert timing.ratio == np.median(np.divide(timing.mixed, timing.float32))
+    times = _timing.time_versions(cf, _versions(cf), 64, graph_timing.rounds, budget_seconds=20)
+    assert set(times) == {"float32", "mixed"}
+    assert len(times["float32"]) == len(times["mixed"]) >= graph_timing.MIN_ROUNDS
+    assert all(t > 0 for t in times["float32"] + times["mixed"])
     np.testing.assert_array_equal(acc.numpy(), before)  # the copies were updated, not acc
     np.testing.assert_array_equal(w.numpy(), np.eye(WIDTH, dtype=np.float32) * 0.5)
 
@@ -113,7 +119,7 @@ def test_a_failing_run_on_made_up_inputs_is_not_timed():
     cf = step.get_concrete_function()
     with pytest.raises(_timing.NotTimed, match=r"a run on made-up inputs failed "
                                                 r"\(InvalidArgumentError: .*big"):
-        _timing.time_both(cf, _mixed_graph_def(cf), batch=64)
+        _timing.time_versions(cf, _versions(cf), 64, graph_timing.rounds)
 
 
 @pytest.mark.parametrize("extra, op", [
@@ -125,7 +131,7 @@ def test_a_function_acting_outside_its_variables_is_not_timed(extra, op):
     cf = step.get_concrete_function()
     with pytest.raises(_timing.NotTimed, match=rf"op\(s\) with effects outside its "
                                                 rf"variables: .*{op}"):
-        _timing.time_both(cf, _mixed_graph_def(cf), batch=64)
+        _timing.time_versions(cf, _versions(cf), 64, graph_timing.rounds)
 
 
 def test_an_argument_whose_size_is_unknown_beyond_the_batch_is_not_timed():
@@ -133,49 +139,61 @@ def test_an_argument_whose_size_is_unknown_beyond_the_batch_is_not_timed():
     cf = step.get_concrete_function()
     with pytest.raises(_timing.NotTimed, match=r"argument x:0 has shape \(64, None\): a size "
                                                 r"other than the batch is unknown"):
-        _timing.time_both(cf, cf.graph.as_graph_def(), batch=64)
+        _timing.time_versions(cf, {"float32": cf.graph.as_graph_def()}, 64, graph_timing.rounds)
 
 
-@pytest.mark.parametrize("float32_faster", [True, False])
-def test_tf_mpt_function_runs_the_version_timed_faster(monkeypatch, caplog, float32_faster):
+@pytest.mark.parametrize("fastest", ["float32", "cost model", "contractions only"])
+def test_tf_mpt_function_times_the_candidates_and_runs_the_fastest(monkeypatch, caplog,
+                                                                    fastest):
+    """The step's candidates are the graph's: float32, the cost model's (here: equal to the
+    rules'), contractions only; the injected timer decides, never this CPU's clock."""
     monkeypatch.setenv("TF_MPT_STEP_TIMING", "always")
+    monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "20")
     seen = []
 
-    def timed(cf, graph_def, batch):
-        seen.append(batch)
-        slow, fast = (0.2, 0.2, 0.2), (0.1, 0.1, 0.1)
-        return _timing.Timing(*((slow, fast) if float32_faster else (fast, slow)))
-    monkeypatch.setattr(_timing, "time_both", timed)
+    def timed(cf, graphs, batch, rounds, budget):
+        seen.append((batch, budget, list(graphs)))
+        return {name: (0.1,) * 3 if name == fastest else (0.2,) * 3 for name in graphs}
+    monkeypatch.setattr(_timing, "time_versions", timed)
     step, _, acc = _step()
     mixed = tf_mpt.function(step.python_function, dtype="bfloat16",
                             input_signature=step.input_signature)
     x = tf.ones((64, WIDTH))
     with caplog.at_level(logging.INFO, logger="tf_mpt"):
         out = mixed(x)
-    assert seen == [64]  # the batch of the call
+    # the batch of the call; the budget; every candidate whose graph differs
+    assert seen == [(64, 20.0, ["float32", "cost model", "contractions only"])]
     assert out.dtype == tf.float32
     graph = mixed.get_concrete_function(tf.TensorSpec([None, WIDTH], tf.float32)).graph
-    matmuls = {op.get_attr("T") for op in graph.get_operations() if op.type == "MatMul"}
+    products = [op for op in graph.get_operations() if op.type == "MatMul"]
+    relus = [op for op in graph.get_operations() if op.type == "Relu"]
     messages = [r.getMessage() for r in caplog.records if "timed tf.function" in r.getMessage()]
     assert len(messages) == 1
-    assert re.search(r"\(the cost model predicted a saving of \d+% of the kernel and Cast "
-                     r"time it adds up\)$", messages[0]), messages[0]
-    if float32_faster:
-        assert matmuls == {tf.float32}
-        assert "(median of 3 paired runs: 2.000x the time); it runs in float32, as traced" \
-            in messages[0]
-    else:
-        assert matmuls == {tf.bfloat16}
-        assert "0.500x the time); it runs in mixed precision" in messages[0]
+    ms = {name: 100 if name == fastest else 200 for name in seen[0][2]}
+    assert re.search(rf"^tf_mpt timed tf.function \S*step\S* on copies of its variables: graph "
+                     rf"timing \(median of 3 rounds\): float32 {ms['float32']} ms, cost model "
+                     rf"{ms['cost model']} ms, contractions only {ms['contractions only']} ms, "
+                     rf"rules = cost model; picked ", messages[0]), messages[0]
+    if fastest == "float32":
+        assert {op.get_attr("T") for op in products + relus} == {tf.float32}
+        assert messages[0].endswith("picked float32 over the prediction (cost model)")
+    elif fastest == "cost model":
+        assert {op.get_attr("T") for op in products + relus} == {tf.bfloat16}
+        assert messages[0].endswith("picked cost model, 2.00x float32")
+    else:  # matrix products half, the Relu between them float32
+        assert {op.get_attr("T") for op in products} == {tf.bfloat16}
+        assert {op.get_attr("T") for op in relus} == {tf.float32}
+        assert messages[0].endswith("picked contractions only, 2.00x float32 over the "
+                                    "prediction (cost model)")
     np.testing.assert_array_equal(acc.numpy(), np.full((64, WIDTH), 0.25, np.float32))
 
 
 def test_a_step_too_slow_for_the_budget_stops_after_one_round():
     step, _, acc = _step()
     cf = step.get_concrete_function()
-    with pytest.raises(_timing.NotTimed, match=r"one round of both takes \d+\.\d s: 3 rounds "
-                                                r"do not fit in 0 s"):
-        _timing.time_both(cf, _mixed_graph_def(cf), batch=64, budget_seconds=0.0)
+    with pytest.raises(_timing.NotTimed, match=r"one round of the 2 candidates takes \d+\.\d s: "
+                                                r"3 rounds do not fit in the 0 s budget"):
+        _timing.time_versions(cf, _versions(cf), 64, graph_timing.rounds, budget_seconds=0.0)
     assert not acc.numpy().any()
 
 
@@ -186,4 +204,4 @@ def test_variables_too_big_to_copy_are_not_timed(monkeypatch):
     cf = step.get_concrete_function()
     with pytest.raises(_timing.NotTimed, match=r"copies of its variables would take over "
                                                 r"1 MiB"):
-        _timing.time_both(cf, _mixed_graph_def(cf), batch=64)
+        _timing.time_versions(cf, _versions(cf), 64, graph_timing.rounds)

@@ -110,10 +110,9 @@ class _Shadow:
         self.user_graph = graph
         self.version = graph.version
         settings = _state.STATE.settings
-        # (not timed: graph timing of the automatic path's Session graphs is still to come)
-        self.graph = _rewrite.rewrite_graph(
-            graph, dtype=settings.dtype,
-            config=dataclasses.replace(settings.config, timing_budget=0.0))
+        # (timed where the decisions are for this CPU: rewrite_graph, decision.py)
+        self.graph = _rewrite.rewrite_graph(graph, dtype=settings.dtype,
+                                            config=settings.config)
         self.session = tf.compat.v1.Session(target=session.sess_str, graph=self.graph,
                                             config=getattr(session, "_config", None))
         self.session._tf_mpt_unshadowed = True  # pylint: disable=protected-access

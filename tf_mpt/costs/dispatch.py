@@ -219,7 +219,7 @@ def start_early(config, dtype):
     rewrite in this process will check them (no table stands in for this CPU, and its cache
     lacks some): the automatic path calls it when it is switched on. Never raises."""
     try:
-        if config.op_costs or dtype in _EARLY:
+        if config.op_costs or not config.dispatch_check or dtype in _EARLY:
             return
         cache = _cache_path(config, dtype)
         known = _read(cache)

@@ -44,9 +44,10 @@ in loop_trials.py, TF_MPT_DUMP_DIR in dumps.py:
                    that leaves fewer Casts (_declare_loop_variables_half); then values kept
                    half across loop, call and TensorList boundaries (boundaries/)
     6. report      one report for the graph and its functions, Casts counted after phase 5
-    7. verdict     (rewrite_with_library, timing=True) where the decisions are for this CPU:
-                   the candidate colourings timed in sandboxes and the fastest kept, or a
-                   verdict cached here or held by the target's table (decision.py)
+    7. verdict     (rewrite_with_library: timing=True, or a traced tf.function's step_timer)
+                   where the decisions are for this CPU: the candidate colourings timed in
+                   sandboxes and the fastest kept, or a verdict cached here or held by the
+                   target's table (decision.py)
 
 Example:
     >>> result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype="bfloat16")
@@ -132,7 +133,7 @@ def rewrite_graph_def(graph_def, *, dtype="float16", fetches=None, lists=None, s
 
 def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_roots=(),
                          shapes=None, config=None, target=None, control_outputs=(),
-                         timing=False):
+                         timing=False, step_timer=None, label=None):
     """rewrite_graph_def that also rewrites the library functions named in `function_roots`
     (and what they call) when the graph itself does not call them: a SavedModel's object
     graph calls its functions from outside its GraphDef. `shapes`: a callable returning
@@ -141,7 +142,9 @@ def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_r
     have to run (a tf.function's control outputs, e.g. the While of an RNN): the boundary
     passes may change their dtypes, as they do a function body's. `timing`: where the
     target is `here` and TF_MPT_TIMING_BUDGET is not 0, time the candidate colourings on this
-    CPU and keep the fastest (decision.py); the automatic path does not (yet)."""
+    CPU and keep the fastest (decision.py).
+    `step_timer`: a traced tf.function's (decision.decide's timer, on copies of its
+    variables), used where decision.step_applies; `label` names it in the INFO line."""
     # The rewrite allocates many small objects while TensorFlow keeps ~300k tracked ones:
     # pausing the cyclic collector halves the time on large graphs (nothing here is cyclic).
     gc_was_enabled = gc.isenabled()
@@ -151,9 +154,12 @@ def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_r
         result = _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
                                     shapes, config, control_outputs)
         # 7. verdict: where the decisions are for this CPU, the candidates timed here
-        resolved = _measuring.resolved_target(config, dtype) if timing else None
-        if timing and result.report.error is None and _decision.applies(
-                config, resolved, result.report.dtype):
+        resolved = _measuring.resolved_target(config, dtype) \
+            if timing or step_timer is not None else None
+        if result.report.error is None and (
+                _decision.step_applies(config, resolved, result.report)
+                if step_timer is not None else
+                timing and _decision.applies(config, resolved, result.report.dtype)):
             base = lists if lists is not None else config.lists_for(result.report.dtype)
 
             def candidate(target_name, candidate_lists):
@@ -162,7 +168,7 @@ def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_r
                     function_roots, shapes, _inputs.with_target(config, target_name),
                     control_outputs)
             result = _decision.decide(graph_def, result, candidate, config, fetches, base,
-                                      resolved)
+                                      resolved, timer=step_timer, label=label)
         return result
     finally:
         if gc_was_enabled:

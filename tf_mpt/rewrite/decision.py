@@ -6,7 +6,9 @@
                   (TF_MPT_TIMING_BUDGET > 0; `--no-timing` off): float32, the rules', the cost
                   model's and contractions only, each a full rewrite of the same GraphDef
     measurement   graph_timing.time_candidates: each candidate run on made-up inputs in a
-                  sandbox; candidates whose graphs are equal are timed once
+                  sandbox; candidates whose graphs are equal are timed once. A traced
+                  tf.function (step_applies: TF_MPT_STEP_TIMING) has the same candidates,
+                  timed on copies of its variables (step_timing.time_versions)
     verdict       graph_timing.Verdict: every time and the pick, in the report
                   (RewriteReport.verdict) and in one INFO line
 
@@ -26,6 +28,7 @@ from tf_mpt.costs import verdicts as _verdicts
 from tf_mpt.rewrite import graph_timing as _timing
 from tf_mpt.rewrite import graph_view as _graph_view
 from tf_mpt.rewrite import inputs as _inputs
+from tf_mpt.rewrite import step_timing as _step_timing
 
 _log = logging.getLogger("tf_mpt.rewrite")
 
@@ -73,26 +76,45 @@ def applies(config, target, dtype):
         _verdicts.measuring_for_a_table() or bool(_verdicts.in_table(target.table, dtype)))
 
 
-def decide(graph_def, predicted, rewrite, config, fetches, lists, target):
+def step_applies(config, target, report):
+    """Whether a traced tf.function rewritten with `report` for the resolved `target` has
+    its candidates timed (on copies of its variables): where step timing would time it
+    (step_timing.worth_timing: decided for this CPU, TF_MPT_STEP_TIMING) and the budget is
+    not 0."""
+    return config.timing_budget > 0 and _step_timing.worth_timing(report, target,
+                                                                  config.step_timing)
+
+
+def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=None,
+           label=None):
     """The verdict for one graph: `predicted` (a RewriteResult) unless timing its candidates
     on this CPU (or a verdict cached here, or one a cost table file holds) finds another
     faster. `rewrite(target, lists)` returns a candidate's RewriteResult (target 'rules';
     lists None: `lists`, the prediction's). Returns the RewriteResult kept, its report's
-    `verdict` set (for a table without this graph's verdict: `predicted` as it is)."""
+    `verdict` set (for a table without this graph's verdict: `predicted` as it is).
+
+    timer: None, graph timing's sandbox (graph_timing.time_candidates), its verdicts cached;
+    or `timer(graphs, batch, budget)` timing {candidate: GraphDef} another way (a traced
+    tf.function's, on copies of its variables), nothing cached (a trace's names are its
+    process's). label: what the INFO line names (a tf.function)."""
     dtype = predicted.report.dtype
     predicted_name = _timing.COST if predicted.report.weighed_nodes is not None \
         else _timing.RULES
-    view = _graph_view.GraphView(graph_def)
-    names = sorted(_inputs.fetch_node_names(fetches, view) or
-                   _inputs.fetch_node_names(None, view))
-    key = _verdicts.fingerprint(graph_def, names, dtype, lists, config.cost_batch)
-    known, source = None, "timed"
-    if target.kind == "table" and not _verdicts.measuring_for_a_table():
-        known, source = _verdicts.in_table(target.table, dtype).get(key), "table"
-        if known is None:
-            return predicted
-    elif target.kind != "table":
-        known, source = _verdicts.cached(config, dtype).get(key), "cached"
+    known, source, key = None, "timed", None
+    if timer is None:
+        view = _graph_view.GraphView(graph_def)
+        names = sorted(_inputs.fetch_node_names(fetches, view) or
+                       _inputs.fetch_node_names(None, view))
+        key = _verdicts.fingerprint(graph_def, names, dtype, lists, config.cost_batch)
+
+        def timer(graphs, batch, budget):
+            return _timing.time_candidates(graphs, names, batch, budget)
+        if target.kind == "table" and not _verdicts.measuring_for_a_table():
+            known, source = _verdicts.in_table(target.table, dtype).get(key), "table"
+            if known is None:
+                return predicted
+        elif target.kind != "table":
+            known, source = _verdicts.cached(config, dtype).get(key), "cached"
     results = {_timing.FLOAT32: None, predicted_name: predicted}
     same_as = {}  # candidate -> the candidate whose graph it equals
     try:
@@ -121,11 +143,11 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target):
         if verdict is None:
             if len(graphs) == 1:
                 raise _timing.NotTimed("every candidate is the float32 graph")
-            times = _timing.time_candidates(graphs, names, config.cost_batch,
-                                            config.timing_budget)
+            times = timer(graphs, config.cost_batch, config.timing_budget)
             chosen = _timing.pick(times, same_as.get(predicted_name, predicted_name))
             verdict = _timing.Verdict(times, chosen, predicted_name, "", same_as)
-            _verdicts.store(config, dtype, key, verdict.to_dict())
+            if key is not None:
+                _verdicts.store(config, dtype, key, verdict.to_dict())
     except _timing.NotTimed as error:
         verdict = _timing.Verdict({}, predicted_name, predicted_name, str(error))
     except Exception as error:  # pylint: disable=broad-except
@@ -134,7 +156,12 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target):
                          "keeps the predicted one", type(error).__name__, error)
         verdict = _timing.Verdict({}, predicted_name, predicted_name,
                                   f"timing failed: {type(error).__name__}: {error}")
-    _log.info("%s", verdict.describe())
+    if label is None:
+        _log.info("%s", verdict.describe())
+    elif verdict.timed:
+        _log.info("tf_mpt timed %s on copies of its variables: %s", label, verdict.describe())
+    else:
+        _log.info("tf_mpt did not time %s: %s", label, verdict.describe())
     if verdict.pick in (predicted_name, same_as.get(predicted_name)):
         kept = predicted  # (the prediction's graph, whatever else equals it)
     elif verdict.pick == _timing.FLOAT32:

@@ -153,7 +153,8 @@ def runnable(graph_def, fetches):
     library = {f.signature.name: f for f in graph_def.library.function}
     kept, needed, unsafe = [], set(), set()
     for fetch in fetches:
-        if fetch not in view or _initializer_only(view, fetch):
+        if fetch not in view or _initializer_only(view, fetch) or _variable_initializer(
+                view, fetch):
             continue  # (an initializer runs once, not every step: not timed)
         mine, stack = set(), [fetch]
         while stack:
@@ -190,6 +191,18 @@ def runnable(graph_def, fetches):
 
 
 _INITIALIZING = frozenset(("Assign", "AssignVariableOp"))
+_VARIABLES = frozenset(("VariableV2", "Variable", "VarHandleOp"))
+
+
+def _variable_initializer(view, name):
+    """Whether node `name` is a variable's initializer: `<variable>/Assign` assigning to
+    `<variable>` (a graph's sinks when no fetches are given)."""
+    node = view[name]
+    if node.op not in _INITIALIZING or not name.endswith("/Assign") or not node.input:
+        return False
+    variable = name[:-len("/Assign")]
+    return variable in view and view[variable].op in _VARIABLES and \
+        node.input[0].partition(":")[0] == variable
 
 
 def _initializer_only(view, name, seen=None):
@@ -362,6 +375,9 @@ def rounds(runners, budget_seconds, clock=None):
                                f"in the {budget_seconds:.0f} s budget (TF_MPT_TIMING_BUDGET)")
             if spent > budget_seconds or clear_winner(times):
                 break
+            if _state.STATE.deferred_signals:  # (a rewrite inside Session.run defers them)
+                raise NotTimed("a signal arrived: it is handled when the run returns, and the "
+                               "timing stops")
     except tf.errors.OpError as error:
         raise NotTimed(f"a run on made-up inputs failed ({_first_line(error)})") from None
     return {name: tuple(t) for name, t in times.items()}

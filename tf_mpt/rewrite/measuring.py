@@ -37,8 +37,9 @@ def check_dispatch(target, config, dtype, graph_def, lists):
     """The target with `slow_ops` set where the graph runs here (runs_here): the op types
     of the graph and its functions that could go half and whose half kernel, as TensorFlow
     runs it here, is over costs.dispatch.SLOW times slower than float32 (one WARNING each,
-    once per process). Where the graph is for another machine: the target as it is."""
-    if not runs_here(target):
+    once per process). Where the graph is for another machine, or the check is off
+    (TF_MPT_DISPATCH_CHECK=0): the target as it is."""
+    if not config.dispatch_check or not runs_here(target):
         return target
     candidates = lists.allow | lists.infer | lists.clear
     ops = {node.op for node in _function_bodies.all_nodes(graph_def)} & candidates

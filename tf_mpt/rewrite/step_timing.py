@@ -1,20 +1,21 @@
-"""Timing a rewritten tf.function against its float32 original, where the cost model's
-prediction is too small to trust.
+"""Timing a traced tf.function's candidate colourings on copies of its variables, where the
+cost model's prediction is too small to trust.
 
 The cost model adds up measured kernel and Cast times op by op; what it does not see (cache
 traffic between ops, the executor, fusions Grappler makes in one version and not the other)
 can be a few percent of a step either way. Where its predicted saving is small beside the
-times it adds up (`worth_timing`), both versions are run and timed, and the function keeps
-the faster one:
+times it adds up (`worth_timing`), the decision module (decision.py) times the function's
+candidates, as it times a graph's (float32, the rules', the cost model's, contractions
+only), and the function runs the fastest:
 
     sandbox graph:  copies of the function's variables (their current values) and of its
                     other captures; made-up inputs of its argument shapes (a leading
                     dimension the trace left unknown: the batch it is costed at)
-                    float32/...  the original graph      } both imported, reading and
-                    mixed/...    the rewritten graph     } updating the same copies
-    Session of its own: one warm-up run each, then up to ROUNDS rounds of one run each,
-                    alternating which goes first, within BUDGET_SECONDS
-    verdict:        the median over rounds of mixed / float32 time; above 1: float32
+                    candidate_0/...  the float32 graph   } each imported, reading and
+                    candidate_1/...  a rewrite           } updating the same copies
+                    ...
+    Session of its own: graph_timing.rounds (a warm-up run each, then rotating rounds
+                    within the budget, TF_MPT_TIMING_BUDGET)
 
 Nothing the script owns is touched: not its variables, its inputs, its iterators or its
 random state. A function with a stateful op outside the known-safe set (`_unsafe_ops`:
@@ -22,10 +23,8 @@ printing, summaries, queues, iterators, tables, collectives, Python calls, file 
 is not timed, nor one whose captures are not plain variables or tensors.
 """
 
-import dataclasses
+import functools
 import logging
-import statistics
-import time
 
 import numpy as np
 import tensorflow as tf
@@ -37,9 +36,7 @@ from tf_mpt.rewrite import function_bodies as _function_library
 _log = logging.getLogger(__name__)
 
 THIN = 0.3  # auto: time where the predicted saving is below this share of what it adds up
-ROUNDS = 7
-MIN_ROUNDS = 3
-BUDGET_SECONDS = 20.0  # of timed rounds, after the warm-up runs
+BUDGET_SECONDS = 20.0  # of timed rounds, after the warm-up runs (TF_MPT_TIMING_BUDGET)
 MAX_COPY_BYTES = 1 << 30  # the variables and inputs a sandbox may copy
 # one run (a warm-up includes Grappler's optimisation): a loop that made-up inputs never end
 # stops here, and the function is not timed
@@ -73,27 +70,6 @@ class NotTimed(Exception):
     """The function cannot be timed safely; the message says why."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Timing:
-    """Seconds per run of each version, one entry per round (paired by index)."""
-    mixed: tuple
-    float32: tuple
-
-    @property
-    def ratio(self):
-        """Median over rounds of mixed / float32: below 1, the mixed version is faster."""
-        return statistics.median(m / f for m, f in zip(self.mixed, self.float32))
-
-    @property
-    def mixed_faster(self):
-        return self.ratio <= 1.0
-
-    def describe(self):
-        return (f"mixed precision {statistics.median(self.mixed) * 1e3:.1f} ms, float32 "
-                f"{statistics.median(self.float32) * 1e3:.1f} ms per run (median of "
-                f"{len(self.mixed)} paired runs: {self.ratio:.3f}x the time)")
-
-
 def worth_timing(report, target, mode):
     """Whether a function rewritten with `report` for `target` (a resolved
     tf_mpt.targets.Target) is timed under TF_MPT_STEP_TIMING=`mode`: never with 'off', nor
@@ -109,47 +85,30 @@ def worth_timing(report, target, mode):
     return report.predicted_saving < THIN * report.predicted_changed
 
 
-def time_both(concrete_function, mixed_graph_def, batch, rounds=ROUNDS,
-              budget_seconds=BUDGET_SECONDS):
-    """Times `concrete_function` (float32) against `mixed_graph_def` (its rewritten graph:
-    the same inputs, outputs and captures) in a sandbox Session. Returns a Timing; raises
-    NotTimed when that cannot be done safely."""
+def time_versions(concrete_function, graph_defs, batch, rounds, budget_seconds=BUDGET_SECONDS):
+    """Times each of {candidate: GraphDef} (`concrete_function`'s graph and its rewrites: the
+    same inputs, outputs and captures; library functions named apart) in one sandbox
+    Session, with `rounds` (graph_timing.rounds, which reads this module's limits). Returns
+    {candidate: (seconds per run, ...)}; raises NotTimed when that cannot be done safely."""
     cf = concrete_function
-    original_def = cf.graph.as_graph_def()
-    unsafe = _unsafe_ops(original_def) | _unsafe_ops(mixed_graph_def)
+    unsafe = set().union(*(_unsafe_ops(g) for g in graph_defs.values()))
     if unsafe:
         raise NotTimed(f"it runs op(s) with effects outside its variables: "
                        f"{', '.join(sorted(unsafe)[:5])}")
     with tf.init_scope():  # values are read eagerly, also while an outer function traces
-        graph, fetches, init = _sandbox(cf, original_def, mixed_graph_def, batch)
+        graph, fetches, init = _sandbox(cf, graph_defs, batch)
     # bypass: the automatic path leaves this Session as TensorFlow makes it (its TF1 rewrite
     # would otherwise convert the float32 version too)
     with _state.bypass(), tf.compat.v1.Session(graph=graph) as session:
         options = tf.compat.v1.RunOptions(timeout_in_ms=_RUN_TIMEOUT_MS)
         try:
             session.run(init, options=options)
-            for name in ("float32", "mixed"):  # Grappler and kernel set-up, untimed
-                session.run(fetches[name], options=options)
-            times = {"float32": [], "mixed": []}
-            start = time.perf_counter()
-            for index in range(rounds):
-                order = ("mixed", "float32") if index % 2 == 0 else ("float32", "mixed")
-                for name in order:
-                    began = time.perf_counter()
-                    session.run(fetches[name], options=options)
-                    times[name].append(time.perf_counter() - began)
-                spent, least = time.perf_counter() - start, min(MIN_ROUNDS, rounds)
-                if index + 1 < least and spent * least / (index + 1) > budget_seconds:
-                    raise NotTimed(f"one round of both takes {spent / (index + 1):.1f} s: "
-                                   f"{MIN_ROUNDS} rounds do not fit in {budget_seconds:.0f} s")
-                if spent > budget_seconds:
-                    break
         except tf.errors.OpError as error:
-            lines = [line for line in error.message.splitlines()
-                     if line.strip() and not line.startswith("Graph execution error")]
-            raise NotTimed(f"a run on made-up inputs failed ({type(error).__name__}: "
-                           f"{(lines or [''])[0][:200]})") from None
-    return Timing(tuple(times["mixed"]), tuple(times["float32"]))
+            raise NotTimed(f"its copies could not be set up ({type(error).__name__})") \
+                from None
+        return rounds(
+            {name: functools.partial(session.run, f, options=options)
+             for name, f in fetches.items()}, budget_seconds)
 
 
 def _unsafe_ops(graph_def):
@@ -175,9 +134,10 @@ def unsafe_ops(nodes, library, also_safe=frozenset(), also_safe_prefixes=()):
     return found
 
 
-def _sandbox(cf, original_def, mixed_def, batch):
-    """(graph, {'float32': fetches, 'mixed': fetches}, initializer) of the sandbox. Called
-    eagerly: the captures' values are read before the graph is built."""
+def _sandbox(cf, graph_defs, batch):
+    """(graph, {candidate: fetches}, initializer) of the sandbox: each of {candidate:
+    GraphDef} imported reading and updating the same copies. Called eagerly: the captures'
+    values are read before the graph is built."""
     captured = list(cf.captured_inputs)
     n_args = len(cf.inputs) - len(captured)
     owners = {id(v.handle): v for v in cf.graph.variables}
@@ -219,10 +179,10 @@ def _sandbox(cf, original_def, mixed_def, batch):
         controls = [op.name for op in cf.graph.control_outputs]
         fetches = {}
         try:
-            for name, graph_def in (("float32", original_def), ("mixed", mixed_def)):
+            for index, (name, graph_def) in enumerate(graph_defs.items()):
                 fetches[name] = tf.graph_util.import_graph_def(
                     graph_def, input_map=input_map, return_elements=outputs + controls,
-                    name=name)
+                    name=f"candidate_{index}")
         except (ValueError, TypeError, tf.errors.OpError) as error:
             raise NotTimed(f"its graphs did not import side by side ({error})") from None
         init = tf.compat.v1.variables_initializer(made)

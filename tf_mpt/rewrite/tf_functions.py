@@ -22,6 +22,7 @@ import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops as _resource_variable_ops
 
 from tf_mpt.rewrite import function_bodies as _function_library
+from tf_mpt.rewrite import graph_timing as _graph_timing
 from tf_mpt.rewrite import step_timing as _timing
 from tf_mpt.rewrite import type_attrs as _ta
 from tf_mpt import _dtypes
@@ -71,44 +72,53 @@ def rewrite_function(concrete_function, *, dtype="float16", config=None, jit_com
 @dataclasses.dataclass(frozen=True)
 class _Rewritten:
     """function: the rebuilt ConcreteFunction, or the input when nothing changed (or it could
-    not be rebuilt); graph_def: the rewritten graph it was rebuilt from, its library
-    (renamed) included, where step_timing.worth_timing (else None); report: the rewrite's
-    report."""
+    not be rebuilt, or it ran faster in float32); report: the rewrite's report."""
     function: object
-    graph_def: object = None
     report: object = None
 
 
-def _rewrite_concrete(cf, dtype, config, jit_compile, target, timed=False):
-    """timed: keep the rewritten graph where step_timing.worth_timing (tf_mpt.function)."""
+def _rewrite_concrete(cf, dtype, config, jit_compile, target, timed=False, name=None):
+    """timed: where decision.step_applies (tf_mpt.function), the candidate colourings are
+    timed on copies of the function's variables and the fastest is kept; `name` is the
+    function's in the INFO line that says so (None: the trace's)."""
     config = _rewrite.with_target(config, target)
     dtype_name = _dtypes.parse(dtype).name
     graph_def = cf.graph.as_graph_def()
     fetches = [t.op.name for t in cf.outputs] + [t.op.name for t in cf.inputs]
     control_outputs = [op.name for op in cf.graph.control_outputs if op.name not in fetches]
     fetches += control_outputs
-    result = _rewrite.rewrite_with_library(graph_def, dtype=dtype_name, fetches=fetches,
-                                           lists=None, strict=False,
-                                           shapes=lambda: _shapes.shapes_of_graph(cf.graph),
-                                           config=config, control_outputs=control_outputs)
+    result = _rewrite.rewrite_with_library(
+        graph_def, dtype=dtype_name, fetches=fetches, lists=None, strict=False,
+        shapes=lambda: _shapes.shapes_of_graph(cf.graph), config=config,
+        control_outputs=control_outputs,
+        step_timer=_step_timer(cf, jit_compile) if timed else None,
+        label=f"tf.function {name or _text(cf.name)}")
     if not result.modified:
         return _Rewritten(cf, report=result.report)
     graph_def = _rename_library(result.graph_def, f"_tf_mpt_{dtype_name}")
-    whole = None  # kept only for a function to be timed (step_timing)
-    if timed and _timing.worth_timing(
-            result.report, _targets.resolve(config, dtype_name,
-                                            gpu_visible=_ta.default_device_type() == "GPU"),
-            config.step_timing):
-        whole = type(graph_def)()
-        whole.CopyFrom(graph_def)
     try:
         library = _register_library(graph_def)
         return _Rewritten(_function_from_graph_def(cf, graph_def, library, jit_compile),
-                          whole, result.report)
+                          result.report)
     except Exception as error:  # pylint: disable=broad-except
         _log.warning("tf_mpt could not rebuild function %s from its rewritten graph (%s: %s); "
                      "it is left unchanged in float32.", _text(cf.name), type(error).__name__, error)
         return _Rewritten(cf, report=result.report)
+
+
+def _step_timer(cf, jit_compile):
+    """decision.decide's timer for `cf`'s candidates: step_timing.time_versions on copies of
+    its variables, each candidate's library functions named apart."""
+    def timer(graphs, batch, budget):
+        if jit_compile:
+            raise _timing.NotTimed("XLA compiles it (jit_compile), which the timing would not")
+        if tf.distribute.has_strategy():
+            raise _timing.NotTimed("it runs under a tf.distribute strategy, on devices the "
+                                   "timing would not use")
+        apart = {name: graph if index == 0 else _rename_library(graph, f"_tf_mpt_t{index}")
+                 for index, (name, graph) in enumerate(graphs.items())}
+        return _timing.time_versions(cf, apart, batch, _graph_timing.rounds, budget)
+    return timer
 
 
 def _rename_library(graph_def, suffix):
@@ -324,46 +334,12 @@ class Function:
                 batch = _shapes.leading_size((args, kwargs)) if called else None
                 if batch is not None:
                     config = dataclasses.replace(config, cost_batch=batch)
-                done = _rewrite_concrete(original, self._dtype, config, self._jit_compile,
-                                         self._target, timed=True)
-                rewritten = done.function
-                if rewritten is not original and done.graph_def is not None:
-                    rewritten = self._faster(original, done, config.cost_batch)
+                rewritten = _rewrite_concrete(original, self._dtype, config,
+                                              self._jit_compile, self._target,
+                                              timed=True,
+                                              name=getattr(self, "__name__", None)).function
                 self._rewritten[original.name] = rewritten
         return rewritten
-
-    def _faster(self, original, done, batch):
-        """The faster of `original` and `done.function`, timed side by side (step_timing);
-        the rewritten one when they cannot be timed safely."""
-        name = getattr(self, "__name__", _text(original.name))
-        report = done.report
-        share = report.predicted_saving / max(report.predicted_changed, 1e-12)
-        prediction = (f"the cost model predicted a saving of {share:.0%} of the kernel and "
-                      "Cast time it adds up")
-        try:
-            if self._jit_compile:
-                raise _timing.NotTimed("XLA compiles it (jit_compile), which the timing "
-                                       "would not")
-            if tf.distribute.has_strategy():
-                raise _timing.NotTimed("it runs under a tf.distribute strategy, on devices "
-                                       "the timing would not use")
-            timing = _timing.time_both(original, done.graph_def, batch)
-        except _timing.NotTimed as reason:
-            _log.info("tf_mpt did not time tf.function %s against float32: %s; it runs in "
-                      "mixed precision (%s)", name, reason, prediction)
-            return done.function
-        except Exception as error:  # pylint: disable=broad-except
-            _log.warning("tf_mpt could not time tf.function %s against float32 (%s: %s); it "
-                         "runs in mixed precision as the cost model chose", name,
-                         type(error).__name__, error)
-            return done.function
-        if timing.mixed_faster:
-            _log.info("tf_mpt timed tf.function %s on copies of its variables: %s; it runs in "
-                      "mixed precision (%s)", name, timing.describe(), prediction)
-            return done.function
-        _log.info("tf_mpt timed tf.function %s on copies of its variables: %s; it runs in "
-                  "float32, as traced (%s)", name, timing.describe(), prediction)
-        return original
 
     def __call__(self, *args, **kwargs):
         rewritten = self._concrete(args, kwargs, called=True)

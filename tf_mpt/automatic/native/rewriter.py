@@ -233,9 +233,12 @@ def _rewrite_or_leave(graph_data, graph_size, request_data, request_size, sink, 
         config, batch = settings.config, current_fed_batch()
         if batch is not None:  # this run feeds it: the cost model's batch is the real one
             config = dataclasses.replace(config, cost_batch=batch)
+        # timing: where the decisions are for this CPU, the candidates of this graph (its
+        # fetches and feeds) run in sandbox Sessions of their own, on random copies of its
+        # variables and made-up inputs of the fed batch (decision.py)
         result = _rewrite_module.rewrite_with_library(
             graph_def, dtype=params.get("dtype", settings.dtype), fetches=preserved,
-            lists=None, strict=True, shapes=shapes, config=config)
+            lists=None, strict=True, shapes=shapes, config=config, timing=True)
         if not result.modified:
             return _UNCHANGED
         new_graph_def = _rename_changed_stateful_nodes(graph_def, result.graph_def, preserved)
@@ -266,6 +269,10 @@ class _signals_deferred:  # pylint: disable=invalid-name
 
     def __enter__(self):
         self.swapped = {}
+        # (run_deferred_signals waits until the callback is over: a sandbox Session that
+        # graph timing runs meanwhile returns through tf_mpt's Session.run wrapper too)
+        self.was_rewriting = getattr(STATE.local, "rewriting", False)
+        STATE.local.rewriting = True
         if threading.current_thread() is not threading.main_thread():
             return self
         for signum in signal.valid_signals():
@@ -279,6 +286,7 @@ class _signals_deferred:  # pylint: disable=invalid-name
         return self
 
     def __exit__(self, *exc):
+        STATE.local.rewriting = self.was_rewriting
         for signum, handler in self.swapped.items():
             signal.signal(signum, handler)
 
@@ -289,7 +297,11 @@ def _record_signal(signum, frame):  # pylint: disable=unused-argument
 
 def run_deferred_signals():
     """Runs the Python handlers of signals that arrived during a rewrite, as Python would
-    have run them when the Session call returned (a handler's exception propagates)."""
+    have run them when the Session call returned (a handler's exception propagates). Inside
+    a rewrite (a sandbox Session's run returning while graph timing runs in the callback):
+    nothing yet, the handlers run when the script's own Session call returns."""
+    if getattr(STATE.local, "rewriting", False):
+        return
     while STATE.deferred_signals:
         signum = STATE.deferred_signals.pop(0)
         handler = signal.getsignal(signum)
