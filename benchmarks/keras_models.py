@@ -181,7 +181,11 @@ class _Rewrites(logging.Handler):
             self.converted[self.phase] = self.converted.get(self.phase, 0) + int(found.group(1))
         timed = self._TIMED.match(message)
         if timed and self.phase is not None:
-            times = {name: float(ms) for name, ms in self._CANDIDATE.findall(timed.group(2))}
+            parts, _, refinement = timed.group(2).partition(", refined (")
+            times = {name: float(ms) for name, ms in self._CANDIDATE.findall(parts)}
+            refined = re.search(r"\) ([\d.e+-]+) ms beside", refinement)
+            if refined:  # (timed beside the first rounds' pick)
+                times["refined"] = float(refined.group(1))
             self.timed.setdefault(self.phase, []).append(
                 {"function": timed.group(1), "ms": times, "pick": timed.group(3)})
 
@@ -250,14 +254,17 @@ def main():
     print("| geometric mean | | | | " + " | ".join(f"{m:.2f}x" for m in means) + " |")
     if picks:
         print("\ntf_mpt's step timing (the default way: each traced step it timed, each "
-              "candidate's sandbox ms per run (a candidate equal to another is timed once) "
+              "candidate's sandbox ms per run (a candidate equal to another is timed once; "
+              "refined: the pick with its op types profiled slower in half float32, timed "
+              "beside it; -: not tried) "
               "and the one that ran; first round):")
-        names = ("float32", "rules", "cost model", "contractions only")
+        names = ("float32", "rules", "cost model", "contractions only", "refined")
         print("| model | phase | function | " + " | ".join(f"{n} ms" for n in names) +
               " | pick |")
         print("|---|---|---|" + "---|" * len(names) + "---|")
         for name, phase, each in picks:
-            cells = [f"{each['ms'][n]:.1f}" if n in each["ms"] else "=" for n in names]
+            cells = [f"{each['ms'][n]:.1f}" if n in each["ms"] else
+                     "-" if n == "refined" else "=" for n in names]
             print(f"| {name} | {phase} | {each['function']} | " + " | ".join(cells) +
                   f" | {each['pick']} |")
 

@@ -72,8 +72,14 @@ def test_keras_fit_step_is_timed_and_the_model_trains_only_its_own_steps(monkeyp
                       timed[0])
     assert found, timed[0]
     rounds, parts, pick, _, _, overturned = found.groups()
+    parts, _, refinement = parts.partition(", refined (")  # (timed beside the first pick)
     times = {n: float(ms) for n, ms in re.findall(
         r"(float32|rules|cost model|contractions only) ([\d.]+) ms", parts)}
+    first = pick  # the first rounds' pick
+    if pick == "refined":  # the refinement won: timed over MARGIN faster than the first pick
+        refined, first, beside = re.search(
+            r"float32\) ([\d.]+) ms beside ([a-z ]+) ([\d.]+) ms", refinement).groups()
+        assert float(refined) < float(beside) * (1 - graph_timing.MARGIN) * 1.005, timed[0]
     # every candidate whose graph differs ran, float32 and the prediction (the cost model's)
     # among them
     assert {"float32", "cost model"} <= set(times) and int(rounds) >= 3, timed[0]
@@ -81,13 +87,12 @@ def test_keras_fit_step_is_timed_and_the_model_trains_only_its_own_steps(monkeyp
     half = _half_matrix_products_of_the_training_step(executed)
     # the pick named is the version that ran: float32's graph, or one with half products
     assert (pick == "float32") == (half == 0), (timed[0], half)
-    # the pick is the fastest, or the prediction within the margin of it (times printed to
-    # 3 significant digits)
+    # the first pick is the fastest, or the prediction within the margin of it (times
+    # printed to 3 significant digits)
     fastest = min(times.values())
-    assert pick in times, timed[0]
-    picked = times[pick]
-    assert picked == fastest or (overturned is None and
-                                 picked <= fastest * (1 + graph_timing.MARGIN) * 1.005), timed[0]
+    assert first in times, timed[0]
+    assert times[first] == fastest or (first == "cost model" and times[first] <= fastest * (
+        1 + graph_timing.MARGIN) * 1.005), timed[0]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert iterations == float32_iterations == STEPS * EPOCHS  # no step ran twice
     assert predicted.dtype == np.float32

@@ -64,7 +64,8 @@ def timed(monkeypatch, tmp_path):
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path / "cache"))
     clock, runs = _Clock(), []
-    state = {"cost": lambda graph_def, index: 1e-3}
+    # profile: {node name: seconds} of a traced run (the refinement's); none by default
+    state = {"cost": lambda graph_def, index: 1e-3, "profile": lambda graph_def: {}}
 
     class FakeSandbox:
         def __init__(self, graph_def, inputs, fetches, needed):
@@ -80,12 +81,18 @@ def timed(monkeypatch, tmp_path):
         def close(self):
             pass
 
+        def profile(self, runs):
+            return state["profile"](self.graph_def)
+
     monkeypatch.setattr(graph_timing, "_clock", clock)
     monkeypatch.setattr(graph_timing, "_Sandbox", FakeSandbox)
 
-    def set_cost(cost, forget=True):
-        """forget: the verdicts cached so far dropped (the next rewrite times again)."""
+    def set_cost(cost, forget=True, profile=None):
+        """forget: the verdicts cached so far dropped (the next rewrite times again);
+        profile: GraphDef -> {node name: seconds} (the refinement's per-node profile)."""
         state["cost"] = cost
+        if profile is not None:
+            state["profile"] = profile
         if forget:
             shutil.rmtree(tmp_path / "cache", ignore_errors=True)
     set_cost.runs = runs
@@ -327,6 +334,97 @@ def test_measure_model_stores_verdicts_that_a_table_target_replays_anywhere(
     assert result.report.verdict is None
 
 
+def _mlp_with_bias(width=1024, depth=4):
+    """x [None, width] through `depth` MatMul + AddV2 (a bias) + Sigmoid layers."""
+    graph = tf.Graph()
+    rng = np.random.RandomState(0)
+    with graph.as_default():
+        h = tf1.placeholder(tf.float32, [None, width], name="x")
+        for k in range(depth):
+            w = tf.constant(rng.uniform(-0.05, 0.05, (width, width)).astype(np.float32))
+            b = tf.constant(rng.uniform(-0.05, 0.05, (width,)).astype(np.float32))
+            h = tf.nn.sigmoid(tf.add(tf.matmul(h, w, name=f"matmul_{k}"), b, name=f"add_{k}"),
+                              name=f"sigmoid_{k}")
+        tf.identity(h, name="y")
+    return graph.as_graph_def()
+
+
+# Per-node float32 seconds and the factor a half node takes (the refinement's profile): half
+# Sigmoids run 3x their float32 time, half MatMuls and Adds faster
+_NODE_SECONDS = {"MatMul": (100e-6, 0.5), "AddV2": (10e-6, 0.5), "Sigmoid": (10e-6, 3.0)}
+
+
+def _profile(graph_def):
+    seconds = {}
+    for node in graph_def.node:
+        if node.op in _NODE_SECONDS:
+            base, factor = _NODE_SECONDS[node.op]
+            seconds[node.name] = base * (factor if node.attr["T"].type == BF16 else 1.0)
+    return seconds
+
+
+def _layers_cost(sigmoid):
+    """Seconds per run: half MatMuls and Adds save, each half Sigmoid adds `sigmoid`."""
+    return lambda g, i: 1e-3 * (1 - 0.1 * _half(g, "MatMul") - 0.06 * _half(g, "AddV2")
+                                + sigmoid * _half(g, "Sigmoid") + 0.001 * _casts(g))
+
+
+def test_the_refinement_keeps_the_op_types_its_profile_shows_slower_float32(timed):
+    """The first rounds pick the colouring with every layer half; its per-node profile shows
+    the half Sigmoids slower than float32's: the refinement (Sigmoids float32, Casts around
+    them) runs faster and is kept; the verdict says what it kept float32; a second rewrite
+    replays it from the cache, byte for byte."""
+    timed(_layers_cost(0.05), profile=_profile)
+    graph_def = _mlp_with_bias()
+    result = _rewrite(graph_def.__deepcopy__())
+    verdict = result.report.verdict
+    assert verdict.pick == graph_timing.REFINED, verdict.describe()
+    assert verdict.refined_from in (graph_timing.RULES, graph_timing.COST)
+    assert verdict.refined_ops == {"Sigmoid": 4}
+    assert verdict.refined == tuple(sorted(f"sigmoid_{k}" for k in range(4)))
+    out = result.graph_def
+    assert _half(out, "MatMul") == 4 and _half(out, "AddV2") == 4 and _half(out, "Sigmoid") == 0
+    assert not [n.name for n in out.node if "_tf_mpt_keep_fp32" in n.attr]
+    assert result.report.decisions["sigmoid_0"].reason.startswith(
+        "graph timing: its op type ran slower in half")
+    # the speed-up over float32: the first rounds' ratio times the refinement's
+    ratio = (verdict.median("float32") / verdict.median(verdict.refined_from) *
+             np.median(verdict.beside) / verdict.median("refined"))
+    assert ratio > 1.0
+    line = verdict.describe()
+    assert "refined (Sigmoid x4 float32) " in line, line
+    assert line.endswith(f"; picked refined, {ratio:.2f}x float32 over the prediction "
+                         "(cost model)"), line
+    runs = len(timed.runs)
+    again = _rewrite(graph_def)
+    assert again.graph_def == out and len(timed.runs) == runs  # cached: nothing timed
+    assert again.report.verdict.source == "cached" and again.report.verdict.pick == "refined"
+
+
+def test_a_refinement_that_is_not_faster_is_not_kept(timed):
+    """The profile says the half Sigmoids are slower, but the whole graph runs no faster
+    without them (here: they cost nothing in the runs): the first rounds' pick stays, and
+    the verdict shows the refinement's time beside it."""
+    timed(_layers_cost(0.0), profile=_profile)
+    result = _rewrite(_mlp_with_bias())
+    verdict = result.report.verdict
+    assert verdict.pick != graph_timing.REFINED and verdict.refined_ops == {"Sigmoid": 4}
+    assert graph_timing.REFINED in verdict.times and verdict.beside
+    assert _half(result.graph_def, "Sigmoid") == 4
+    assert "refined (Sigmoid x4 float32)" in verdict.describe()
+
+
+def test_no_refinement_without_a_slower_op_type_or_when_float32_wins(timed):
+    timed(_layers_cost(0.05), profile=lambda g: {})  # no profile: nothing to refine
+    verdict = _rewrite(_mlp_with_bias()).report.verdict
+    assert verdict.refined == () and graph_timing.REFINED not in verdict.times
+    profiled = []
+    timed(lambda g, i: 1e-3 * (1 + 0.1 * _half(g, "MatMul")),
+          profile=lambda g: profiled.append(g) or _profile(g))
+    verdict = _rewrite(_mlp_with_bias()).report.verdict
+    assert verdict.pick == graph_timing.FLOAT32 and not profiled
+
+
 @pytest.mark.measures_this_cpu
 def test_a_tf1_training_graph_is_timed_on_copies_of_its_variables(monkeypatch, tmp_path):
     """The real sandbox: a TF1 training graph (variables, Adam) is timed with random copies
@@ -364,6 +462,12 @@ def test_a_tf1_training_graph_is_timed_on_copies_of_its_variables(monkeypatch, t
     }
     if verdict.pick in expected:
         assert result.graph_def == expected[verdict.pick]()
+    elif verdict.pick == graph_timing.REFINED:  # the refinement won: its nodes run float32
+        nodes = {n.name: n for n in result.graph_def.node}
+        assert verdict.refined and verdict.refined_from in verdict.times
+        assert all(nodes[n].attr["T"].type == tf.float32.as_datatype_enum
+                   for n in verdict.refined if "T" in nodes[n].attr)
+        assert not [n for n in nodes.values() if "_tf_mpt_keep_fp32" in n.attr]
     else:
         assert verdict.pick == verdict.predicted == graph_timing.COST
     print(result.report.verdict.describe())

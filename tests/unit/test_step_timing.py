@@ -2,7 +2,6 @@
 times them (copies of the variables, made-up inputs, nothing of the script's touched). The
 kernel times the cost model reads are the injected Zen 4 table (conftest)."""
 
-import dataclasses
 import logging
 import os
 import re
@@ -113,6 +112,21 @@ def test_each_version_is_timed_on_copies_and_the_scripts_variables_stay_as_they_
     np.testing.assert_array_equal(w.numpy(), np.eye(WIDTH, dtype=np.float32) * 0.5)
 
 
+def test_each_version_is_profiled_per_node_under_its_own_node_names():
+    """The refinement's profile: every version's matrix products are found under their
+    names in the function's graph (the sandbox's candidate_<k>/ prefix taken off)."""
+    step, _, acc = _step()
+    cf = step.get_concrete_function()
+    before = acc.numpy().copy()
+    profiles = _timing.profile_versions(cf, _versions(cf), 64, runs=2)
+    products = sorted(op.name for op in cf.graph.get_operations() if op.type == "MatMul")
+    assert len(products) == 2
+    for name in ("float32", "mixed"):
+        found = {n: t for n, t in profiles[name].items() if n in products}
+        assert sorted(found) == products and all(t > 0 for t in found.values()), profiles
+    np.testing.assert_array_equal(acc.numpy(), before)
+
+
 def test_a_failing_run_on_made_up_inputs_is_not_timed():
     """Both versions run: an assertion the made-up noise breaks stops the timing."""
     step, _, _ = _step(extra=lambda h: tf.debugging.assert_greater(h, 1e9, message="big"))
@@ -155,6 +169,9 @@ def test_tf_mpt_function_times_the_candidates_and_runs_the_fastest(monkeypatch, 
         seen.append((batch, budget, list(graphs)))
         return {name: (0.1,) * 3 if name == fastest else (0.2,) * 3 for name in graphs}
     monkeypatch.setattr(_timing, "time_versions", timed)
+    # (no per-node profile: nothing to refine; test_a_step_runs_its_refinement refines)
+    monkeypatch.setattr(_timing, "profile_versions", lambda cf, graphs, batch, runs: {
+        name: {} for name in graphs})
     step, _, acc = _step()
     mixed = tf_mpt.function(step.python_function, dtype="bfloat16",
                             input_signature=step.input_signature)
@@ -185,6 +202,42 @@ def test_tf_mpt_function_times_the_candidates_and_runs_the_fastest(monkeypatch, 
         assert {op.get_attr("T") for op in relus} == {tf.float32}
         assert messages[0].endswith("picked contractions only, 2.00x float32 over the "
                                     "prediction (cost model)")
+    np.testing.assert_array_equal(acc.numpy(), np.full((64, WIDTH), 0.25, np.float32))
+
+
+def test_a_step_runs_its_refinement_where_its_profile_finds_a_slower_half_op(monkeypatch,
+                                                                            caplog):
+    """The cost model's colouring wins the first rounds; its per-node profile (injected)
+    shows the half Relu slower than float32's: the refinement (Relu float32) is timed beside
+    it, wins, and is what the function runs."""
+    monkeypatch.setenv("TF_MPT_STEP_TIMING", "always")
+    monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "20")
+    bf16 = tf.bfloat16.as_datatype_enum
+
+    def timed(cf, graphs, batch, rounds, budget):
+        return {name: (0.05,) * 3 if name == "refined" else
+                (0.1,) * 3 if name == "cost model" else (0.2,) * 3 for name in graphs}
+
+    def profiled(cf, graphs, batch, runs):
+        return {name: {n.name: (3e-4 if n.attr["T"].type == bf16 else 1e-4)
+                       if n.op == "Relu" else 1e-4
+                       for n in graph.node if n.op in ("Relu", "MatMul")}
+                for name, graph in graphs.items()}
+    monkeypatch.setattr(_timing, "time_versions", timed)
+    monkeypatch.setattr(_timing, "profile_versions", profiled)
+    step, _, acc = _step()
+    mixed = tf_mpt.function(step.python_function, dtype="bfloat16",
+                            input_signature=step.input_signature)
+    with caplog.at_level(logging.INFO, logger="tf_mpt"):
+        out = mixed(tf.ones((64, WIDTH)))
+    assert out.dtype == tf.float32
+    graph = mixed.get_concrete_function(tf.TensorSpec([None, WIDTH], tf.float32)).graph
+    ops = graph.get_operations()
+    assert {op.get_attr("T") for op in ops if op.type == "MatMul"} == {tf.bfloat16}
+    assert {op.get_attr("T") for op in ops if op.type == "Relu"} == {tf.float32}
+    (message,) = [r.getMessage() for r in caplog.records if "timed tf.function" in r.getMessage()]
+    assert "refined (Relu x1 float32) 50 ms beside cost model 100 ms; picked refined, 4.00x " \
+        "float32 over the prediction (cost model)" in message, message
     np.testing.assert_array_equal(acc.numpy(), np.full((64, WIDTH), 0.25, np.float32))
 
 

@@ -162,11 +162,12 @@ def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_r
                 timing and _decision.applies(config, resolved, result.report.dtype)):
             base = lists if lists is not None else config.lists_for(result.report.dtype)
 
-            def candidate(target_name, candidate_lists):
+            def candidate(target_name, candidate_lists, graph):
+                # (target None: the prediction's; graph None: the one given)
                 return _rewrite_graph_def(
-                    graph_def, dtype, fetches, candidate_lists or base, strict,
-                    function_roots, shapes, _inputs.with_target(config, target_name),
-                    control_outputs)
+                    graph_def if graph is None else graph, dtype, fetches,
+                    candidate_lists or base, strict, function_roots, shapes,
+                    _inputs.with_target(config, target_name), control_outputs)
             result = _decision.decide(graph_def, result, candidate, config, fetches, base,
                                       resolved, timer=step_timer, label=label)
         return result

@@ -9,6 +9,11 @@
                   sandbox; candidates whose graphs are equal are timed once. A traced
                   tf.function (step_applies: TF_MPT_STEP_TIMING) has the same candidates,
                   timed on copies of its variables (step_timing.time_versions)
+    refinement    (graph timing) where a half candidate wins with a third of the budget left:
+                  one per-node profile of it and of float32 (graph_timing.profile_candidates);
+                  the op types whose half nodes ran slower than their float32 nodes (by over
+                  10%) kept float32 in a new candidate (`refined`), timed beside the winner
+                  and kept if over 3% faster
     verdict       graph_timing.Verdict: every time and the pick, in the report
                   (RewriteReport.verdict) and in one INFO line
 
@@ -17,6 +22,7 @@ A graph that cannot be timed keeps the prediction, and its verdict says why.
 
 import dataclasses
 import logging
+import statistics
 
 from tensorflow.core.framework import graph_pb2
 
@@ -29,6 +35,7 @@ from tf_mpt.rewrite import graph_timing as _timing
 from tf_mpt.rewrite import graph_view as _graph_view
 from tf_mpt.rewrite import inputs as _inputs
 from tf_mpt.rewrite import step_timing as _step_timing
+from tf_mpt.rewrite import type_attrs as _ta
 
 _log = logging.getLogger("tf_mpt.rewrite")
 
@@ -66,6 +73,71 @@ def float32_result(graph_def, predicted):
     return type(predicted)(unchanged, report, False)
 
 
+def _candidate_rewrite(name, rewrite, lists):
+    """rewrite(graph) of candidate `name`: its target and op lists."""
+    target_name, candidate_lists = {
+        _timing.RULES: ("rules", None), _timing.COST: (None, None),
+        _timing.CONTRACTIONS: ("rules", contractions_only(lists))}[name]
+    return lambda graph: rewrite(target_name, candidate_lists, graph)
+
+
+def _keeping_float32(graph_def, names, candidate, rewrite, lists):
+    """Candidate `candidate`'s RewriteResult for `graph_def` with the nodes `names` kept
+    float32 (the refinement's), their decisions saying why."""
+    keep = set(names)
+    marked = graph_pb2.GraphDef()
+    marked.CopyFrom(graph_def)
+    for node in marked.node:
+        if node.name in keep and _ta.KEEP_FP32_ATTR not in node.attr:
+            node.attr[_ta.KEEP_FP32_ATTR].b = True
+        else:
+            keep.discard(node.name)  # (an attr of the graph's own stays)
+    result = _candidate_rewrite(candidate, rewrite, lists)(marked)
+    for node in result.graph_def.node:
+        if node.name in keep:
+            del node.attr[_ta.KEEP_FP32_ATTR]
+    decisions = dict(result.report.decisions)
+    for name in keep:
+        if name in decisions:
+            decisions[name] = dataclasses.replace(
+                decisions[name], colour="fp32", converted=False,
+                reason="graph timing: its op type ran slower in half than in float32 in this "
+                       "graph's per-node profile (the refinement)")
+    return type(result)(result.graph_def,
+                        dataclasses.replace(result.report, decisions=decisions),
+                        result.modified)
+
+
+def _refine(graph_def, verdict, results, graphs, rewrite, lists, config, timer, left):
+    """The refinement of the pick (`verdict.pick`, a half candidate): the op types whose half
+    nodes its per-node profile shows slower than their float32 nodes (graph_timing.
+    slower_ops) kept float32, that candidate timed beside the pick within `left` seconds,
+    and kept if over MARGIN faster. Returns the verdict, with the refinement's record where
+    one was timed; `results` gets the refined RewriteResult."""
+    chosen = verdict.pick
+    half_nodes = {name: d.op for name, d in results[chosen].report.decisions.items()
+                  if d.converted}
+    profiles = timer.profile({_timing.FLOAT32: graph_def, chosen: graphs[chosen]},
+                             config.cost_batch)
+    slow = _timing.slower_ops(profiles[chosen], profiles[_timing.FLOAT32], half_nodes)
+    if not slow:
+        return verdict
+    keep = tuple(sorted(n for _, _, nodes in slow.values() for n in nodes))
+    refined = _keeping_float32(graph_def, keep, chosen, rewrite, lists)
+    if refined.graph_def == graphs[chosen]:
+        return verdict
+    times = timer({chosen: graphs[chosen], _timing.REFINED: refined.graph_def},
+                  config.cost_batch, left)
+    results[_timing.REFINED] = refined
+    faster = statistics.median(times[_timing.REFINED]) < \
+        statistics.median(times[chosen]) * (1.0 - _timing.MARGIN)
+    return dataclasses.replace(
+        verdict, times={**verdict.times, _timing.REFINED: times[_timing.REFINED]},
+        pick=_timing.REFINED if faster else chosen, refined=keep, refined_from=chosen,
+        refined_ops={op: len(nodes) for op, (_, _, nodes) in slow.items()},
+        beside=times[chosen])
+
+
 def applies(config, target, dtype):
     """Whether a rewrite for the resolved `target` goes through `decide`: for this CPU
     (`here`) with a budget; for a cost table file that holds verdicts (`tf-mpt measure
@@ -89,14 +161,17 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
            label=None):
     """The verdict for one graph: `predicted` (a RewriteResult) unless timing its candidates
     on this CPU (or a verdict cached here, or one a cost table file holds) finds another
-    faster. `rewrite(target, lists)` returns a candidate's RewriteResult (target 'rules';
-    lists None: `lists`, the prediction's). Returns the RewriteResult kept, its report's
+    faster. `rewrite(target, lists, graph)` returns a candidate's RewriteResult (target
+    'rules', or None: the prediction's; lists None: `lists`, the prediction's; graph None:
+    `graph_def`). Where a half candidate wins with budget left (REFINE_SHARE), its refinement
+    is timed too (_refine). Returns the RewriteResult kept, its report's
     `verdict` set (for a table without this graph's verdict: `predicted` as it is).
 
     timer: None, graph timing's sandbox (graph_timing.time_candidates), its verdicts cached;
     or `timer(graphs, batch, budget)` timing {candidate: GraphDef} another way (a traced
     tf.function's, on copies of its variables), nothing cached (a trace's names are its
-    process's). label: what the INFO line names (a tf.function)."""
+    process's); a timer with a `profile(graphs, batch)` attribute ({candidate: {node:
+    seconds}}) can be refined. label: what the INFO line names (a tf.function)."""
     dtype = predicted.report.dtype
     predicted_name = _timing.COST if predicted.report.weighed_nodes is not None \
         else _timing.RULES
@@ -109,6 +184,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
 
         def timer(graphs, batch, budget):
             return _timing.time_candidates(graphs, names, batch, budget)
+        timer.profile = lambda graphs, batch: _timing.profile_candidates(graphs, names, batch)
         if target.kind == "table" and not _verdicts.measuring_for_a_table():
             known, source = _verdicts.in_table(target.table, dtype).get(key), "table"
             if known is None:
@@ -119,8 +195,8 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
     same_as = {}  # candidate -> the candidate whose graph it equals
     try:
         if predicted_name != _timing.RULES:
-            results[_timing.RULES] = rewrite("rules", None)
-        results[_timing.CONTRACTIONS] = rewrite("rules", contractions_only(lists))
+            results[_timing.RULES] = rewrite("rules", None, None)
+        results[_timing.CONTRACTIONS] = rewrite("rules", contractions_only(lists), None)
         graphs, seen = {}, {}
         for name, result in results.items():
             graph = graph_def if result is None else result.graph_def
@@ -143,11 +219,26 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
         if verdict is None:
             if len(graphs) == 1:
                 raise _timing.NotTimed("every candidate is the float32 graph")
+            started = _timing._clock()  # pylint: disable=protected-access
             times = timer(graphs, config.cost_batch, config.timing_budget)
             chosen = _timing.pick(times, same_as.get(predicted_name, predicted_name))
             verdict = _timing.Verdict(times, chosen, predicted_name, "", same_as)
+            left = config.timing_budget - (
+                _timing._clock() - started)  # pylint: disable=protected-access
+            if getattr(timer, "profile", None) and chosen != _timing.FLOAT32 and \
+                    left >= _timing.REFINE_SHARE * config.timing_budget:
+                try:
+                    verdict = _refine(graph_def, verdict, results, graphs, rewrite, lists,
+                                      config, timer, left)
+                except Exception as error:  # pylint: disable=broad-except
+                    # (the first rounds' pick stands; NotTimed: a run failed or was stopped)
+                    _log.info("graph timing did not refine %s (%s: %s)", chosen,
+                              type(error).__name__, error)
             if key is not None:
                 _verdicts.store(config, dtype, key, verdict.to_dict())
+        if verdict.pick == _timing.REFINED and _timing.REFINED not in results:
+            results[_timing.REFINED] = _keeping_float32(graph_def, verdict.refined,
+                                                        verdict.refined_from, rewrite, lists)
     except _timing.NotTimed as error:
         verdict = _timing.Verdict({}, predicted_name, predicted_name, str(error))
     except Exception as error:  # pylint: disable=broad-except

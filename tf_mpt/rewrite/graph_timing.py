@@ -38,10 +38,18 @@ from tf_mpt.rewrite import function_bodies as _function_library
 from tf_mpt.rewrite import step_timing as _step_timing
 
 FLOAT32, RULES, COST, CONTRACTIONS = "float32", "rules", "cost model", "contractions only"
+REFINED = "refined"  # the pick with the op types its profile shows slower in half float32
 MIN_ROUNDS = 3
 MAX_ROUNDS = 15
 MARGIN = 0.03  # another candidate must be this much faster than the prediction's to win
 DEFAULT_BUDGET_SECONDS = 30.0
+# The refinement: an op type goes float32 where its half nodes' summed time in the pick's
+# per-node profile is over (1 + SLOWER) times the same nodes' float32 time, by FLOOR_SECONDS
+# at least; it is tried only while REFINE_SHARE of the budget is left.
+SLOWER = 0.1
+FLOOR_SECONDS = 5e-6
+PROFILE_RUNS = 3
+REFINE_SHARE = 1.0 / 3.0
 
 NotTimed = _step_timing.NotTimed
 _MADE_UP_DTYPES = frozenset((
@@ -74,6 +82,11 @@ class Verdict:
             because their graph was another's.
         source: 'timed' (here, now), 'cached' (here, by an earlier process: nothing timed)
             or 'table' (a cost table file's, `tf-mpt measure --model`: nothing timed).
+        refined: the node names the refinement kept float32 (() where none was tried);
+            times[REFINED] its candidate's rounds, timed beside `refined_from`'s (`beside`).
+        refined_from: the candidate refined (the pick of the first rounds).
+        refined_ops: {op type: nodes kept float32}.
+        beside: `refined_from`'s times in the refinement's rounds.
     """
     times: dict
     pick: str
@@ -81,6 +94,10 @@ class Verdict:
     why: str = ""
     same_as: dict = dataclasses.field(default_factory=dict)
     source: str = "timed"
+    refined: tuple = ()
+    refined_from: str = ""
+    refined_ops: dict = dataclasses.field(default_factory=dict)
+    beside: tuple = ()
 
     @classmethod
     def from_dict(cls, data, source):
@@ -88,11 +105,17 @@ class Verdict:
         try:
             times = {str(k): tuple(float(t) for t in v) for k, v in data["times"].items()}
             pick, predicted = str(data["pick"]), str(data["predicted"])
+            refined = tuple(str(n) for n in data.get("refined", ()))
+            refined_from = str(data.get("refined_from", ""))
+            refined_ops = {str(k): int(v) for k, v in data.get("refined_ops", {}).items()}
+            beside = tuple(float(t) for t in data.get("beside", ()))
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
-        if pick not in times or not all(times.values()):
+        if pick not in times or not all(times.values()) or (
+                pick == REFINED and not (refined and refined_from in times and beside)):
             return None
-        return cls(times, pick, predicted, "", {}, source)
+        return cls(times, pick, predicted, "", {}, source, refined, refined_from, refined_ops,
+                   beside)
 
     @property
     def timed(self):
@@ -108,11 +131,21 @@ class Verdict:
         rounds = min(len(t) for t in self.times.values())
         where = {"cached": "cached here, ", "table": "from the target's table, "}.get(
             self.source, "")
-        parts = [f"{name} {self.median(name) * 1e3:.3g} ms" for name in self.times]
+        parts = [f"{name} {self.median(name) * 1e3:.3g} ms" for name in self.times
+                 if name != REFINED]
         parts += [f"{name} = {other}" for name, other in self.same_as.items()]
+        if REFINED in self.times:
+            ops = ", ".join(f"{op} x{n}" for op, n in sorted(self.refined_ops.items()))
+            parts.append(f"{REFINED} ({ops} float32) {self.median(REFINED) * 1e3:.3g} ms "
+                         f"beside {self.refined_from} "
+                         f"{statistics.median(self.beside) * 1e3:.3g} ms")
         base = self.median(FLOAT32)
         speed = (f", {base / self.median(self.pick):.2f}x float32" if base and
-                 self.pick != FLOAT32 else "")
+                 self.pick not in (FLOAT32, REFINED) else "")
+        if base and self.pick == REFINED:  # (two ratios, each measured in one set of rounds)
+            ratio = (base / self.median(self.refined_from) *
+                     statistics.median(self.beside) / self.median(REFINED))
+            speed = f", {ratio:.2f}x float32"
         predicted = self.same_as.get(self.predicted, self.predicted)
         return (f"graph timing ({where}median of {rounds} rounds): {', '.join(parts)}; picked "
                 f"{self.pick}{speed}" + ("" if self.pick == predicted else
@@ -121,7 +154,9 @@ class Verdict:
     def to_dict(self):
         return {"times": {k: list(v) for k, v in self.times.items()}, "pick": self.pick,
                 "predicted": self.predicted, "why": self.why, "same_as": dict(self.same_as),
-                "source": self.source}
+                "source": self.source, "refined": list(self.refined),
+                "refined_from": self.refined_from, "refined_ops": dict(self.refined_ops),
+                "beside": list(self.beside)}
 
 
 def pick(times, predicted):
@@ -294,6 +329,26 @@ class _Sandbox:
     def run(self):
         self.session.run(self.targets, options=self.options)
 
+    def profile(self, runs):
+        """{node name: seconds}: the fastest of `runs` traced runs, per node."""
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        options = tf.compat.v1.RunOptions(
+            trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
+            timeout_in_ms=self.options.timeout_in_ms)
+        best = {}
+        for _ in range(runs):
+            metadata = tf.compat.v1.RunMetadata()
+            self.session.run(self.targets, options=options, run_metadata=metadata)
+            seconds = {}
+            for device in metadata.step_stats.dev_stats:
+                for stats in device.node_stats:
+                    name = stats.node_name.partition(":")[0]
+                    seconds[name] = seconds.get(name, 0.0) + 1e-6 * max(
+                        stats.op_end_rel_micros - stats.op_start_rel_micros, 0)
+            for name, value in seconds.items():
+                best[name] = min(best.get(name, value), value)
+        return best
+
     def close(self):
         self.session.close()
 
@@ -326,8 +381,27 @@ def time_candidates(graph_defs, fetches, batch, budget_seconds):
     """Times each of {candidate: GraphDef} (one graph's colourings: the same inputs and
     fetches) on this CPU. Returns {candidate: (seconds per run, ...)}; raises NotTimed where
     that cannot be done safely."""
-    clock, sandbox_type = _clock, _Sandbox
+    clock = _clock
+    return _in_sandboxes(graph_defs, fetches, batch, lambda boxes: rounds(
+        {name: box.run for name, box in boxes.items()}, budget_seconds, clock))
+
+
+def profile_candidates(graph_defs, fetches, batch):
+    """{candidate: {node name: seconds}}: per node of each of {candidate: GraphDef}, the
+    fastest of PROFILE_RUNS traced runs after a warm-up run (the node names Grappler's graph
+    runs: a fused kernel is named as the last node it fuses)."""
+    def profile(boxes):
+        for box in boxes.values():
+            box.run()
+        return {name: box.profile(PROFILE_RUNS) for name, box in boxes.items()}
+    return _in_sandboxes(graph_defs, fetches, batch, profile)
+
+
+def _in_sandboxes(graph_defs, fetches, batch, use):
+    """use({candidate: sandbox}) with a sandbox of each of {candidate: GraphDef} (closed
+    after); NotTimed where they cannot be made or run safely."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    sandbox_type = _Sandbox
     first = next(iter(graph_defs.values()))
     fetches, needed = runnable(first, fetches)
     for graph_def in graph_defs.values():
@@ -340,14 +414,30 @@ def time_candidates(graph_defs, fetches, batch, budget_seconds):
             try:
                 for name, graph_def in graph_defs.items():
                     sandboxes[name] = sandbox_type(graph_def, inputs, fetches, needed)
+                return use(sandboxes)
             except tf.errors.OpError as error:
                 raise NotTimed(f"a run on made-up inputs failed ({_first_line(error)})") \
                     from None
-            return rounds({name: box.run for name, box in sandboxes.items()}, budget_seconds,
-                          clock)
     finally:
         for sandbox in sandboxes.values():
             sandbox.close()
+
+
+def slower_ops(half_profile, float32_profile, half_nodes):
+    """{op type: (half seconds, float32 seconds, node names)} for the op types whose half
+    nodes (`half_nodes`: {node name: op type}, the converted nodes of a candidate) took more
+    than (1 + SLOWER) times their float32 time in the profiles ({node name: seconds}), by at
+    least FLOOR_SECONDS. Nodes absent from either profile (fused into another kernel) are
+    not counted."""
+    sums = {}
+    for name, op in half_nodes.items():
+        if name in half_profile and name in float32_profile:
+            half, single, names = sums.get(op, (0.0, 0.0, ()))
+            sums[op] = (half + half_profile[name], single + float32_profile[name],
+                        names + (name,))
+    return {op: (half, single, tuple(sorted(names)))
+            for op, (half, single, names) in sorted(sums.items())
+            if half > single * (1.0 + SLOWER) and half - single >= FLOOR_SECONDS}
 
 
 def rounds(runners, budget_seconds, clock=None):

@@ -90,7 +90,39 @@ def time_versions(concrete_function, graph_defs, batch, rounds, budget_seconds=B
     same inputs, outputs and captures; library functions named apart) in one sandbox
     Session, with `rounds` (graph_timing.rounds, which reads this module's limits). Returns
     {candidate: (seconds per run, ...)}; raises NotTimed when that cannot be done safely."""
-    cf = concrete_function
+    return _in_sandbox(concrete_function, graph_defs, batch, lambda runners, _: rounds(
+        runners, budget_seconds))
+
+
+def profile_versions(concrete_function, graph_defs, batch, runs):
+    """{candidate: {node name: seconds}}: per node of each of {candidate: GraphDef} (as
+    time_versions), the fastest of `runs` traced runs after a warm-up run."""
+    def profile(runners, session_run):
+        found = {}
+        for index, (name, run) in enumerate(runners.items()):
+            run()
+            prefix, best = f"candidate_{index}/", {}
+            for _ in range(runs):
+                metadata = tf.compat.v1.RunMetadata()
+                session_run(name, metadata)
+                seconds = {}
+                for device in metadata.step_stats.dev_stats:
+                    for stats in device.node_stats:
+                        node = stats.node_name.partition(":")[0]
+                        if node.startswith(prefix):
+                            node = node[len(prefix):]
+                            seconds[node] = seconds.get(node, 0.0) + 1e-6 * max(
+                                stats.op_end_rel_micros - stats.op_start_rel_micros, 0)
+                for node, value in seconds.items():
+                    best[node] = min(best.get(node, value), value)
+            found[name] = best
+        return found
+    return _in_sandbox(concrete_function, graph_defs, batch, profile)
+
+
+def _in_sandbox(cf, graph_defs, batch, use):
+    """use({candidate: run()}, traced_run(candidate, run_metadata)) in the sandbox Session of
+    `cf`'s {candidate: GraphDef}; NotTimed where that cannot be done safely."""
     unsafe = set().union(*(_unsafe_ops(g) for g in graph_defs.values()))
     if unsafe:
         raise NotTimed(f"it runs op(s) with effects outside its variables: "
@@ -101,14 +133,22 @@ def time_versions(concrete_function, graph_defs, batch, rounds, budget_seconds=B
     # would otherwise convert the float32 version too)
     with _state.bypass(), tf.compat.v1.Session(graph=graph) as session:
         options = tf.compat.v1.RunOptions(timeout_in_ms=_RUN_TIMEOUT_MS)
+        traced = tf.compat.v1.RunOptions(timeout_in_ms=_RUN_TIMEOUT_MS,
+                                         trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
         try:
             session.run(init, options=options)
         except tf.errors.OpError as error:
             raise NotTimed(f"its copies could not be set up ({type(error).__name__})") \
                 from None
-        return rounds(
-            {name: functools.partial(session.run, f, options=options)
-             for name, f in fetches.items()}, budget_seconds)
+
+        def traced_run(name, metadata):
+            session.run(fetches[name], options=traced, run_metadata=metadata)
+        try:
+            return use({name: functools.partial(session.run, f, options=options)
+                        for name, f in fetches.items()}, traced_run)
+        except tf.errors.OpError as error:
+            raise NotTimed(f"a run on made-up inputs failed ({type(error).__name__})") \
+                from None
 
 
 def _unsafe_ops(graph_def):

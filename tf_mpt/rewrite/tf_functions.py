@@ -108,16 +108,29 @@ def _rewrite_concrete(cf, dtype, config, jit_compile, target, timed=False, name=
 
 def _step_timer(cf, jit_compile):
     """decision.decide's timer for `cf`'s candidates: step_timing.time_versions on copies of
-    its variables, each candidate's library functions named apart."""
-    def timer(graphs, batch, budget):
+    its variables, each half candidate's library functions named apart (the eager context
+    holds the float32 ones under their names); its `profile` attribute, the per-node profile
+    the refinement reads (step_timing.profile_versions)."""
+    def check():
         if jit_compile:
             raise _timing.NotTimed("XLA compiles it (jit_compile), which the timing would not")
         if tf.distribute.has_strategy():
             raise _timing.NotTimed("it runs under a tf.distribute strategy, on devices the "
                                    "timing would not use")
-        apart = {name: graph if index == 0 else _rename_library(graph, f"_tf_mpt_t{index}")
-                 for index, (name, graph) in enumerate(graphs.items())}
-        return _timing.time_versions(cf, apart, batch, _graph_timing.rounds, budget)
+
+    def apart(graphs):
+        return {name: graph if name == _graph_timing.FLOAT32 else
+                _rename_library(graph, f"_tf_mpt_t{index}")
+                for index, (name, graph) in enumerate(graphs.items())}
+
+    def timer(graphs, batch, budget):
+        check()
+        return _timing.time_versions(cf, apart(graphs), batch, _graph_timing.rounds, budget)
+
+    def profile(graphs, batch):
+        check()
+        return _timing.profile_versions(cf, apart(graphs), batch, _graph_timing.PROFILE_RUNS)
+    timer.profile = profile
     return timer
 
 
