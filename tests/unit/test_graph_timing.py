@@ -501,3 +501,22 @@ def test_a_signal_arriving_while_candidates_are_timed_stops_the_timing(monkeypat
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert handled == [signal.SIGUSR1] and len(calls) == 6
+
+
+def test_candidates_whose_copies_would_take_too_much_memory_are_not_timed(timed, monkeypatch):
+    """Each candidate's sandbox holds copies of the graph's variables: four candidates of a
+    graph with 2 x 4 MiB of weights take 32 MiB; under a 16 MiB bound the graph keeps the
+    prediction, and the summary says why."""
+    monkeypatch.setattr(graph_timing._step_timing, "MAX_COPY_BYTES", 16 << 20)  # pylint: disable=protected-access
+    graph = tf.Graph()
+    with graph.as_default():
+        h = tf1.placeholder(tf.float32, [None, 1024], name="x")
+        for k in range(2):
+            w = tf1.get_variable(f"w{k}", [1024, 1024], use_resource=False)
+            h = tf.nn.sigmoid(tf.matmul(h, w))
+        tf.identity(h, name="y")
+    result = _rewrite(graph.as_graph_def())
+    verdict = result.report.verdict
+    assert not verdict.timed and not timed.runs
+    assert "copies of its variables and inputs would take" in verdict.why
+    assert "over 16 MiB" in verdict.why, verdict.why

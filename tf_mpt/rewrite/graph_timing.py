@@ -353,6 +353,23 @@ class _Sandbox:
         self.session.close()
 
 
+def _variable_bytes(graph_def, needed):
+    """Bytes of the variables among `needed` (their static shapes; 0 for a shape not known:
+    such a variable is refused when its sandbox is made)."""
+    from tensorflow.python.framework import dtypes  # pylint: disable=import-outside-toplevel
+    total = 0
+    for node in graph_def.node:
+        if node.name in needed and node.op in _VARIABLES and "shape" in node.attr:
+            dims = [d.size for d in node.attr["shape"].shape.dim]
+            if all(d >= 0 for d in dims) and not node.attr["shape"].shape.unknown_rank:
+                try:
+                    size = dtypes.as_dtype(node.attr["dtype"].type).size
+                except (TypeError, ValueError):
+                    continue
+                total += int(np.prod(dims, dtype=np.int64)) * size
+    return total
+
+
 def _initializer(graph, node, rng):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     dtype = tf.as_dtype(node.attr["dtype"].type)
@@ -408,6 +425,12 @@ def _in_sandboxes(graph_defs, fetches, batch, use):
         if runnable(graph_def, fetches)[0] != fetches:
             raise NotTimed("a candidate's fetches need op(s) the float32 graph's do not")
     inputs = made_up_inputs(first, needed, batch)
+    copies = len(graph_defs) * (_variable_bytes(first, needed) +
+                                sum(value.nbytes for value in inputs.values()))
+    if copies > _step_timing.MAX_COPY_BYTES:
+        raise NotTimed(f"the {len(graph_defs)} candidates' copies of its variables and inputs "
+                       f"would take {copies / 2**20:.0f} MiB, over "
+                       f"{_step_timing.MAX_COPY_BYTES >> 20} MiB")
     sandboxes = {}
     try:
         with _state.bypass():  # the automatic path leaves these Sessions as they are
