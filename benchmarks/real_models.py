@@ -320,7 +320,9 @@ def _candidates(report):
         return "not timed (target not here, or TF_MPT_TIMING_BUDGET=0)"
     if not verdict.timed:
         return f"not timed: {verdict.why}"
-    times = ", ".join(f"{name} {verdict.median(name) * 1e3:.1f}" for name in verdict.times)
+    times = ", ".join(f"{name} {verdict.median(name) * 1e3:.1f}" + (
+        f" ({verdict.peaks[name] / 2**20:.0f} MiB)" if name in verdict.peaks else "")
+        for name in verdict.times)
     same = "".join(f", {name} = {other}" for name, other in verdict.same_as.items())
     return f"{times}{same}; pick: {verdict.pick}"
 
@@ -354,7 +356,8 @@ def main(argv=None):
         return profile(args.profile, args.phases[0])
     print("| model | step | float32 ms | Grappler / float32 | tf_mpt / float32 | "
           "batch norms folded, float32 / float32 | float32 again / float32 (noise) | "
-          "tf_mpt Casts | tf_mpt's candidates (sandbox ms) and pick | tf_mpt summary |")
+          "tf_mpt Casts | tf_mpt's candidates (sandbox ms; step peak MiB) and pick | "
+          "tf_mpt summary |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     speedups = collections.defaultdict(list)
     for name in args.models:

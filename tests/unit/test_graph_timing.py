@@ -65,7 +65,8 @@ def timed(monkeypatch, tmp_path):
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path / "cache"))
     clock, runs = _Clock(), []
     # profile: {node name: seconds} of a traced run (the refinement's); none by default
-    state = {"cost": lambda graph_def, index: 1e-3, "profile": lambda graph_def: {}}
+    state = {"cost": lambda graph_def, index: 1e-3, "profile": lambda graph_def: {},
+             "peak": lambda graph_def: 0}
 
     class FakeSandbox:
         def __init__(self, graph_def, inputs, fetches, needed):
@@ -84,15 +85,21 @@ def timed(monkeypatch, tmp_path):
         def profile(self, runs):
             return state["profile"](self.graph_def)
 
+        def peak(self):
+            return state["peak"](self.graph_def)
+
     monkeypatch.setattr(graph_timing, "_clock", clock)
     monkeypatch.setattr(graph_timing, "_Sandbox", FakeSandbox)
 
-    def set_cost(cost, forget=True, profile=None):
+    def set_cost(cost, forget=True, profile=None, peak=None):
         """forget: the verdicts cached so far dropped (the next rewrite times again);
-        profile: GraphDef -> {node name: seconds} (the refinement's per-node profile)."""
+        profile: GraphDef -> {node name: seconds} (the refinement's per-node profile);
+        peak: GraphDef -> step peak bytes of a traced run."""
         state["cost"] = cost
         if profile is not None:
             state["profile"] = profile
+        if peak is not None:
+            state["peak"] = peak
         if forget:
             shutil.rmtree(tmp_path / "cache", ignore_errors=True)
     set_cost.runs = runs
@@ -449,6 +456,9 @@ def test_a_tf1_training_graph_is_timed_on_copies_of_its_variables(monkeypatch, t
     assert verdict.timed, verdict.why
     assert all(len(t) >= graph_timing.MIN_ROUNDS and min(t) > 0
                for t in verdict.times.values())
+    # each candidate's step peak was read from a traced run's allocation records
+    assert set(verdict.times) - {graph_timing.REFINED} <= set(verdict.peaks)
+    assert all(bytes_ > 0 for bytes_ in verdict.peaks.values()), verdict.peaks
     assert graph.as_graph_def().SerializeToString(deterministic=True) == before
     lists = tf_mpt.Config.from_env(os.environ).lists_for("bfloat16")
     expected = {
@@ -520,3 +530,35 @@ def test_candidates_whose_copies_would_take_too_much_memory_are_not_timed(timed,
     assert not verdict.timed and not timed.runs
     assert "copies of its variables and inputs would take" in verdict.why
     assert "over 16 MiB" in verdict.why, verdict.why
+
+
+def test_each_candidates_step_peak_is_given_beside_its_time(timed):
+    """Issue "memory", item 2 (in part): each candidate's step peak is measured in its
+    sandbox and printed beside its time; a peak over float32's is flagged (the pick is still
+    by time: a memory criterion needs candidates that hold less, still to come)."""
+    timed(lambda g, i: 1e-3 * (1 - 0.1 * _half(g, "MatMul") - 0.05 * _half(g, "Sigmoid")),
+          peak=lambda g: int(10 * 2**20 * (1 + 0.03 * (_half(g, "Sigmoid") == 4))))
+    result = _rewrite(_mlp())
+    verdict = result.report.verdict
+    assert verdict.peaks[graph_timing.FLOAT32] == 10 * 2**20
+    assert set(verdict.peaks) == set(verdict.times)
+    assert verdict.pick == graph_timing.RULES  # the fastest: every layer half
+    assert graph_timing.over_float32(verdict.peaks, graph_timing.RULES)
+    assert not graph_timing.over_float32(verdict.peaks, graph_timing.COST)
+    line = verdict.describe()
+    assert "float32 1 ms (peak 10.0 MiB)" in line, line
+    assert "rules 0.4 ms (peak 10.3 MiB: over float32's)" in line, line
+    assert "cost model 0.6 ms (peak 10.0 MiB)" in line, line  # (the suite's table: no Sigmoid)
+
+
+def test_the_step_peak_is_the_highest_sum_of_bytes_held_during_the_run():
+    """Allocation records (microseconds, +bytes / -bytes): at one instant allocations count
+    before releases."""
+    metadata = tf1.RunMetadata()
+    node = metadata.step_stats.dev_stats.add().node_stats.add()
+    memory = node.memory.add()
+    for micros, size in ((1, 100), (2, 50), (3, -100), (3, 80), (4, -50), (5, 10)):
+        record = memory.allocation_records.add()
+        record.alloc_micros, record.alloc_bytes = micros, size
+    # at 3 us the 80 bytes count before the 100 are released: 100 + 50 + 80 (conservative)
+    assert graph_timing.step_peak_bytes(metadata) == 230

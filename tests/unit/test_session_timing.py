@@ -52,7 +52,8 @@ def fake_timing(monkeypatch):
     """An injected clock and sandbox; returns the list of candidate GraphDefs the sandbox was
     given and a setter for the cost function (GraphDef -> seconds per run)."""
     clock, made = _Clock(), []
-    state = {"cost": lambda graph_def: 1e-3, "profile": lambda graph_def: {}}
+    state = {"cost": lambda graph_def: 1e-3, "profile": lambda graph_def: {},
+             "peak": lambda graph_def: 0}
 
     class FakeSandbox:
         def __init__(self, graph_def, inputs, fetches, needed):
@@ -67,6 +68,9 @@ def fake_timing(monkeypatch):
 
         def profile(self, runs):
             return state["profile"](self.graph_def)
+
+        def peak(self):
+            return state["peak"](self.graph_def)
 
     monkeypatch.setattr(graph_timing, "_clock", clock)
     monkeypatch.setattr(graph_timing, "_Sandbox", FakeSandbox)

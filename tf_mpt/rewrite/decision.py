@@ -14,6 +14,9 @@
                   the op types whose half nodes ran slower than their float32 nodes (by over
                   10%) kept float32 in a new candidate (`refined`), timed beside the winner
                   and kept if over 3% faster
+    memory        (graph timing) each candidate's step peak, from one traced run's allocation
+                  records after its rounds, printed beside its time and flagged where over
+                  float32's by more than 2% (issue "memory"; not yet a criterion of the pick)
     verdict       graph_timing.Verdict: every time and the pick, in the report
                   (RewriteReport.verdict) and in one INFO line
 
@@ -129,13 +132,14 @@ def _refine(graph_def, verdict, results, graphs, rewrite, lists, config, timer, 
     times = timer({chosen: graphs[chosen], _timing.REFINED: refined.graph_def},
                   config.cost_batch, left)
     results[_timing.REFINED] = refined
+    peaks = {**verdict.peaks, **getattr(timer, "peaks", {})}
     faster = statistics.median(times[_timing.REFINED]) < \
         statistics.median(times[chosen]) * (1.0 - _timing.MARGIN)
     return dataclasses.replace(
         verdict, times={**verdict.times, _timing.REFINED: times[_timing.REFINED]},
         pick=_timing.REFINED if faster else chosen, refined=keep, refined_from=chosen,
         refined_ops={op: len(nodes) for op, (_, _, nodes) in slow.items()},
-        beside=times[chosen])
+        beside=times[chosen], peaks=peaks)
 
 
 def applies(config, target, dtype):
@@ -182,9 +186,12 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                        _inputs.fetch_node_names(None, view))
         key = _verdicts.fingerprint(graph_def, names, dtype, lists, config.cost_batch)
 
+        peaks = {}  # {candidate: step peak bytes}, filled as candidates are timed
+
         def timer(graphs, batch, budget):
-            return _timing.time_candidates(graphs, names, batch, budget)
+            return _timing.time_candidates(graphs, names, batch, budget, peaks)
         timer.profile = lambda graphs, batch: _timing.profile_candidates(graphs, names, batch)
+        timer.peaks = peaks
         if target.kind == "table" and not _verdicts.measuring_for_a_table():
             known, source = _verdicts.in_table(target.table, dtype).get(key), "table"
             if known is None:
@@ -222,7 +229,8 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
             started = _timing._clock()  # pylint: disable=protected-access
             times = timer(graphs, config.cost_batch, config.timing_budget)
             chosen = _timing.pick(times, same_as.get(predicted_name, predicted_name))
-            verdict = _timing.Verdict(times, chosen, predicted_name, "", same_as)
+            verdict = _timing.Verdict(times, chosen, predicted_name, "", same_as,
+                                      peaks=dict(getattr(timer, "peaks", {})))
             left = config.timing_budget - (
                 _timing._clock() - started)  # pylint: disable=protected-access
             if getattr(timer, "profile", None) and chosen != _timing.FLOAT32 and \

@@ -50,6 +50,10 @@ SLOWER = 0.1
 FLOOR_SECONDS = 5e-6
 PROFILE_RUNS = 3
 REFINE_SHARE = 1.0 / 3.0
+# Memory (issue "memory"): a candidate whose measured step peak is over float32's by more than
+# this share is flagged in the verdict (not yet a criterion of the pick: with today's
+# candidates it would trade a weight-heavy MLP's 1.65x speed for float32's memory).
+PEAK_SLACK = 0.02
 
 NotTimed = _step_timing.NotTimed
 _MADE_UP_DTYPES = frozenset((
@@ -87,6 +91,8 @@ class Verdict:
         refined_from: the candidate refined (the pick of the first rounds).
         refined_ops: {op type: nodes kept float32}.
         beside: `refined_from`'s times in the refinement's rounds.
+        peaks: {candidate: step peak bytes of a traced run} where measured ({} otherwise); a
+            candidate over PEAK_SLACK above float32's is flagged where it is printed.
     """
     times: dict
     pick: str
@@ -98,6 +104,7 @@ class Verdict:
     refined_from: str = ""
     refined_ops: dict = dataclasses.field(default_factory=dict)
     beside: tuple = ()
+    peaks: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data, source):
@@ -109,13 +116,14 @@ class Verdict:
             refined_from = str(data.get("refined_from", ""))
             refined_ops = {str(k): int(v) for k, v in data.get("refined_ops", {}).items()}
             beside = tuple(float(t) for t in data.get("beside", ()))
+            peaks = {str(k): int(v) for k, v in data.get("peaks", {}).items()}
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
         if pick not in times or not all(times.values()) or (
                 pick == REFINED and not (refined and refined_from in times and beside)):
             return None
         return cls(times, pick, predicted, "", {}, source, refined, refined_from, refined_ops,
-                   beside)
+                   beside, peaks)
 
     @property
     def timed(self):
@@ -131,13 +139,13 @@ class Verdict:
         rounds = min(len(t) for t in self.times.values())
         where = {"cached": "cached here, ", "table": "from the target's table, "}.get(
             self.source, "")
-        parts = [f"{name} {self.median(name) * 1e3:.3g} ms" for name in self.times
-                 if name != REFINED]
+        parts = [f"{name} {self.median(name) * 1e3:.3g} ms{self._peak(name)}"
+                 for name in self.times if name != REFINED]
         parts += [f"{name} = {other}" for name, other in self.same_as.items()]
         if REFINED in self.times:
             ops = ", ".join(f"{op} x{n}" for op, n in sorted(self.refined_ops.items()))
-            parts.append(f"{REFINED} ({ops} float32) {self.median(REFINED) * 1e3:.3g} ms "
-                         f"beside {self.refined_from} "
+            parts.append(f"{REFINED} ({ops} float32) {self.median(REFINED) * 1e3:.3g} ms"
+                         f"{self._peak(REFINED)} beside {self.refined_from} "
                          f"{statistics.median(self.beside) * 1e3:.3g} ms")
         base = self.median(FLOAT32)
         speed = (f", {base / self.median(self.pick):.2f}x float32" if base and
@@ -151,12 +159,27 @@ class Verdict:
                 f"{self.pick}{speed}" + ("" if self.pick == predicted else
                                          f" over the prediction ({self.predicted})"))
 
+    def _peak(self, name):
+        """' (peak 12.3 MiB)' where `name`'s step peak was measured, ' (peak 12.3 MiB: over
+        float32's)' where that kept it from being picked."""
+        if name not in self.peaks:
+            return ""
+        over = "" if name == FLOAT32 or not over_float32(self.peaks, name) else \
+            ": over float32's"
+        return f" (peak {self.peaks[name] / 2**20:.1f} MiB{over})"
+
     def to_dict(self):
         return {"times": {k: list(v) for k, v in self.times.items()}, "pick": self.pick,
                 "predicted": self.predicted, "why": self.why, "same_as": dict(self.same_as),
                 "source": self.source, "refined": list(self.refined),
                 "refined_from": self.refined_from, "refined_ops": dict(self.refined_ops),
-                "beside": list(self.beside)}
+                "beside": list(self.beside), "peaks": dict(self.peaks)}
+
+
+def over_float32(peaks, name):
+    """Whether candidate `name`'s measured step peak is over PEAK_SLACK above float32's."""
+    return FLOAT32 in peaks and name in peaks and \
+        peaks[name] > peaks[FLOAT32] * (1.0 + PEAK_SLACK)
 
 
 def pick(times, predicted):
@@ -329,6 +352,15 @@ class _Sandbox:
     def run(self):
         self.session.run(self.targets, options=self.options)
 
+    def peak(self):
+        """Bytes: the step peak of one traced run (step_peak_bytes)."""
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        metadata = tf.compat.v1.RunMetadata()
+        self.session.run(self.targets, options=tf.compat.v1.RunOptions(
+            trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
+            timeout_in_ms=self.options.timeout_in_ms), run_metadata=metadata)
+        return step_peak_bytes(metadata)
+
     def profile(self, runs):
         """{node name: seconds}: the fastest of `runs` traced runs, per node."""
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -394,13 +426,37 @@ def _initializer(graph, node, rng):
 _clock = time.perf_counter
 
 
-def time_candidates(graph_defs, fetches, batch, budget_seconds):
+def time_candidates(graph_defs, fetches, batch, budget_seconds, peaks=None):
     """Times each of {candidate: GraphDef} (one graph's colourings: the same inputs and
     fetches) on this CPU. Returns {candidate: (seconds per run, ...)}; raises NotTimed where
-    that cannot be done safely."""
+    that cannot be done safely. `peaks`, a dict: filled with {candidate: the step peak in
+    bytes of one traced run after the rounds} (step_peak_bytes)."""
     clock = _clock
-    return _in_sandboxes(graph_defs, fetches, batch, lambda boxes: rounds(
-        {name: box.run for name, box in boxes.items()}, budget_seconds, clock))
+
+    def use(boxes):
+        times = rounds({name: box.run for name, box in boxes.items()}, budget_seconds, clock)
+        if peaks is not None:
+            peaks.update((name, box.peak()) for name, box in boxes.items())
+        return times
+    return _in_sandboxes(graph_defs, fetches, batch, use)
+
+
+def step_peak_bytes(metadata):
+    """The highest sum of bytes TensorFlow's allocators handed out and had not yet taken
+    back during one traced run (RunMetadata with FULL_TRACE: its allocation records): what
+    a step adds on top of what lives across steps (variables, inputs held in variables)."""
+    events = []
+    for device in metadata.step_stats.dev_stats:
+        for stats in device.node_stats:
+            for memory in stats.memory:
+                events.extend((record.alloc_micros, record.alloc_bytes)
+                              for record in memory.allocation_records)
+    events.sort(key=lambda event: (event[0], -event[1]))  # at one instant, allocations first
+    total = peak = 0
+    for _, size in events:
+        total += size
+        peak = max(peak, total)
+    return peak
 
 
 def profile_candidates(graph_defs, fetches, batch):
