@@ -22,20 +22,26 @@ import tf_mpt
 from tf_mpt import cli
 from tf_mpt.rewrite import decision
 from tf_mpt.rewrite import graph_timing
+from support import fake_timing
 from support.helpers import run, tf1
 
 BF16 = tf.bfloat16.as_datatype_enum
 
 
-def _mlp(batch=None, width=1024, depth=4):
-    """A [batch, width] input through `depth` MatMul + Sigmoid layers (constant weights)."""
+def _mlp(batch=None, width=1024, depth=4, bias=False):
+    """A [batch, width] input through `depth` MatMul + Sigmoid layers (constant weights);
+    with `bias`, an AddV2 of a constant bias between each MatMul and its Sigmoid."""
     graph = tf.Graph()
     rng = np.random.RandomState(0)
     with graph.as_default():
         h = tf1.placeholder(tf.float32, [batch, width], name="x")
         for k in range(depth):
             w = tf.constant(rng.uniform(-0.05, 0.05, (width, width)).astype(np.float32))
-            h = tf.nn.sigmoid(tf.matmul(h, w, name=f"matmul_{k}"), name=f"sigmoid_{k}")
+            h = tf.matmul(h, w, name=f"matmul_{k}")
+            if bias:
+                b = tf.constant(rng.uniform(-0.05, 0.05, (width,)).astype(np.float32))
+                h = tf.add(h, b, name=f"add_{k}")
+            h = tf.nn.sigmoid(h, name=f"sigmoid_{k}")
         tf.identity(h, name="y")
     return graph.as_graph_def()
 
@@ -48,61 +54,31 @@ def _casts(graph_def):
     return sum(1 for n in graph_def.node if n.op == "Cast")
 
 
-class _Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
 @pytest.fixture
 def timed(monkeypatch, tmp_path):
-    """Timing on (budget 5 s) with an injected clock and a cache of verdicts of its own;
-    returns a setter for the cost function (GraphDef, run index -> seconds) the fake
+    """Timing on (budget 5 s) with an injected clock and sandbox and a cache of verdicts of
+    its own; returns a setter for the cost function (GraphDef, run index -> seconds) the fake
     sandbox's runs take, and the record of runs."""
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path / "cache"))
-    clock, runs = _Clock(), []
-    # profile: {node name: seconds} of a traced run (the refinement's); none by default
-    state = {"cost": lambda graph_def, index: 1e-3, "profile": lambda graph_def: {},
-             "peak": lambda graph_def: 0}
 
-    class FakeSandbox:
-        def __init__(self, graph_def, inputs, fetches, needed):
-            self.graph_def, self.index = graph_def, 0
-            assert set(inputs) == {"x"} and inputs["x"].shape[1:] == (1024,)
-            assert fetches == ["y"]
-
-        def run(self):
-            clock.now += state["cost"](self.graph_def, self.index)
-            self.index += 1
-            runs.append(self.graph_def)
-
-        def close(self):
-            pass
-
-        def profile(self, runs):
-            return state["profile"](self.graph_def)
-
-        def peak(self):
-            return state["peak"](self.graph_def)
-
-    monkeypatch.setattr(graph_timing, "_clock", clock)
-    monkeypatch.setattr(graph_timing, "_Sandbox", FakeSandbox)
+    def check(inputs, fetches):
+        assert set(inputs) == {"x"} and inputs["x"].shape[1:] == (1024,)
+        assert fetches == ["y"]
+    fakes = fake_timing.install(monkeypatch, check)
 
     def set_cost(cost, forget=True, profile=None, peak=None):
         """forget: the verdicts cached so far dropped (the next rewrite times again);
         profile: GraphDef -> {node name: seconds} (the refinement's per-node profile);
         peak: GraphDef -> step peak bytes of a traced run."""
-        state["cost"] = cost
+        fakes.cost = cost
         if profile is not None:
-            state["profile"] = profile
+            fakes.profile = profile
         if peak is not None:
-            state["peak"] = peak
+            fakes.peak = peak
         if forget:
             shutil.rmtree(tmp_path / "cache", ignore_errors=True)
-    set_cost.runs = runs
+    set_cost.runs = fakes.runs
     set_cost.cache_dir = tmp_path / "cache"
     return set_cost
 
@@ -341,21 +317,6 @@ def test_measure_model_stores_verdicts_that_a_table_target_replays_anywhere(
     assert result.report.verdict is None
 
 
-def _mlp_with_bias(width=1024, depth=4):
-    """x [None, width] through `depth` MatMul + AddV2 (a bias) + Sigmoid layers."""
-    graph = tf.Graph()
-    rng = np.random.RandomState(0)
-    with graph.as_default():
-        h = tf1.placeholder(tf.float32, [None, width], name="x")
-        for k in range(depth):
-            w = tf.constant(rng.uniform(-0.05, 0.05, (width, width)).astype(np.float32))
-            b = tf.constant(rng.uniform(-0.05, 0.05, (width,)).astype(np.float32))
-            h = tf.nn.sigmoid(tf.add(tf.matmul(h, w, name=f"matmul_{k}"), b, name=f"add_{k}"),
-                              name=f"sigmoid_{k}")
-        tf.identity(h, name="y")
-    return graph.as_graph_def()
-
-
 # Per-node float32 seconds and the factor a half node takes (the refinement's profile): half
 # Sigmoids run 3x their float32 time, half MatMuls and Adds faster
 _NODE_SECONDS = {"MatMul": (100e-6, 0.5), "AddV2": (10e-6, 0.5), "Sigmoid": (10e-6, 3.0)}
@@ -382,7 +343,7 @@ def test_the_refinement_keeps_the_op_types_its_profile_shows_slower_float32(time
     them) runs faster and is kept; the verdict says what it kept float32; a second rewrite
     replays it from the cache, byte for byte."""
     timed(_layers_cost(0.05), profile=_profile)
-    graph_def = _mlp_with_bias()
+    graph_def = _mlp(bias=True)
     result = _rewrite(graph_def.__deepcopy__())
     verdict = result.report.verdict
     assert verdict.pick == graph_timing.REFINED, verdict.describe()
@@ -413,7 +374,7 @@ def test_a_refinement_that_is_not_faster_is_not_kept(timed):
     without them (here: they cost nothing in the runs): the first rounds' pick stays, and
     the verdict shows the refinement's time beside it."""
     timed(_layers_cost(0.0), profile=_profile)
-    result = _rewrite(_mlp_with_bias())
+    result = _rewrite(_mlp(bias=True))
     verdict = result.report.verdict
     assert verdict.pick != graph_timing.REFINED and verdict.refined_ops == {"Sigmoid": 4}
     assert graph_timing.REFINED in verdict.times and verdict.beside
@@ -423,12 +384,12 @@ def test_a_refinement_that_is_not_faster_is_not_kept(timed):
 
 def test_no_refinement_without_a_slower_op_type_or_when_float32_wins(timed):
     timed(_layers_cost(0.05), profile=lambda g: {})  # no profile: nothing to refine
-    verdict = _rewrite(_mlp_with_bias()).report.verdict
+    verdict = _rewrite(_mlp(bias=True)).report.verdict
     assert verdict.refined == () and graph_timing.REFINED not in verdict.times
     profiled = []
     timed(lambda g, i: 1e-3 * (1 + 0.1 * _half(g, "MatMul")),
           profile=lambda g: profiled.append(g) or _profile(g))
-    verdict = _rewrite(_mlp_with_bias()).report.verdict
+    verdict = _rewrite(_mlp(bias=True)).report.verdict
     assert verdict.pick == graph_timing.FLOAT32 and not profiled
 
 
@@ -489,7 +450,7 @@ def test_a_signal_arriving_while_candidates_are_timed_stops_the_timing(monkeypat
     budget, and a sandbox Session's run does not run their handlers inside the rewrite."""
     from tf_mpt._process import state  # pylint: disable=import-outside-toplevel
     from tf_mpt.automatic.native import rewriter  # pylint: disable=import-outside-toplevel
-    clock, handled = _Clock(), []
+    clock, handled = fake_timing.Clock(), []
     monkeypatch.setattr(state.STATE, "deferred_signals", [])
 
     def run():

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 import tf_mpt
 from tf_mpt.automatic import switch as _autoenable
-from tf_mpt.rewrite import graph_timing
+from support import fake_timing as _fake_timing
 from support.helpers import tf1
 from support.tolerances import FINAL_LOSS_RTOL
 
@@ -39,45 +39,15 @@ def _enable(path, tmp_path, budget="5"):
     return settings
 
 
-class _Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
 @pytest.fixture
 def fake_timing(monkeypatch):
-    """An injected clock and sandbox; returns the list of candidate GraphDefs the sandbox was
-    given and a setter for the cost function (GraphDef -> seconds per run)."""
-    clock, made = _Clock(), []
-    state = {"cost": lambda graph_def: 1e-3, "profile": lambda graph_def: {},
-             "peak": lambda graph_def: 0}
-
-    class FakeSandbox:
-        def __init__(self, graph_def, inputs, fetches, needed):
-            self.graph_def = graph_def
-            made.append((graph_def, dict(inputs), list(fetches)))
-
-        def run(self):
-            clock.now += state["cost"](self.graph_def)
-
-        def close(self):
-            pass
-
-        def profile(self, runs):
-            return state["profile"](self.graph_def)
-
-        def peak(self):
-            return state["peak"](self.graph_def)
-
-    monkeypatch.setattr(graph_timing, "_clock", clock)
-    monkeypatch.setattr(graph_timing, "_Sandbox", FakeSandbox)
+    """An injected clock and sandbox; returns a setter for the cost function (GraphDef ->
+    seconds per run), its `made` the (GraphDef, inputs, fetches) of every sandbox."""
+    fakes = _fake_timing.install(monkeypatch)
 
     def set_cost(cost):
-        state["cost"] = cost
-    set_cost.made = made
+        fakes.cost = lambda graph_def, index: cost(graph_def)
+    set_cost.made = fakes.made
     return set_cost
 
 

@@ -186,7 +186,7 @@ class _Early:
 
     def __init__(self, proc, directory):
         self.proc, self.directory = proc, directory
-        self.out = os.path.join(directory, "dispatch.json")
+        self.out = os.path.join(directory, _OUT)
 
     def done(self):
         return _read(self.out)
@@ -212,6 +212,7 @@ class _Early:
 
 
 _EARLY = {}  # dtype -> _Early
+_OUT = "dispatch.json"  # (an early child's file of ratios, in its directory)
 
 
 def start_early(config, dtype):
@@ -242,10 +243,15 @@ def _spawn(dtype, ops, cache):
     is done and, at its end, merging them into `cache`."""
     directory = tempfile.mkdtemp(prefix="tf_mpt_dispatch_")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tf_mpt.costs.dispatch", "--dtype", dtype, "--ops",
-         ",".join(ops), "--out", os.path.join(directory, "dispatch.json"), "--cache", cache],
+        _command(dtype, ops, os.path.join(directory, _OUT)) + ["--cache", cache],
         env=_child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return _Early(proc, directory)
+
+
+def _command(dtype, ops, out):
+    """The child's command line: measure `ops`' patterns in `dtype`, write them to `out`."""
+    return [sys.executable, "-m", "tf_mpt.costs.dispatch", "--dtype", dtype, "--ops",
+            ",".join(ops), "--out", out]
 
 
 def _child_env():
@@ -287,10 +293,9 @@ def _in_child(dtype, ops):
     """{pattern: ratio} for `ops`, measured in a child process (TensorFlow's trace output and
     the probe Sessions stay out of this one)."""
     with tempfile.TemporaryDirectory() as directory:
-        out = os.path.join(directory, "dispatch.json")
+        out = os.path.join(directory, _OUT)
         proc = subprocess.run(
-            [sys.executable, "-m", "tf_mpt.costs.dispatch", "--dtype", dtype, "--ops",
-             ",".join(ops), "--out", out], env=_child_env(), capture_output=True, text=True,
+            _command(dtype, ops, out), env=_child_env(), capture_output=True, text=True,
             timeout=CHILD_TIMEOUT_SECONDS, check=False)
         if proc.returncode != 0:
             raise ValueError(f"the child exited with {proc.returncode}: "

@@ -77,7 +77,8 @@ def float32_result(graph_def, predicted):
 
 
 def _candidate_rewrite(name, rewrite, lists):
-    """rewrite(graph) of candidate `name`: its target and op lists."""
+    """rewrite(graph) of candidate `name` (graph None: the graph decided): its target and
+    op lists."""
     target_name, candidate_lists = {
         _timing.RULES: ("rules", None), _timing.COST: (None, None),
         _timing.CONTRACTIONS: ("rules", contractions_only(lists))}[name]
@@ -132,14 +133,13 @@ def _refine(graph_def, verdict, results, graphs, rewrite, lists, config, timer, 
     times = timer({chosen: graphs[chosen], _timing.REFINED: refined.graph_def},
                   config.cost_batch, left)
     results[_timing.REFINED] = refined
-    peaks = {**verdict.peaks, **getattr(timer, "peaks", {})}
     faster = statistics.median(times[_timing.REFINED]) < \
         statistics.median(times[chosen]) * (1.0 - _timing.MARGIN)
     return dataclasses.replace(
         verdict, times={**verdict.times, _timing.REFINED: times[_timing.REFINED]},
         pick=_timing.REFINED if faster else chosen, refined=keep, refined_from=chosen,
         refined_ops={op: len(nodes) for op, (_, _, nodes) in slow.items()},
-        beside=times[chosen], peaks=peaks)
+        beside=times[chosen], peaks=dict(getattr(timer, "peaks", verdict.peaks)))
 
 
 def applies(config, target, dtype):
@@ -201,9 +201,9 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
     results = {_timing.FLOAT32: None, predicted_name: predicted}
     same_as = {}  # candidate -> the candidate whose graph it equals
     try:
-        if predicted_name != _timing.RULES:
-            results[_timing.RULES] = rewrite("rules", None, None)
-        results[_timing.CONTRACTIONS] = rewrite("rules", contractions_only(lists), None)
+        for name in (_timing.RULES, _timing.CONTRACTIONS):
+            if name != predicted_name:
+                results[name] = _candidate_rewrite(name, rewrite, lists)(None)
         graphs, seen = {}, {}
         for name, result in results.items():
             graph = graph_def if result is None else result.graph_def

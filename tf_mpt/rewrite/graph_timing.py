@@ -161,7 +161,7 @@ class Verdict:
 
     def _peak(self, name):
         """' (peak 12.3 MiB)' where `name`'s step peak was measured, ' (peak 12.3 MiB: over
-        float32's)' where that kept it from being picked."""
+        float32's)' where it is over float32's by more than PEAK_SLACK."""
         if name not in self.peaks:
             return ""
         over = "" if name == FLOAT32 or not over_float32(self.peaks, name) else \
@@ -367,19 +367,11 @@ class _Sandbox:
         options = tf.compat.v1.RunOptions(
             trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
             timeout_in_ms=self.options.timeout_in_ms)
-        best = {}
+        metadatas = []
         for _ in range(runs):
-            metadata = tf.compat.v1.RunMetadata()
-            self.session.run(self.targets, options=options, run_metadata=metadata)
-            seconds = {}
-            for device in metadata.step_stats.dev_stats:
-                for stats in device.node_stats:
-                    name = stats.node_name.partition(":")[0]
-                    seconds[name] = seconds.get(name, 0.0) + 1e-6 * max(
-                        stats.op_end_rel_micros - stats.op_start_rel_micros, 0)
-            for name, value in seconds.items():
-                best[name] = min(best.get(name, value), value)
-        return best
+            metadatas.append(tf.compat.v1.RunMetadata())
+            self.session.run(self.targets, options=options, run_metadata=metadatas[-1])
+        return _step_timing.fastest_node_seconds(metadatas)
 
     def close(self):
         self.session.close()

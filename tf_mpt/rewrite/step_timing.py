@@ -101,23 +101,31 @@ def profile_versions(concrete_function, graph_defs, batch, runs):
         found = {}
         for index, (name, run) in enumerate(runners.items()):
             run()
-            prefix, best = f"candidate_{index}/", {}
+            metadatas = []
             for _ in range(runs):
-                metadata = tf.compat.v1.RunMetadata()
-                session_run(name, metadata)
-                seconds = {}
-                for device in metadata.step_stats.dev_stats:
-                    for stats in device.node_stats:
-                        node = stats.node_name.partition(":")[0]
-                        if node.startswith(prefix):
-                            node = node[len(prefix):]
-                            seconds[node] = seconds.get(node, 0.0) + 1e-6 * max(
-                                stats.op_end_rel_micros - stats.op_start_rel_micros, 0)
-                for node, value in seconds.items():
-                    best[node] = min(best.get(node, value), value)
-            found[name] = best
+                metadatas.append(tf.compat.v1.RunMetadata())
+                session_run(name, metadatas[-1])
+            found[name] = fastest_node_seconds(metadatas, f"candidate_{index}/")
         return found
     return _in_sandbox(concrete_function, graph_defs, batch, profile)
+
+
+def fastest_node_seconds(metadatas, prefix=""):
+    """{node name: seconds}: per node whose name starts with `prefix` (taken off), the
+    fastest over the traced runs `metadatas` (RunMetadata) of its kernels' summed times."""
+    best = {}
+    for metadata in metadatas:
+        seconds = {}
+        for device in metadata.step_stats.dev_stats:
+            for stats in device.node_stats:
+                node = stats.node_name.partition(":")[0]
+                if node.startswith(prefix):
+                    node = node[len(prefix):]
+                    seconds[node] = seconds.get(node, 0.0) + 1e-6 * max(
+                        stats.op_end_rel_micros - stats.op_start_rel_micros, 0)
+        for node, value in seconds.items():
+            best[node] = min(best.get(node, value), value)
+    return best
 
 
 def _in_sandbox(cf, graph_defs, batch, use):
