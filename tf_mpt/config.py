@@ -43,6 +43,7 @@ TF_MPT_KERAS = "TF_MPT_KERAS"
 TF_MPT_STEP_TIMING = "TF_MPT_STEP_TIMING"
 TF_MPT_TIMING_BUDGET = "TF_MPT_TIMING_BUDGET"
 TF_MPT_DISPATCH_CHECK = "TF_MPT_DISPATCH_CHECK"
+TF_MPT_MEMORY = "TF_MPT_MEMORY"
 
 # (variable, default, meaning): the README's env-var table is checked against this by a test.
 ENV_VARS = (
@@ -117,6 +118,14 @@ ENV_VARS = (
      "(the prediction unless another is over 3% faster). 0: never (the prediction decides). "
      "`tf-mpt convert` / `inspect --no-timing` is 0, and 0 turns step timing off too. A graph whose fetches need ops with "
      "effects outside their own state (files, queues, iterators, Python calls) is not timed."),
+    (TF_MPT_MEMORY, "float32", "What graph timing allows a timed graph to hold. float32: "
+     "never a colouring whose measured peak (the highest sum of bytes a traced run holds, "
+     "plus its variables, optimizer slots and inputs) is over float32's by more than 2%; "
+     "where the fastest is over, its lean version (a held value's half Cast made at each "
+     "use, after the use's other input; weight gradients' products ordered so that two are "
+     "not held in both dtypes at once) is timed and measured too, and the fastest within "
+     "float32's peak is kept. any: the peaks are measured and reported, and the fastest is "
+     "kept whatever it holds. Traced tf.functions are picked by time alone so far."),
     (TF_MPT_DISPATCH_CHECK, "1", "Where the graph runs on this machine (the automatic path "
      "in a process with no GPU; target here), each half op type is first run as TensorFlow "
      "runs it here (with the neighbours its remapper fuses into it) against float32, once "
@@ -154,6 +163,7 @@ _DTYPES = ("float16", "bfloat16", "auto")
 _SESSION_REWRITES = ("grappler", "copy")
 KERAS_MODES = ("rewrite", "policy")
 STEP_TIMINGS = ("auto", "always", "off")
+MEMORY_MODES = ("float32", "any")
 ALLREDUCE_DTYPES = ("float32", "float16", "bfloat16", "auto")
 
 
@@ -300,6 +310,8 @@ class Config:
         step_timing: 'auto', 'always' or 'off' (TF_MPT_STEP_TIMING).
         timing_budget: TF_MPT_TIMING_BUDGET, seconds of graph timing per graph (0: none).
         dispatch_check: TF_MPT_DISPATCH_CHECK, whether slow half kernels are checked for.
+        memory: 'float32' or 'any' (TF_MPT_MEMORY): whether graph timing keeps a colouring
+            whose step peak is over float32's.
     """
     list_add: tuple = ()
     list_remove: tuple = ()
@@ -321,6 +333,7 @@ class Config:
     step_timing: str = "auto"
     timing_budget: float = DEFAULT_TIMING_BUDGET
     dispatch_check: bool = True
+    memory: str = "float32"
 
     @classmethod
     def from_env(cls, environ):
@@ -356,7 +369,8 @@ class Config:
                    step_timing=_parse_choice(environ, TF_MPT_STEP_TIMING, STEP_TIMINGS,
                                              "auto"),
                    timing_budget=_parse_timing_budget(environ),
-                   dispatch_check=_parse_bool(environ, TF_MPT_DISPATCH_CHECK) is not False)
+                   dispatch_check=_parse_bool(environ, TF_MPT_DISPATCH_CHECK) is not False,
+                   memory=_parse_choice(environ, TF_MPT_MEMORY, MEMORY_MODES, "float32"))
 
     def loss_scaling_for(self, dtype):
         """Whether the automatic path scales the loss for `dtype` ('float16'/'bfloat16').

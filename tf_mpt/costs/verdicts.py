@@ -24,15 +24,16 @@ import os
 from tf_mpt import lists as _lists
 from tf_mpt._process import state as _state
 
-VERSION = 1  # of the fingerprint and the verdict record; a change makes old ones unused
+VERSION = 2  # of the fingerprint and the verdict record; a change makes old ones unused
 
 _recording = []  # the open `recording()` contexts' {fingerprint: verdict dict}
 
 
-def fingerprint(graph_def, fetches, dtype, lists, cost_batch):
-    """The key of one graph's verdict (hex, 32 characters)."""
+def fingerprint(graph_def, fetches, dtype, lists, cost_batch, memory="float32"):
+    """The key of one graph's verdict (hex, 32 characters); `memory` is TF_MPT_MEMORY's
+    mode (what the pick was bounded by)."""
     digest = hashlib.sha256(graph_def.SerializeToString(deterministic=True))
-    digest.update(json.dumps([VERSION, sorted(fetches), dtype, cost_batch,
+    digest.update(json.dumps([VERSION, sorted(fetches), dtype, cost_batch, memory,
                               {name: sorted(getattr(lists, name))
                                for name in _lists.LIST_NAMES}]).encode())
     return digest.hexdigest()[:32]

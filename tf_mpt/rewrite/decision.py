@@ -16,7 +16,11 @@
                   and kept if over 3% faster
     memory        (graph timing) each candidate's step peak, from one traced run's allocation
                   records after its rounds, printed beside its time and flagged where over
-                  float32's by more than 2% (issue "memory"; not yet a criterion of the pick)
+                  float32's by more than 2%. With TF_MPT_MEMORY=float32 (the default) such a
+                  candidate is not kept; where the fastest is one, its lean version
+                  (lean.lean) is timed beside the fastest within float32's peak and kept if
+                  it is within that peak and over 3% faster (before any refinement: a lean
+                  pick is not refined)
     verdict       graph_timing.Verdict: every time and the pick, in the report
                   (RewriteReport.verdict) and in one INFO line
 
@@ -37,6 +41,7 @@ from tf_mpt.costs import verdicts as _verdicts
 from tf_mpt.rewrite import graph_timing as _timing
 from tf_mpt.rewrite import graph_view as _graph_view
 from tf_mpt.rewrite import inputs as _inputs
+from tf_mpt.rewrite import lean as _lean
 from tf_mpt.rewrite import step_timing as _step_timing
 from tf_mpt.rewrite import type_attrs as _ta
 
@@ -133,13 +138,54 @@ def _refine(graph_def, verdict, results, graphs, rewrite, lists, config, timer, 
     times = timer({chosen: graphs[chosen], _timing.REFINED: refined.graph_def},
                   config.cost_batch, left)
     results[_timing.REFINED] = refined
+    peaks = dict(getattr(timer, "peaks", verdict.peaks))
     faster = statistics.median(times[_timing.REFINED]) < \
-        statistics.median(times[chosen]) * (1.0 - _timing.MARGIN)
+        statistics.median(times[chosen]) * (1.0 - _timing.MARGIN) and \
+        not (_bounded(config, peaks) and _timing.over_float32(peaks, _timing.REFINED))
     return dataclasses.replace(
         verdict, times={**verdict.times, _timing.REFINED: times[_timing.REFINED]},
         pick=_timing.REFINED if faster else chosen, refined=keep, refined_from=chosen,
         refined_ops={op: len(nodes) for op, (_, _, nodes) in slow.items()},
-        beside=times[chosen], peaks=dict(getattr(timer, "peaks", verdict.peaks)))
+        beside=times[chosen], peaks=peaks)
+
+
+def _bounded(config, peaks):
+    """The peaks the pick is bounded by (TF_MPT_MEMORY=float32), or None."""
+    return peaks if config.memory == "float32" else None
+
+
+def _lean_result(result, graph_def, changes):
+    """`result` (a candidate's RewriteResult) with the lean graph `graph_def`."""
+    added = changes.get("late casts", 0) + 0
+    report = dataclasses.replace(result.report,
+                                 casts_added=result.report.casts_added + added)
+    return type(result)(graph_def, report, True)
+
+
+def _make_lean(verdict, results, graphs, config, timer, left):
+    """Where the first rounds' fastest candidate is over float32's peak: its lean version
+    (lean.lean) timed beside the pick (the fastest within float32's peak) within `left`
+    seconds and kept if within float32's peak and over MARGIN faster. Returns the verdict,
+    with the lean candidate's record where one was timed; `results` gets its
+    RewriteResult."""
+    fastest = _timing.pick(verdict.times,
+                           verdict.same_as.get(verdict.predicted, verdict.predicted))
+    if fastest == verdict.pick or fastest == _timing.FLOAT32:
+        return verdict
+    graph, changes = _lean.lean(graphs[fastest])
+    if graph is graphs[fastest]:
+        return verdict
+    against = verdict.pick
+    times = timer({against: graphs[against], _timing.LEAN: graph}, config.cost_batch, left)
+    results[_timing.LEAN] = _lean_result(results[fastest], graph, changes)
+    peaks = dict(getattr(timer, "peaks", verdict.peaks))
+    kept = statistics.median(times[_timing.LEAN]) < \
+        statistics.median(times[against]) * (1.0 - _timing.MARGIN) and \
+        not _timing.over_float32(peaks, _timing.LEAN)
+    return dataclasses.replace(
+        verdict, times={**verdict.times, _timing.LEAN: times[_timing.LEAN]},
+        pick=_timing.LEAN if kept else against, lean_from=fastest, lean_against=against,
+        lean_beside=times[against], lean_changes=dict(changes), peaks=peaks)
 
 
 def applies(config, target, dtype):
@@ -184,7 +230,8 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
         view = _graph_view.GraphView(graph_def)
         names = sorted(_inputs.fetch_node_names(fetches, view) or
                        _inputs.fetch_node_names(None, view))
-        key = _verdicts.fingerprint(graph_def, names, dtype, lists, config.cost_batch)
+        key = _verdicts.fingerprint(graph_def, names, dtype, lists, config.cost_batch,
+                                   config.memory)
 
         peaks = {}  # {candidate: step peak bytes}, filled as candidates are timed
 
@@ -228,12 +275,24 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                 raise _timing.NotTimed("every candidate is the float32 graph")
             started = _timing._clock()  # pylint: disable=protected-access
             times = timer(graphs, config.cost_batch, config.timing_budget)
-            chosen = _timing.pick(times, same_as.get(predicted_name, predicted_name))
+            measured = dict(getattr(timer, "peaks", {}))
+            chosen = _timing.pick(times, same_as.get(predicted_name, predicted_name),
+                                  _bounded(config, measured))
             verdict = _timing.Verdict(times, chosen, predicted_name, "", same_as,
-                                      peaks=dict(getattr(timer, "peaks", {})))
+                                      peaks=measured)
             left = config.timing_budget - (
                 _timing._clock() - started)  # pylint: disable=protected-access
-            if getattr(timer, "profile", None) and chosen != _timing.FLOAT32 and \
+            if _bounded(config, measured) and left > 0:
+                try:
+                    verdict = _make_lean(verdict, results, graphs, config, timer, left)
+                except Exception as error:  # pylint: disable=broad-except
+                    _log.info("graph timing did not time a lean candidate (%s: %s)",
+                              type(error).__name__, error)
+                chosen = verdict.pick
+                left = config.timing_budget - (
+                    _timing._clock() - started)  # pylint: disable=protected-access
+            if getattr(timer, "profile", None) and chosen not in (_timing.FLOAT32,
+                                                                  _timing.LEAN) and \
                     left >= _timing.REFINE_SHARE * config.timing_budget:
                 try:
                     verdict = _refine(graph_def, verdict, results, graphs, rewrite, lists,
@@ -244,6 +303,9 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                               type(error).__name__, error)
             if key is not None:
                 _verdicts.store(config, dtype, key, verdict.to_dict())
+        if verdict.pick == _timing.LEAN and _timing.LEAN not in results:
+            graph, changes = _lean.lean(results[verdict.lean_from].graph_def)
+            results[_timing.LEAN] = _lean_result(results[verdict.lean_from], graph, changes)
         if verdict.pick == _timing.REFINED and _timing.REFINED not in results:
             results[_timing.REFINED] = _keeping_float32(graph_def, verdict.refined,
                                                         verdict.refined_from, rewrite, lists)

@@ -39,6 +39,7 @@ from tf_mpt.rewrite import step_timing as _step_timing
 
 FLOAT32, RULES, COST, CONTRACTIONS = "float32", "rules", "cost model", "contractions only"
 REFINED = "refined"  # the pick with the op types its profile shows slower in half float32
+LEAN = "lean"  # the fastest candidate rearranged to hold less (lean.py)
 MIN_ROUNDS = 3
 MAX_ROUNDS = 15
 MARGIN = 0.03  # another candidate must be this much faster than the prediction's to win
@@ -51,9 +52,11 @@ FLOOR_SECONDS = 5e-6
 PROFILE_RUNS = 3
 REFINE_SHARE = 1.0 / 3.0
 # Memory (issue "memory"): a candidate whose measured step peak is over float32's by more than
-# this share is flagged in the verdict (not yet a criterion of the pick: with today's
-# candidates it would trade a weight-heavy MLP's 1.65x speed for float32's memory).
+# this share is not kept (TF_MPT_MEMORY=float32) and is flagged in the verdict.
 PEAK_SLACK = 0.02
+# peaks[RESIDENT]: the bytes every candidate holds alike across its steps (its variables, the
+# optimizer's slots among them, and its inputs), added to each step peak where compared.
+RESIDENT = "(resident)"
 
 NotTimed = _step_timing.NotTimed
 _MADE_UP_DTYPES = frozenset((
@@ -93,6 +96,12 @@ class Verdict:
         beside: `refined_from`'s times in the refinement's rounds.
         peaks: {candidate: step peak bytes of a traced run} where measured ({} otherwise); a
             candidate over PEAK_SLACK above float32's is flagged where it is printed.
+        lean_from: the candidate made lean (LEAN; '' where none was); times[LEAN] its
+            rounds, timed beside `lean_against`'s (`lean_beside`).
+        lean_against: the candidate the lean one was timed beside (the fastest within
+            float32's peak in the first rounds).
+        lean_beside: `lean_against`'s times in those rounds.
+        lean_changes: {change: count} (lean.lean).
     """
     times: dict
     pick: str
@@ -105,6 +114,10 @@ class Verdict:
     refined_ops: dict = dataclasses.field(default_factory=dict)
     beside: tuple = ()
     peaks: dict = dataclasses.field(default_factory=dict)
+    lean_from: str = ""
+    lean_against: str = ""
+    lean_beside: tuple = ()
+    lean_changes: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data, source):
@@ -117,13 +130,18 @@ class Verdict:
             refined_ops = {str(k): int(v) for k, v in data.get("refined_ops", {}).items()}
             beside = tuple(float(t) for t in data.get("beside", ()))
             peaks = {str(k): int(v) for k, v in data.get("peaks", {}).items()}
+            lean_from = str(data.get("lean_from", ""))
+            lean_against = str(data.get("lean_against", ""))
+            lean_beside = tuple(float(t) for t in data.get("lean_beside", ()))
+            lean_changes = {str(k): int(v) for k, v in data.get("lean_changes", {}).items()}
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
         if pick not in times or not all(times.values()) or (
-                pick == REFINED and not (refined and refined_from in times and beside)):
+                pick == REFINED and not (refined and refined_from in times and beside)) or (
+                pick == LEAN and not (lean_from in times and lean_beside)):
             return None
         return cls(times, pick, predicted, "", {}, source, refined, refined_from, refined_ops,
-                   beside, peaks)
+                   beside, peaks, lean_from, lean_against, lean_beside, lean_changes)
 
     @property
     def timed(self):
@@ -140,24 +158,37 @@ class Verdict:
         where = {"cached": "cached here, ", "table": "from the target's table, "}.get(
             self.source, "")
         parts = [f"{name} {self.median(name) * 1e3:.3g} ms{self._peak(name)}"
-                 for name in self.times if name != REFINED]
+                 for name in self.times if name not in (REFINED, LEAN)]
         parts += [f"{name} = {other}" for name, other in self.same_as.items()]
         if REFINED in self.times:
             ops = ", ".join(f"{op} x{n}" for op, n in sorted(self.refined_ops.items()))
             parts.append(f"{REFINED} ({ops} float32) {self.median(REFINED) * 1e3:.3g} ms"
                          f"{self._peak(REFINED)} beside {self.refined_from} "
                          f"{statistics.median(self.beside) * 1e3:.3g} ms")
+        if LEAN in self.times:
+            changes = ", ".join(f"{change} x{n}" for change, n in
+                                sorted(self.lean_changes.items()) if n)
+            parts.append(f"{LEAN} {self.lean_from} ({changes}) {self.median(LEAN) * 1e3:.3g} ms"
+                         f"{self._peak(LEAN)} beside {self.lean_against} "
+                         f"{statistics.median(self.lean_beside) * 1e3:.3g} ms")
         base = self.median(FLOAT32)
         speed = (f", {base / self.median(self.pick):.2f}x float32" if base and
-                 self.pick not in (FLOAT32, REFINED) else "")
+                 self.pick not in (FLOAT32, REFINED, LEAN) else "")
+        if base and self.pick == LEAN:
+            ratio = (base / self.median(self.lean_against) *
+                     statistics.median(self.lean_beside) / self.median(LEAN))
+            speed = f", {ratio:.2f}x float32"
         if base and self.pick == REFINED:  # (two ratios, each measured in one set of rounds)
             ratio = (base / self.median(self.refined_from) *
                      statistics.median(self.beside) / self.median(REFINED))
             speed = f", {ratio:.2f}x float32"
         predicted = self.same_as.get(self.predicted, self.predicted)
+        over = sorted(name for name in self.times if over_float32(self.peaks, name) and
+                      self.median(name) < (self.median(self.pick) or 0))
+        held = (f" (faster but over float32's peak: {', '.join(over)})" if over else "")
         return (f"graph timing ({where}median of {rounds} rounds): {', '.join(parts)}; picked "
                 f"{self.pick}{speed}" + ("" if self.pick == predicted else
-                                         f" over the prediction ({self.predicted})"))
+                                         f" over the prediction ({self.predicted})") + held)
 
     def _peak(self, name):
         """' (peak 12.3 MiB)' where `name`'s step peak was measured, ' (peak 12.3 MiB: over
@@ -173,19 +204,25 @@ class Verdict:
                 "predicted": self.predicted, "why": self.why, "same_as": dict(self.same_as),
                 "source": self.source, "refined": list(self.refined),
                 "refined_from": self.refined_from, "refined_ops": dict(self.refined_ops),
-                "beside": list(self.beside), "peaks": dict(self.peaks)}
+                "beside": list(self.beside), "peaks": dict(self.peaks),
+                "lean_from": self.lean_from, "lean_against": self.lean_against,
+                "lean_beside": list(self.lean_beside), "lean_changes": dict(self.lean_changes)}
 
 
 def over_float32(peaks, name):
-    """Whether candidate `name`'s measured step peak is over PEAK_SLACK above float32's."""
+    """Whether candidate `name`'s measured peak (its step peak plus peaks[RESIDENT], the bytes
+    every candidate holds alike) is over PEAK_SLACK above float32's."""
+    resident = peaks.get(RESIDENT, 0)
     return FLOAT32 in peaks and name in peaks and \
-        peaks[name] > peaks[FLOAT32] * (1.0 + PEAK_SLACK)
+        peaks[name] + resident > (peaks[FLOAT32] + resident) * (1.0 + PEAK_SLACK)
 
 
-def pick(times, predicted):
+def pick(times, predicted, peaks=None):
     """The candidate to keep from {candidate: per-round seconds}: the fastest median, unless
-    the prediction's is within MARGIN of it."""
-    medians = {name: statistics.median(t) for name, t in times.items()}
+    the prediction's is within MARGIN of it. With `peaks` ({candidate: step peak bytes}),
+    only among the candidates not over float32's (over_float32; float32 always is)."""
+    medians = {name: statistics.median(t) for name, t in times.items()
+               if not (peaks and over_float32(peaks, name))}
     fastest = min(medians, key=medians.get)
     if predicted in medians and medians[predicted] <= medians[fastest] * (1.0 + MARGIN):
         return predicted
@@ -422,13 +459,14 @@ def time_candidates(graph_defs, fetches, batch, budget_seconds, peaks=None):
     """Times each of {candidate: GraphDef} (one graph's colourings: the same inputs and
     fetches) on this CPU. Returns {candidate: (seconds per run, ...)}; raises NotTimed where
     that cannot be done safely. `peaks`, a dict: filled with {candidate: the step peak in
-    bytes of one traced run after the rounds} (step_peak_bytes)."""
+    bytes of one traced run after the rounds} (step_peak_bytes) and peaks[RESIDENT]."""
     clock = _clock
 
-    def use(boxes):
+    def use(boxes, resident):
         times = rounds({name: box.run for name, box in boxes.items()}, budget_seconds, clock)
         if peaks is not None:
             peaks.update((name, box.peak()) for name, box in boxes.items())
+            peaks[RESIDENT] = resident
         return times
     return _in_sandboxes(graph_defs, fetches, batch, use)
 
@@ -455,7 +493,7 @@ def profile_candidates(graph_defs, fetches, batch):
     """{candidate: {node name: seconds}}: per node of each of {candidate: GraphDef}, the
     fastest of PROFILE_RUNS traced runs after a warm-up run (the node names Grappler's graph
     runs: a fused kernel is named as the last node it fuses)."""
-    def profile(boxes):
+    def profile(boxes, _):
         for box in boxes.values():
             box.run()
         return {name: box.profile(PROFILE_RUNS) for name, box in boxes.items()}
@@ -463,8 +501,9 @@ def profile_candidates(graph_defs, fetches, batch):
 
 
 def _in_sandboxes(graph_defs, fetches, batch, use):
-    """use({candidate: sandbox}) with a sandbox of each of {candidate: GraphDef} (closed
-    after); NotTimed where they cannot be made or run safely."""
+    """use({candidate: sandbox}, resident bytes: its variables' and inputs') with a sandbox of
+    each of {candidate: GraphDef} (closed after); NotTimed where they cannot be made or run
+    safely."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     sandbox_type = _Sandbox
     first = next(iter(graph_defs.values()))
@@ -473,8 +512,8 @@ def _in_sandboxes(graph_defs, fetches, batch, use):
         if runnable(graph_def, fetches)[0] != fetches:
             raise NotTimed("a candidate's fetches need op(s) the float32 graph's do not")
     inputs = made_up_inputs(first, needed, batch)
-    copies = len(graph_defs) * (_variable_bytes(first, needed) +
-                                sum(value.nbytes for value in inputs.values()))
+    resident = _variable_bytes(first, needed) + sum(value.nbytes for value in inputs.values())
+    copies = len(graph_defs) * resident
     if copies > _step_timing.MAX_COPY_BYTES:
         raise NotTimed(f"the {len(graph_defs)} candidates' copies of its variables and inputs "
                        f"would take {copies / 2**20:.0f} MiB, over "
@@ -485,7 +524,7 @@ def _in_sandboxes(graph_defs, fetches, batch, use):
             try:
                 for name, graph_def in graph_defs.items():
                     sandboxes[name] = sandbox_type(graph_def, inputs, fetches, needed)
-                return use(sandboxes)
+                return use(sandboxes, resident)
             except tf.errors.OpError as error:
                 raise NotTimed(f"a run on made-up inputs failed ({_first_line(error)})") \
                     from None

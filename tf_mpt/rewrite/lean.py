@@ -1,0 +1,234 @@
+"""Lean: a candidate's graph rearranged to hold fewer bytes at its peak (issue "memory").
+
+Two changes, each leaving every op's dtype what the candidate decided except where said:
+
+    late casts       a half Cast of a value that lives across the step anyway (a variable's
+                     read, a constant, a fed input, a stack of a loop's forward values: see
+                     HELD_SOURCES, through Identity / Enter) gets one Cast per consumer, each
+                     run only once the consumer's other input is ready (a control input from
+                     its producer). The half copy of a weight is then made where it is used
+                     instead of being held from the forward pass to the backward pass, and a
+                     loop's iterations do not cast ahead of the ones that use the copy.
+    ordered products a half matrix product read only as float32 (a weight's gradient on its
+                     way to a float32 optimizer) runs after the products that read its
+                     inputs and after the previous such product's Casts: a weight gradient
+                     is held in both dtypes only while it is cast, and not beside the next.
+
+The cost of both is speed (a Cast per use, less running side by side), so a lean graph is
+only a candidate: graph timing times it and measures its peak (decision.py).
+"""
+
+import collections
+import heapq
+
+from tensorflow.core.framework import graph_pb2
+from tensorflow.core.framework import types_pb2
+
+from tf_mpt.rewrite import casts as _casts
+from tf_mpt.rewrite import type_attrs as _ta
+from tf_mpt.rewrite.graph_view import GraphView
+
+# The ops whose output is a value that lives across the step whatever the step does with it.
+HELD_SOURCES = frozenset((
+    "ReadVariableOp", "VariableV2", "Variable", "Const", "HostConst", "Placeholder",
+    "PlaceholderWithDefault", "StackPopV2", "StackPop"))
+_PASS_THROUGH = frozenset(("Identity", "Enter", "RefEnter", "RefIdentity", "Snapshot"))
+# A control input from these would not mean "the other input is ready" (a Switch's control
+# edge is live on either branch; a Merge's fires on the first input).
+_NO_TRIGGER = frozenset(("Switch", "RefSwitch", "Merge", "RefMerge", "NextIteration",
+                         "RefNextIteration", "LoopCond", "Exit", "RefExit"))
+PRODUCTS = frozenset(("MatMul", "BatchMatMul", "BatchMatMulV2"))
+
+
+def _held(view, i, seen=0):
+    node = view.nodes[i]
+    if node.op in HELD_SOURCES:
+        return True
+    if node.op in _PASS_THROUGH and view.fanin[i] and seen < 16:
+        return _held(view, view.fanin[i][0][0], seen + 1)
+    return False
+
+
+def _half_cast_targets(view):
+    """{cast index: [(consumer, port), ...]} for tf_mpt's float32 -> half Casts of held
+    values, with data readers only and no control reader."""
+    found = {}
+    for i, node in enumerate(view.nodes):
+        if node.op != "Cast" or not node.name.endswith(_casts.CAST_SUFFIX) or \
+                node.attr["SrcT"].type != types_pb2.DT_FLOAT or \
+                node.attr["DstT"].type not in _ta.HALF_TYPES:
+            continue
+        if view.has_control_fanout[i] or not view.fanin[i] or \
+                not _held(view, view.fanin[i][0][0]):
+            continue
+        readers = [c for port, cs in view.fanout_of(i).items() if port == 0 for c in cs]
+        if readers:
+            found[i] = readers
+    return found
+
+
+def _trigger(view, consumer, targets):
+    """The name of the producer of `consumer`'s first data input that is neither a held
+    value nor one of the Casts `targets` (of held values), or None."""
+    for src, _ in view.fanin[consumer]:
+        if src in targets or _held(view, src) or view.nodes[src].op in _NO_TRIGGER:
+            continue
+        return view.nodes[src].name
+    return None
+
+
+def late_casts(graph_def):
+    """graph_def with its half Casts of held values made per consumer, each after the
+    consumer's other input (see the module's docstring). Returns (GraphDef, Casts moved)."""
+    view = GraphView(graph_def)
+    targets = _half_cast_targets(view)
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    nodes = out.node
+    taken = {node.name for node in nodes}
+    moved, removed = 0, set()
+    added = []
+    for cast, readers in targets.items():
+        triggers = [_trigger(view, consumer, targets) for consumer, _ in readers]
+        if not any(triggers):
+            continue
+        original = nodes[cast]
+        if len(readers) == 1:
+            original.input.append(f"^{triggers[0]}")
+            moved += 1
+            continue
+        for (consumer, port), trigger in zip(readers, triggers):
+            clone = _casts.new_cast(taken, original.input[0], types_pb2.DT_FLOAT,
+                                    original.attr["DstT"].type, original.device)
+            if trigger:
+                clone.input.append(f"^{trigger}")
+            _set_data_input(nodes[consumer], port, clone.name)
+            added.append(clone)
+        removed.add(original.name)
+        moved += 1
+    if not moved:
+        return graph_def, 0
+    _finish(out, removed, added)
+    return out, moved
+
+
+def ordered_products(graph_def):
+    """graph_def with its half matrix products that are read only as float32 (weights'
+    gradients, on their way to a float32 optimizer) ordered: each runs after the other
+    products reading its inputs (the gradient with respect to the layer's input) and after
+    the previous one's Casts to float32, so two weight gradients are not held in both dtypes
+    at once. Only edges along one topological order of the graph are added (no cycle can
+    form). Returns (GraphDef, products ordered)."""
+    view = GraphView(graph_def)
+    position = _topological_positions(view)
+    if position is None:
+        return graph_def, 0
+    gradients = []  # (position, product, its Casts to float32)
+    for i, node in enumerate(view.nodes):
+        if node.op in PRODUCTS and node.attr["T"].type in _ta.HALF_TYPES:
+            found = _read_as_float32(view, i, node.attr["T"].type)
+            if found is not None:
+                gradients.append((position[i], i, found[1]))
+    gradients.sort()
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    nodes = out.node
+    ordered, previous = 0, ()
+    for _, i, casts in gradients:
+        before = {k for k in previous if position[k] < position[i]}
+        for src, port in view.fanin[i]:
+            before.update(reader for reader, _ in view.fanout_of(src).get(port, ())
+                          if reader != i and view.nodes[reader].op in PRODUCTS and
+                          position[reader] < position[i])
+        before -= set(view.control_fanin[i])
+        for k in sorted(before):
+            nodes[i].input.append(f"^{view.nodes[k].name}")
+        ordered += bool(before)
+        previous = casts
+    return (out, ordered) if ordered else (graph_def, 0)
+
+
+def _topological_positions(view):
+    """{node: position} in one topological order (ties by GraphDef order, a tf_mpt Cast
+    placed as its input's producer; a loop's NextIteration edges left out), or None where the
+    graph has a cycle besides those."""
+    pending = [0] * len(view)
+    for i in range(len(view)):
+        pending[i] = sum(1 for s, _ in view.fanin[i] if not _back_edge(view, s)) + \
+            sum(1 for s in view.control_fanin[i] if not _back_edge(view, s))
+    control_readers = collections.defaultdict(list)
+    for i in range(len(view)):
+        for src in view.control_fanin[i]:
+            control_readers[src].append(i)
+    key = list(range(len(view)))  # tf_mpt's Casts (added last) go as their input's producer
+    for i, node in enumerate(view.nodes):
+        if node.op == "Cast" and node.name.endswith(_casts.CAST_SUFFIX) and view.fanin[i]:
+            key[i] = view.fanin[i][0][0]
+    ready = [(key[i], i) for i in range(len(view)) if not pending[i]]
+    heapq.heapify(ready)
+    position = {}
+    while ready:
+        _, i = heapq.heappop(ready)
+        position[i] = len(position)
+        if _back_edge(view, i):
+            continue
+        readers = [r for rs in view.fanout_of(i).values() for r, _ in rs]
+        readers += control_readers.get(i, [])
+        for reader in readers:
+            pending[reader] -= 1
+            if not pending[reader]:
+                heapq.heappush(ready, (key[reader], reader))
+    return position if len(position) == len(view) else None
+
+
+def _back_edge(view, i):
+    return view.nodes[i].op in ("NextIteration", "RefNextIteration")
+
+
+def _read_as_float32(view, i, half):
+    """(pass-through nodes, Casts) where node i's only output is read, through Identity
+    nodes of its own (`_PASS_THROUGH`, one output each), only by Casts from `half` to float32
+    (at least one); else None."""
+    through, readers, todo = [], [], [i]
+    while todo:
+        k = todo.pop()
+        fanout = view.fanout_of(k)
+        if set(fanout) != {0}:  # (control readers only wait for it)
+            return None
+        for reader, _ in fanout[0]:
+            node = view.nodes[reader]
+            if _casts.is_cast(node, half, types_pb2.DT_FLOAT):
+                readers.append(reader)
+            elif node.op in ("Identity", "Snapshot") and len(view.fanin[reader]) == 1 and \
+                    node.attr["T"].type == half and len(through) < 16:
+                through.append(reader)
+                todo.append(reader)
+            else:
+                return None
+    return (through, readers) if readers else None
+
+
+def lean(graph_def):
+    """Both changes (ordered products, then late casts). Returns (GraphDef, {change:
+    count})."""
+    graph_def, products = ordered_products(graph_def)
+    graph_def, moved = late_casts(graph_def)
+    return graph_def, {"ordered products": products, "late casts": moved}
+
+
+def _set_data_input(node, port, tensor):
+    k = -1
+    for j, name in enumerate(node.input):
+        if not name.startswith("^"):
+            k += 1
+            if k == port:
+                node.input[j] = tensor
+                return
+    raise ValueError(f"{node.name} has no data input {port}")
+
+
+def _finish(out, removed, added):
+    kept = [node for node in out.node if node.name not in removed]
+    del out.node[:]
+    out.node.extend(kept)
+    out.node.extend(added)
