@@ -113,6 +113,7 @@ def compiled_model(name, way, dtype, keras_module):
 def _child(name, way, steps, min_seconds, dtype, keras_module):
     import time  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
     keras, model, x, y, batch = compiled_model(name, way, dtype, keras_module)
     times = {phase: [] for phase in PHASES}
 
@@ -130,8 +131,11 @@ def _child(name, way, steps, min_seconds, dtype, keras_module):
         on_train_batch_begin = on_test_batch_begin = on_predict_batch_begin = _begin
         on_train_batch_end = on_test_batch_end = on_predict_batch_end = _end
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import train_speed  # pylint: disable=import-outside-toplevel  (its memory readers)
     rewrites = _Rewrites()
     counts = {phase: WARM_UP_STEPS for phase in PHASES}
+    memory = {}
     for warm in (True, False):
         for phase in PHASES:
             size = counts[phase] * batch  # (np.resize repeats the data to that size)
@@ -139,7 +143,15 @@ def _child(name, way, steps, min_seconds, dtype, keras_module):
             rewrites.phase = phase
             timer = [Timer(phase)]
             if phase == "fit":
+                if not warm:  # the timed fit's peaks: tensors and RSS over its steps
+                    tracked = train_speed._reset_allocator_peak()  # pylint: disable=protected-access
+                    train_speed._reset_peak_rss()  # pylint: disable=protected-access
+                    rss = train_speed._peak_rss_mib()  # pylint: disable=protected-access
                 model.fit(fx, fy, batch_size=batch, epochs=1, verbose=0, callbacks=timer)
+                if not warm:
+                    memory["fit_rss"] = train_speed._peak_rss_mib() - rss  # pylint: disable=protected-access
+                    memory["fit_tensors"] = (tf.config.experimental.get_memory_info(
+                        train_speed.CPU_DEVICE)["peak"] / train_speed.MIB if tracked else None)
             elif phase == "evaluate":
                 model.evaluate(fx, fy, batch_size=batch, verbose=0, callbacks=timer)
             else:
@@ -151,7 +163,7 @@ def _child(name, way, steps, min_seconds, dtype, keras_module):
     loss = float(model.evaluate(x[:batch], y[:batch], batch_size=batch, verbose=0))
     print(json.dumps({phase: statistics.median(t) * 1e3 for phase, t in times.items()}
                      | {"loss": loss, "converted": rewrites.converted, "steps": counts,
-                        "timed": rewrites.timed}))
+                        "timed": rewrites.timed} | memory))
 
 
 class _Rewrites(logging.Handler):
@@ -203,6 +215,11 @@ def _measure(name, way, args):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _median_of(runs, way, key):
+    values = [r[way][key] for r in runs if r[way].get(key) is not None]
+    return statistics.median(values) if values else None
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
@@ -228,11 +245,13 @@ def main():
     print("|---|---|---|---|---|---|---|")
     ratios = {way: [] for way in WAYS[1:]}
     picks = []  # (model, phase, step timing's verdict)
+    memories = []  # (model, the rounds' records)
     for name in args.models:
         runs = []
         for k in range(args.rounds):
             order = WAYS[k % len(WAYS):] + WAYS[:k % len(WAYS)]  # interleaved
             runs.append({way: _measure(name, way, args) for way in order})
+        memories.append((name, runs))
         for phase, found in runs[0].get("tf_mpt", {}).get("timed", {}).items():
             picks.extend((name, phase, each) for each in found)
         for phase in PHASES:
@@ -252,6 +271,23 @@ def main():
                   f"±{noise:.0%} | " + " | ".join(cells) + " |", flush=True)
     means = [statistics.geometric_mean(ratios[way]) for way in WAYS[1:]]
     print("| geometric mean | | | | " + " | ".join(f"{m:.2f}x" for m in means) + " |")
+    if memories:
+        print("\nfit's peak memory (the timed fit phase; medians over the rounds): tensors = "
+              "peak in use by TensorFlow's CPU allocator (weights, optimizer slots, "
+              "activations, gradients), RSS = the process's peak resident set size over the "
+              "phase minus its resident size at its start (MiB):")
+        print("| model | " + " | ".join(f"{w} tensors" for w in WAYS) + " | " +
+              " | ".join(f"{w} RSS" for w in WAYS) + " |")
+        print("|---|" + "---:|" * (2 * len(WAYS)))
+        for name, runs in memories:
+            cells = []
+            for key in ("fit_tensors", "fit_rss"):
+                base = _median_of(runs, "float32", key)
+                for way in WAYS:
+                    value = _median_of(runs, way, key)
+                    cells.append("n/a" if value is None else f"{value:.1f}" + (
+                        f" ({value / base:.2f}x)" if way != "float32" and base else ""))
+            print(f"| {name} | " + " | ".join(cells) + " |")
     if picks:
         print("\ntf_mpt's step timing (the default way: each traced step it timed, each "
               "candidate's sandbox ms per run (a candidate equal to another is timed once; "

@@ -687,6 +687,10 @@ def memory_table(rows):
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         rss, tensors = zip(*(_memory_cells(r[v]) for v in VARIANTS))
+        base = r[VARIANTS[0]].get("tensors")
+        tensors = [cell if k == 0 or not base or "tensors" not in r[v] else
+                   f"{cell} ({r[v]['tensors'] / base:.2f}x)"
+                   for k, (v, cell) in enumerate(zip(VARIANTS, tensors))]
         lines.append(f"| {r['model']} | {' | '.join(rss)} | {' | '.join(tensors)} |")
     return "\n".join(lines)
 
@@ -702,6 +706,12 @@ def memory_details(rows):
             values = ", ".join(f"{v} {form.format(r[v][key])}" for v in VARIANTS if key in r[v])
             if values:
                 parts.append(f"{what}: {values}")
+        first = r.get("first", {})
+        if "peak" in first:
+            tensors = f"{first['tensors']:.1f}" if first.get("tensors") is not None else "n/a"
+            parts.append(f"tf_mpt's first run (deciding, graph timing's sandboxes; not in the "
+                         f"medians): RSS {first['peak'] - first['baseline']:.1f}, tensors "
+                         f"{tensors}")
         lines.append(f"- {r['model']} (MiB): {'; '.join(parts)}.")
     return "\n".join(lines)
 
@@ -836,10 +846,14 @@ def memory_section(args, settings):
     for name in args.models.split(","):
         start = time.perf_counter()
         records = {v: [] for v in VARIANTS}
+        # tf_mpt's first run on this machine decides (graph timing's sandboxes hold copies of
+        # the variables) and caches its verdicts; the children measured after it read them
+        first = measure_memory(name, "tf_mpt", args)
         for _ in range(settings.memory_repeats):
             for variant in VARIANTS:
                 records[variant].append(measure_memory(name, variant, args))
-        rows.append({"model": name, **{v: summarize_memory(records[v]) for v in VARIANTS}})
+        rows.append({"model": name, **{v: summarize_memory(records[v]) for v in VARIANTS},
+                     "first": first})
         _progress(f"the memory of {name}", start)
     print()
     print(memory_table(rows))

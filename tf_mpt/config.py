@@ -124,8 +124,9 @@ ENV_VARS = (
      "where the fastest is over, its lean version (a held value's half Cast made at each "
      "use, after the use's other input; weight gradients' products ordered so that two are "
      "not held in both dtypes at once) is timed and measured too, and the fastest within "
-     "float32's peak is kept. any: the peaks are measured and reported, and the fastest is "
-     "kept whatever it holds. Traced tf.functions are picked by time alone so far."),
+     "float32's peak is kept; of candidates within 3% of the fastest, the one holding least. any: the peaks are measured and reported, and the fastest is "
+     "kept whatever it holds. The same for a traced tf.function that step timing times (its "
+     "copies of the variables and inputs are the bytes held alike)."),
     (TF_MPT_DISPATCH_CHECK, "1", "Where the graph runs on this machine (the automatic path "
      "in a process with no GPU; target here), each half op type is first run as TensorFlow "
      "runs it here (with the neighbours its remapper fuses into it) against float32, once "

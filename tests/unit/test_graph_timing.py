@@ -587,3 +587,20 @@ def test_the_step_peak_is_the_highest_sum_of_bytes_held_during_the_run():
         record.alloc_micros, record.alloc_bytes = micros, size
     # at 3 us the 80 bytes count before the 100 are released: 100 + 50 + 80 (conservative)
     assert graph_timing.step_peak_bytes(metadata) == 230
+
+
+def test_a_tie_in_time_goes_to_the_candidate_holding_least(timed, monkeypatch):
+    """The rules' colouring (every Sigmoid half too) runs within MARGIN of the prediction's
+    and holds 30% less at its peak: it is kept. With TF_MPT_MEMORY=any the prediction stays
+    (the old rule: another must be over MARGIN faster)."""
+    cost = (lambda g, i: 1e-3 * (1 - 0.1 * _half(g, "MatMul")) -
+            0.002e-3 * _half(g, "Sigmoid"))
+    peak = lambda g: int((10 << 20) * (0.7 if _half(g, "Sigmoid") == 4 else 1.0))  # noqa: E731
+    timed(cost, peak=peak)
+    verdict = _rewrite(_mlp()).report.verdict
+    assert verdict.median(graph_timing.RULES) > verdict.median(graph_timing.COST) * (
+        1 - graph_timing.MARGIN)
+    assert verdict.pick == graph_timing.RULES, verdict.describe()
+    monkeypatch.setenv("TF_MPT_MEMORY", "any")
+    timed(cost, peak=peak)
+    assert _rewrite(_mlp()).report.verdict.pick == graph_timing.COST

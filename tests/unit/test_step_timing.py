@@ -104,8 +104,16 @@ def test_each_version_is_timed_on_copies_and_the_scripts_variables_stay_as_they_
     step, w, acc = _step()
     cf = step.get_concrete_function()
     before = acc.numpy().copy()
-    times = _timing.time_versions(cf, _versions(cf), 64, graph_timing.rounds, budget_seconds=20)
+    peaks = {}
+    times = _timing.time_versions(cf, _versions(cf), 64, graph_timing.rounds, budget_seconds=20,
+                                  peaks=peaks)
     assert set(times) == {"float32", "mixed"}
+    # each version's step peak (issue "memory"): over the 64 x WIDTH float32 activations
+    # it makes; the resident bytes: the copies of x, w and acc
+    assert set(peaks) == {"float32", "mixed", graph_timing.RESIDENT}
+    assert peaks["float32"] >= 64 * WIDTH * 4 and peaks["mixed"] > 0, peaks
+    assert peaks[graph_timing.RESIDENT] == (64 * WIDTH + w.shape.num_elements() +
+                                            acc.shape.num_elements()) * 4
     assert len(times["float32"]) == len(times["mixed"]) >= graph_timing.MIN_ROUNDS
     assert all(t > 0 for t in times["float32"] + times["mixed"])
     np.testing.assert_array_equal(acc.numpy(), before)  # the copies were updated, not acc
@@ -165,7 +173,7 @@ def test_tf_mpt_function_times_the_candidates_and_runs_the_fastest(monkeypatch, 
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "20")
     seen = []
 
-    def timed(cf, graphs, batch, rounds, budget):
+    def timed(cf, graphs, batch, rounds, budget, peaks=None):
         seen.append((batch, budget, list(graphs)))
         return {name: (0.1,) * 3 if name == fastest else (0.2,) * 3 for name in graphs}
     monkeypatch.setattr(_timing, "time_versions", timed)
@@ -214,7 +222,7 @@ def test_a_step_runs_its_refinement_where_its_profile_finds_a_slower_half_op(mon
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "20")
     bf16 = tf.bfloat16.as_datatype_enum
 
-    def timed(cf, graphs, batch, rounds, budget):
+    def timed(cf, graphs, batch, rounds, budget, peaks=None):
         return {name: (0.05,) * 3 if name == "refined" else
                 (0.1,) * 3 if name == "cost model" else (0.2,) * 3 for name in graphs}
 

@@ -17,10 +17,12 @@
     memory        (graph timing) each candidate's step peak, from one traced run's allocation
                   records after its rounds, printed beside its time and flagged where over
                   float32's by more than 2%. With TF_MPT_MEMORY=float32 (the default) such a
-                  candidate is not kept; where the fastest is one, its lean version
-                  (lean.lean) is timed beside the fastest within float32's peak and kept if
-                  it is within that peak and over 3% faster (before any refinement: a lean
-                  pick is not refined)
+                  candidate is not kept, and a tie in time (MARGIN) goes to the candidate
+                  holding least (graph_timing.pick); where the fastest is one, its lean version
+                  (lean.lean; then, if still over, its leaner one) is timed beside the
+                  fastest within float32's peak and kept if it is within that peak and over
+                  3% faster (before any refinement: a lean pick is not refined). A traced
+                  tf.function's step timer measures its candidates' peaks the same way
     verdict       graph_timing.Verdict: every time and the pick, in the report
                   (RewriteReport.verdict) and in one INFO line
 
@@ -156,36 +158,52 @@ def _bounded(config, peaks):
 
 def _lean_result(result, graph_def, changes):
     """`result` (a candidate's RewriteResult) with the lean graph `graph_def`."""
-    added = changes.get("late casts", 0) + 0
+    added = changes.get("late casts", 0) + changes.get("float32 products", 0)
     report = dataclasses.replace(result.report,
                                  casts_added=result.report.casts_added + added)
     return type(result)(graph_def, report, True)
 
 
-def _make_lean(verdict, results, graphs, config, timer, left):
+def _make_lean(verdict, results, graphs, config, timer, deadline):
     """Where the first rounds' fastest candidate is over float32's peak: its lean version
-    (lean.lean) timed beside the pick (the fastest within float32's peak) within `left`
-    seconds and kept if within float32's peak and over MARGIN faster. Returns the verdict,
-    with the lean candidate's record where one was timed; `results` gets its
-    RewriteResult."""
+    (lean.lean), then where that is still over its leaner one (weight gradients' products in
+    float32), each timed beside the pick (the fastest within float32's peak) until
+    `deadline` (graph_timing._clock) and kept if within float32's peak and over MARGIN
+    faster. Returns the verdict, with the last lean version's record where one was timed;
+    `results` gets its RewriteResult."""
     fastest = _timing.pick(verdict.times,
                            verdict.same_as.get(verdict.predicted, verdict.predicted))
-    if fastest == verdict.pick or fastest == _timing.FLOAT32:
-        return verdict
-    graph, changes = _lean.lean(graphs[fastest])
-    if graph is graphs[fastest]:
-        return verdict
-    against = verdict.pick
-    times = timer({against: graphs[against], _timing.LEAN: graph}, config.cost_batch, left)
-    results[_timing.LEAN] = _lean_result(results[fastest], graph, changes)
-    peaks = dict(getattr(timer, "peaks", verdict.peaks))
-    kept = statistics.median(times[_timing.LEAN]) < \
-        statistics.median(times[against]) * (1.0 - _timing.MARGIN) and \
-        not _timing.over_float32(peaks, _timing.LEAN)
-    return dataclasses.replace(
-        verdict, times={**verdict.times, _timing.LEAN: times[_timing.LEAN]},
-        pick=_timing.LEAN if kept else against, lean_from=fastest, lean_against=against,
-        lean_beside=times[against], lean_changes=dict(changes), peaks=peaks)
+    if fastest in (verdict.pick, _timing.FLOAT32) or \
+            not _timing.over_float32(verdict.peaks, fastest):
+        return verdict  # (the pick is another for a tie in time: it holds less)
+    against, tried = verdict.pick, None
+    for products_in_float32 in (False, True):
+        graph, changes = _lean.lean(graphs[fastest], products_in_float32)
+        left = deadline - _timing._clock()  # pylint: disable=protected-access
+        if graph is graphs[fastest] or graph == tried or left <= 0:
+            continue
+        tried = graph
+        times = timer({against: graphs[against], _timing.LEAN: graph}, config.cost_batch,
+                      left)
+        results[_timing.LEAN] = _lean_result(results[fastest], graph, changes)
+        peaks = dict(getattr(timer, "peaks", verdict.peaks))
+        within = not _timing.over_float32(peaks, _timing.LEAN)
+        kept = within and statistics.median(times[_timing.LEAN]) < \
+            statistics.median(times[against]) * (1.0 - _timing.MARGIN)
+        verdict = dataclasses.replace(
+            verdict, times={**verdict.times, _timing.LEAN: times[_timing.LEAN]},
+            pick=_timing.LEAN if kept else against, lean_from=fastest, lean_against=against,
+            lean_beside=times[against], lean_changes=dict(changes), peaks=peaks)
+        if within:
+            break
+    return verdict
+
+
+def _lean_again(verdict, results):
+    """The RewriteResult of a verdict's lean pick, made again (a cached verdict)."""
+    graph, changes = _lean.lean(results[verdict.lean_from].graph_def,
+                                "float32 products" in verdict.lean_changes)
+    return _lean_result(results[verdict.lean_from], graph, changes)
 
 
 def applies(config, target, dtype):
@@ -284,7 +302,8 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                 _timing._clock() - started)  # pylint: disable=protected-access
             if _bounded(config, measured) and left > 0:
                 try:
-                    verdict = _make_lean(verdict, results, graphs, config, timer, left)
+                    verdict = _make_lean(verdict, results, graphs, config, timer,
+                                         started + config.timing_budget)
                 except Exception as error:  # pylint: disable=broad-except
                     _log.info("graph timing did not time a lean candidate (%s: %s)",
                               type(error).__name__, error)
@@ -304,8 +323,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
             if key is not None:
                 _verdicts.store(config, dtype, key, verdict.to_dict())
         if verdict.pick == _timing.LEAN and _timing.LEAN not in results:
-            graph, changes = _lean.lean(results[verdict.lean_from].graph_def)
-            results[_timing.LEAN] = _lean_result(results[verdict.lean_from], graph, changes)
+            results[_timing.LEAN] = _lean_again(verdict, results)
         if verdict.pick == _timing.REFINED and _timing.REFINED not in results:
             results[_timing.REFINED] = _keeping_float32(graph_def, verdict.refined,
                                                         verdict.refined_from, rewrite, lists)

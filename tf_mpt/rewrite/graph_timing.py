@@ -56,7 +56,7 @@ REFINE_SHARE = 1.0 / 3.0
 PEAK_SLACK = 0.02
 # peaks[RESIDENT]: the bytes every candidate holds alike across its steps (its variables, the
 # optimizer's slots among them, and its inputs), added to each step peak where compared.
-RESIDENT = "(resident)"
+RESIDENT = _step_timing.RESIDENT
 
 NotTimed = _step_timing.NotTimed
 _MADE_UP_DTYPES = frozenset((
@@ -219,11 +219,21 @@ def over_float32(peaks, name):
 
 def pick(times, predicted, peaks=None):
     """The candidate to keep from {candidate: per-round seconds}: the fastest median, unless
-    the prediction's is within MARGIN of it. With `peaks` ({candidate: step peak bytes}),
-    only among the candidates not over float32's (over_float32; float32 always is)."""
+    the prediction's is within MARGIN of it. With `peaks` ({candidate: step peak bytes}, and
+    RESIDENT): only among the candidates not over float32's (over_float32; float32 never
+    is), and among those within MARGIN of the fastest, the ones holding least (within
+    PEAK_SLACK of the lowest total) first: a tie in time goes to memory."""
     medians = {name: statistics.median(t) for name, t in times.items()
                if not (peaks and over_float32(peaks, name))}
     fastest = min(medians, key=medians.get)
+    near = {name for name, m in medians.items() if m <= medians[fastest] * (1.0 + MARGIN)}
+    if peaks and near <= set(peaks):
+        resident = peaks.get(RESIDENT, 0)
+        least = min(peaks[name] for name in near) + resident
+        near = {name for name in near if peaks[name] + resident <= least * (1.0 + PEAK_SLACK)}
+        if predicted in near:
+            return predicted
+        return min(near, key=medians.get)
     if predicted in medians and medians[predicted] <= medians[fastest] * (1.0 + MARGIN):
         return predicted
     return fastest
@@ -471,22 +481,7 @@ def time_candidates(graph_defs, fetches, batch, budget_seconds, peaks=None):
     return _in_sandboxes(graph_defs, fetches, batch, use)
 
 
-def step_peak_bytes(metadata):
-    """The highest sum of bytes TensorFlow's allocators handed out and had not yet taken
-    back during one traced run (RunMetadata with FULL_TRACE: its allocation records): what
-    a step adds on top of what lives across steps (variables, inputs held in variables)."""
-    events = []
-    for device in metadata.step_stats.dev_stats:
-        for stats in device.node_stats:
-            for memory in stats.memory:
-                events.extend((record.alloc_micros, record.alloc_bytes)
-                              for record in memory.allocation_records)
-    events.sort(key=lambda event: (event[0], -event[1]))  # at one instant, allocations first
-    total = peak = 0
-    for _, size in events:
-        total += size
-        peak = max(peak, total)
-    return peak
+step_peak_bytes = _step_timing.step_peak_bytes
 
 
 def profile_candidates(graph_defs, fetches, batch):

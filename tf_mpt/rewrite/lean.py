@@ -13,6 +13,9 @@ Two changes, each leaving every op's dtype what the candidate decided except whe
                      way to a float32 optimizer) runs after the products that read its
                      inputs and after the previous such product's Casts: a weight gradient
                      is held in both dtypes only while it is cast, and not beside the next.
+    float32 products (the leaner version) such a product computes in float32: its result is
+                     never held in both dtypes; its inputs (activations, the incoming
+                     gradient) are cast to float32 instead.
 
 The cost of both is speed (a Cast per use, less running side by side), so a lean graph is
 only a candidate: graph timing times it and measures its peak (decision.py).
@@ -26,7 +29,7 @@ from tensorflow.core.framework import types_pb2
 
 from tf_mpt.rewrite import casts as _casts
 from tf_mpt.rewrite import type_attrs as _ta
-from tf_mpt.rewrite.graph_view import GraphView
+from tf_mpt.rewrite.graph_view import GraphView, parse_input
 
 # The ops whose output is a value that lives across the step whatever the step does with it.
 HELD_SOURCES = frozenset((
@@ -208,12 +211,70 @@ def _read_as_float32(view, i, half):
     return (through, readers) if readers else None
 
 
-def lean(graph_def):
-    """Both changes (ordered products, then late casts). Returns (GraphDef, {change:
-    count})."""
-    graph_def, products = ordered_products(graph_def)
-    graph_def, moved = late_casts(graph_def)
-    return graph_def, {"ordered products": products, "late casts": moved}
+def float32_products(graph_def):
+    """graph_def with its half matrix products read only as float32 computed in float32: the
+    product's inputs are the float32 tensors the candidate cast from (or new Casts to
+    float32), the Casts of its result become Identities (their names kept). Returns
+    (GraphDef, products changed)."""
+    view = GraphView(graph_def)
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    nodes = out.node
+    taken = {node.name for node in nodes}
+    changed, added, maybe_unread = 0, [], set()
+    for i, node in enumerate(view.nodes):
+        if node.op not in PRODUCTS or node.attr["T"].type not in _ta.HALF_TYPES:
+            continue
+        half = node.attr["T"].type
+        found = _read_as_float32(view, i, half)
+        if found is None:
+            continue
+        through, readers = found
+        product = nodes[i]
+        product.attr["T"].type = types_pb2.DT_FLOAT
+        for port, (src, _) in enumerate(view.fanin[i]):
+            producer = view.nodes[src]
+            if _casts.is_cast(producer, types_pb2.DT_FLOAT, half):
+                product.input[port] = producer.input[0]
+                maybe_unread.add(producer.name)
+            else:
+                cast = _casts.new_cast(taken, product.input[port], half, types_pb2.DT_FLOAT,
+                                       product.device)
+                product.input[port] = cast.name
+                added.append(cast)
+        for k in through:
+            nodes[k].attr["T"].type = types_pb2.DT_FLOAT
+        for reader in readers:
+            _as_identity(nodes[reader])
+        changed += 1
+    if not changed:
+        return graph_def, 0
+    read = collections.Counter(parse_input(name)[0] for node in list(nodes) + added
+                               for name in node.input)
+    _finish(out, {name for name in maybe_unread if not read[name]}, added)
+    return out, changed
+
+
+def lean(graph_def, products_in_float32=False):
+    """The changes in order: ordered products, float32 products (with
+    `products_in_float32`: the leaner version, for where the first still holds too much),
+    late casts. Returns (GraphDef, {change: count})."""
+    changes = {}
+    graph_def, changes["ordered products"] = ordered_products(graph_def)
+    if products_in_float32:
+        graph_def, changes["float32 products"] = float32_products(graph_def)
+    graph_def, changes["late casts"] = late_casts(graph_def)
+    return graph_def, changes
+
+
+def _as_identity(node):
+    """A Cast to float32 of what is now a float32 value becomes an Identity (its name
+    kept)."""
+    node.op = "Identity"
+    for attr in ("SrcT", "DstT", "Truncate"):
+        if attr in node.attr:
+            del node.attr[attr]
+    node.attr["T"].type = types_pb2.DT_FLOAT
 
 
 def _set_data_input(node, port, tensor):

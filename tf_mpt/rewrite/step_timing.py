@@ -38,6 +38,9 @@ _log = logging.getLogger(__name__)
 THIN = 0.3  # auto: time where the predicted saving is below this share of what it adds up
 BUDGET_SECONDS = 20.0  # of timed rounds, after the warm-up runs (TF_MPT_TIMING_BUDGET)
 MAX_COPY_BYTES = 1 << 30  # the variables and inputs a sandbox may copy
+# peaks[RESIDENT] (time_versions, graph_timing.time_candidates): the bytes every candidate
+# holds alike across its steps (its variables, the optimizer's slots, its inputs)
+RESIDENT = "(resident)"
 # one run (a warm-up includes Grappler's optimisation): a loop that made-up inputs never end
 # stops here, and the function is not timed
 _RUN_TIMEOUT_MS = 30_000
@@ -85,19 +88,48 @@ def worth_timing(report, target, mode):
     return report.predicted_saving < THIN * report.predicted_changed
 
 
-def time_versions(concrete_function, graph_defs, batch, rounds, budget_seconds=BUDGET_SECONDS):
+def time_versions(concrete_function, graph_defs, batch, rounds, budget_seconds=BUDGET_SECONDS,
+                  peaks=None):
     """Times each of {candidate: GraphDef} (`concrete_function`'s graph and its rewrites: the
     same inputs, outputs and captures; library functions named apart) in one sandbox
     Session, with `rounds` (graph_timing.rounds, which reads this module's limits). Returns
-    {candidate: (seconds per run, ...)}; raises NotTimed when that cannot be done safely."""
-    return _in_sandbox(concrete_function, graph_defs, batch, lambda runners, _: rounds(
-        runners, budget_seconds))
+    {candidate: (seconds per run, ...)}; raises NotTimed when that cannot be done safely.
+    `peaks`, a dict: filled with {candidate: the step peak in bytes of one traced run after
+    the rounds} (step_peak_bytes) and peaks[RESIDENT] (the copies' bytes)."""
+    def use(runners, traced_run, resident):
+        times = rounds(runners, budget_seconds)
+        if peaks is not None:
+            for name in runners:
+                metadata = tf.compat.v1.RunMetadata()
+                traced_run(name, metadata)
+                peaks[name] = step_peak_bytes(metadata)
+            peaks[RESIDENT] = resident
+        return times
+    return _in_sandbox(concrete_function, graph_defs, batch, use)
+
+
+def step_peak_bytes(metadata):
+    """The highest sum of bytes TensorFlow's allocators handed out and had not yet taken
+    back during one traced run (RunMetadata with FULL_TRACE: its allocation records): what
+    a step adds on top of what lives across steps (variables, inputs held in variables)."""
+    events = []
+    for device in metadata.step_stats.dev_stats:
+        for stats in device.node_stats:
+            for memory in stats.memory:
+                events.extend((record.alloc_micros, record.alloc_bytes)
+                              for record in memory.allocation_records)
+    events.sort(key=lambda event: (event[0], -event[1]))  # at one instant, allocations first
+    total = peak = 0
+    for _, size in events:
+        total += size
+        peak = max(peak, total)
+    return peak
 
 
 def profile_versions(concrete_function, graph_defs, batch, runs):
     """{candidate: {node name: seconds}}: per node of each of {candidate: GraphDef} (as
     time_versions), the fastest of `runs` traced runs after a warm-up run."""
-    def profile(runners, session_run):
+    def profile(runners, session_run, _):
         found = {}
         for index, (name, run) in enumerate(runners.items()):
             run()
@@ -129,14 +161,15 @@ def fastest_node_seconds(metadatas, prefix=""):
 
 
 def _in_sandbox(cf, graph_defs, batch, use):
-    """use({candidate: run()}, traced_run(candidate, run_metadata)) in the sandbox Session of
-    `cf`'s {candidate: GraphDef}; NotTimed where that cannot be done safely."""
+    """use({candidate: run()}, traced_run(candidate, run_metadata), resident bytes: the
+    copies') in the sandbox Session of `cf`'s {candidate: GraphDef}; NotTimed where that
+    cannot be done safely."""
     unsafe = set().union(*(_unsafe_ops(g) for g in graph_defs.values()))
     if unsafe:
         raise NotTimed(f"it runs op(s) with effects outside its variables: "
                        f"{', '.join(sorted(unsafe)[:5])}")
     with tf.init_scope():  # values are read eagerly, also while an outer function traces
-        graph, fetches, init = _sandbox(cf, graph_defs, batch)
+        graph, fetches, init, resident = _sandbox(cf, graph_defs, batch)
     # bypass: the automatic path leaves this Session as TensorFlow makes it (its TF1 rewrite
     # would otherwise convert the float32 version too)
     with _state.bypass(), tf.compat.v1.Session(graph=graph) as session:
@@ -153,7 +186,7 @@ def _in_sandbox(cf, graph_defs, batch, use):
             session.run(fetches[name], options=traced, run_metadata=metadata)
         try:
             return use({name: functools.partial(session.run, f, options=options)
-                        for name, f in fetches.items()}, traced_run)
+                        for name, f in fetches.items()}, traced_run, resident)
         except tf.errors.OpError as error:
             raise NotTimed(f"a run on made-up inputs failed ({type(error).__name__})") \
                 from None
@@ -183,7 +216,7 @@ def unsafe_ops(nodes, library, also_safe=frozenset(), also_safe_prefixes=()):
 
 
 def _sandbox(cf, graph_defs, batch):
-    """(graph, {candidate: fetches}, initializer) of the sandbox: each of {candidate:
+    """(graph, {candidate: fetches}, initializer, bytes copied) of the sandbox: each of {candidate:
     GraphDef} imported reading and updating the same copies. Called eagerly: the captures'
     values are read before the graph is built."""
     captured = list(cf.captured_inputs)
@@ -234,7 +267,7 @@ def _sandbox(cf, graph_defs, batch):
         except (ValueError, TypeError, tf.errors.OpError) as error:
             raise NotTimed(f"its graphs did not import side by side ({error})") from None
         init = tf.compat.v1.variables_initializer(made)
-    return graph, fetches, init
+    return graph, fetches, init, copied
 
 
 def _made_up(placeholder, batch, rng):

@@ -110,7 +110,8 @@ def _step_timer(cf, jit_compile):
     """decision.decide's timer for `cf`'s candidates: step_timing.time_versions on copies of
     its variables, each half candidate's library functions named apart (the eager context
     holds the float32 ones under their names); its `profile` attribute, the per-node profile
-    the refinement reads (step_timing.profile_versions)."""
+    the refinement reads (step_timing.profile_versions); its `peaks`, each candidate's step
+    peak as timed (the memory criterion's)."""
     def check():
         if jit_compile:
             raise _timing.NotTimed("XLA compiles it (jit_compile), which the timing would not")
@@ -123,14 +124,18 @@ def _step_timer(cf, jit_compile):
                 _rename_library(graph, f"_tf_mpt_t{index}")
                 for index, (name, graph) in enumerate(graphs.items())}
 
+    peaks = {}  # {candidate: step peak bytes}, filled as candidates are timed
+
     def timer(graphs, batch, budget):
         check()
-        return _timing.time_versions(cf, apart(graphs), batch, _graph_timing.rounds, budget)
+        return _timing.time_versions(cf, apart(graphs), batch, _graph_timing.rounds, budget,
+                                     peaks)
 
     def profile(graphs, batch):
         check()
         return _timing.profile_versions(cf, apart(graphs), batch, _graph_timing.PROFILE_RUNS)
     timer.profile = profile
+    timer.peaks = peaks
     return timer
 
 
