@@ -11,8 +11,8 @@ with the environment's target, graph timing included; its verdicts are cached, s
 decided once), then resets TensorFlow's CPU allocator statistics and runs 3 training steps:
 its *tensors* are the allocator's peak bytes in use over those steps (variables, optimizer
 slots, activations, gradients; tf.config.experimental.get_memory_info). A batch fits where
-they stay within --budget-mib. The batch is doubled from 8 until one does not fit, then the
-largest that fits is found by bisection (to a multiple of 8): every figure is a run, none is
+they stay within --budget-mib. The batch is doubled from 32 until one does not fit, then the
+largest that fits is found by bisection (to a multiple of 16): every figure is a run, none is
 extrapolated. The CPU and whether it computes bfloat16 natively are printed first; memory does
 not depend on the CPU's speed, only on what the rewrite decided (which can, through graph
 timing's picks).
@@ -30,8 +30,8 @@ sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 STEPS = 3
-START = 8
-ALIGN = 8
+START = 32
+ALIGN = 16
 BATCH_FIELD = {"conv": "conv_batch", "transformer": "tf_batch", "mlp": "mlp_batch"}
 CHILD_FLAG = "--child"
 

@@ -188,7 +188,7 @@ def test_the_leaner_version_is_tried_where_the_lean_one_still_holds_too_much(
     float32, the lean version 10% more, the leaner one (weight gradients in float32) as much
     as float32; the leaner one is kept, faster than float32, and a cached verdict makes it
     again."""
-    from tests.support import fake_timing  # pylint: disable=import-outside-toplevel
+    from support import fake_timing  # pylint: disable=import-outside-toplevel
     from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
@@ -221,3 +221,30 @@ def test_the_leaner_version_is_tried_where_the_lean_one_still_holds_too_much(
     assert "picked lean, 1.43x float32" in verdict.describe(), verdict.describe()
     again = rewrite()
     assert again.report.verdict.source == "cached" and again.graph_def == result.graph_def
+
+
+def test_no_product_is_ordered_in_a_graph_with_tf1_control_flow(monkeypatch):
+    """A tf.cond (control flow v1) in the graph: no ordering edge is added, since a product
+    waiting for one under the other branch would be dead where it ran before."""
+    graph = tf.Graph()
+    tf1.disable_control_flow_v2()
+    try:
+        with graph.as_default():
+            tf1.set_random_seed(0)
+            x = tf1.placeholder(tf.float32, [BATCH, WIDTH], name="x")
+            w = tf1.get_variable("w", [WIDTH, WIDTH], use_resource=True)
+            h = tf.nn.relu(tf.matmul(x, w))
+            h = tf1.cond(tf.reduce_sum(x) > 0, lambda: h * 2.0, lambda: h)
+            loss = tf.reduce_mean(h, name="loss")
+            tf1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+            tf1.variables_initializer(tf1.global_variables(), name="init")
+    finally:
+        tf1.enable_control_flow_v2()
+    fetches = ["loss", "train", "init"]
+    half = _half(graph.as_graph_def(), fetches)
+    assert any(n.op == "Switch" for n in half.node)
+    assert any(n.op == "MatMul" and n.attr["T"].type == tf.bfloat16.as_datatype_enum
+               for n in half.node)
+    assert lean.ordered_products(half) == (half, 0)
+    monkeypatch.setattr(lean, "_SWITCHES", frozenset())  # (without the rule: ordered)
+    assert lean.ordered_products(half)[1] >= 1

@@ -40,6 +40,13 @@ _PASS_THROUGH = frozenset(("Identity", "Enter", "RefEnter", "RefIdentity", "Snap
 # edge is live on either branch; a Merge's fires on the first input).
 _NO_TRIGGER = frozenset(("Switch", "RefSwitch", "Merge", "RefMerge", "NextIteration",
                          "RefNextIteration", "LoopCond", "Exit", "RefExit"))
+# Consumers that run on any one live input: a control input from another input's producer,
+# dead where that input is, would make the Cast dead where the consumer needed it.
+_ANY_INPUT = frozenset(("Merge", "RefMerge"))
+# Graphs with these (TF1 control flow: tf.cond, while_loop) get no ordering edges: a product
+# under another branch than the one it would wait for would be dead where it ran before, and a
+# loop's frames cannot be crossed by a control edge.
+_SWITCHES = frozenset(("Switch", "RefSwitch"))
 PRODUCTS = frozenset(("MatMul", "BatchMatMul", "BatchMatMulV2"))
 
 
@@ -73,6 +80,8 @@ def _half_cast_targets(view):
 def _trigger(view, consumer, targets):
     """The name of the producer of `consumer`'s first data input that is neither a held
     value nor one of the Casts `targets` (of held values), or None."""
+    if view.nodes[consumer].op in _ANY_INPUT:
+        return None
     for src, _ in view.fanin[consumer]:
         if src in targets or _held(view, src) or view.nodes[src].op in _NO_TRIGGER:
             continue
@@ -121,7 +130,10 @@ def ordered_products(graph_def):
     products reading its inputs (the gradient with respect to the layer's input) and after
     the previous one's Casts to float32, so two weight gradients are not held in both dtypes
     at once. Only edges along one topological order of the graph are added (no cycle can
-    form). Returns (GraphDef, products ordered)."""
+    form), and none in a graph with TF1 control flow (_SWITCHES). Returns (GraphDef, products
+    ordered)."""
+    if any(node.op in _SWITCHES for node in graph_def.node):
+        return graph_def, 0
     view = GraphView(graph_def)
     position = _topological_positions(view)
     if position is None:
