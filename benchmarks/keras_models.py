@@ -26,6 +26,12 @@ cost model left entirely float32 (its rewrites converted 0 nodes, from its log):
 graph ran, and the ratio measures only tf_mpt's per-call overhead and the noise. The CPU and whether it computes bfloat16 natively are
 printed first; without native bfloat16 the speed figures mean nothing for the machines the
 tool targets (the table says so).
+
+Memory (issue "memory"): over the timed fit phase, each child reads the peak bytes in use of
+TensorFlow's CPU allocator (reset at the phase's start: weights, optimizer slots,
+activations, gradients) and its peak resident set size over the phase minus its resident size
+at the phase's start (VmHWM, as benchmarks/train_speed.py reads it); a table gives their
+medians over the rounds per way, with the ratio to float32's.
 """
 
 import argparse

@@ -62,7 +62,8 @@ def tensors_at(model_name, variant, batch, dtype):
     """The child's peak tensors in MiB, or None where it failed (out of memory included)."""
     command = [sys.executable, os.path.abspath(__file__), CHILD_FLAG, model_name, variant,
                str(batch), "--dtype", dtype]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
+    env = {k: v for k, v in os.environ.items()  # (a cache directory of its own may be given)
+           if not k.startswith("TF_MPT_") or k == "TF_MPT_CACHE_DIR"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False,
                           env=env)
     if done.returncode != 0:

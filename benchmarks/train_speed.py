@@ -39,6 +39,9 @@ float32 graph's shapes (n/a when the pass does not run on this CPU).
 
 Peak memory (section 'memory'): every measurement of a (model, variant) runs in a child process
 of its own (this script with a hidden flag), so one variant's memory never counts for another.
+Before them, one tf_mpt child per model runs unmeasured in the table: tf_mpt's first run on
+the machine decides by graph timing (its sandboxes hold copies of the variables and inputs)
+and caches its verdicts; its figures are given apart ("first run").
 The peak varies from run to run, so there are `memory_repeats` children per (model, variant),
 the variants interleaved, and the table shows medians. Each child builds the float32 graph and
 its feeds, takes that point as the baseline, then prepares the variant (tf_mpt: the rewrite;

@@ -123,7 +123,8 @@ ENV_VARS = (
      "plus its variables, optimizer slots and inputs) is over float32's by more than 2%; "
      "where the fastest is over, its lean version (a held value's half Cast made at each "
      "use, after the use's other input; weight gradients' products ordered so that two are "
-     "not held in both dtypes at once) is timed and measured too, and the fastest within "
+     "not held in both dtypes at once; then, if still over, a leaner one with those weight "
+     "gradients computed in float32) is timed and measured too, and the fastest within "
      "float32's peak is kept; of candidates within 3% of the fastest, the one holding least. any: the peaks are measured and reported, and the fastest is "
      "kept whatever it holds. The same for a traced tf.function that step timing times (its "
      "copies of the variables and inputs are the bytes held alike)."),
