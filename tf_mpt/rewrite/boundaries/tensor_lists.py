@@ -32,11 +32,6 @@ NEUTRAL = ("TensorListLength", "TensorListElementShape")
 CONTINUES = {"TensorListPushBack": 0, "TensorListSetItem": 0, "TensorListPopBack": 0}
 _WHILE_OPS = ("While", "StatelessWhile")
 _IDENTITY = ("Identity",)
-# Values that live across the step anyway (a variable's read aliases the variable's buffer, a
-# constant its own, an element read from a list the list's): a float32 list pushing one holds
-# a reference per loop step, a half list would hold a half copy per loop step (a Keras LSTM's
-# kernels, read in the body: 64 copies; its input sequence's steps).
-_HELD = frozenset(("ReadVariableOp", "Const", "TensorListGetItem"))
 
 
 class _Group:
@@ -113,25 +108,9 @@ def _half_consumers(scope, node, port, half):
             [r for r, _ in readers if not is_our_cast(r, ta.DT_FLOAT, half)])
 
 
-def _pushes_a_held_value(group):
-    """Whether a writer of the group writes a value that lives across the step anyway
-    (_HELD, through Identity nodes and Casts: the body's rewrite may have cast it to half and
-    back for the float32 list)."""
-    for scope, node in group.writers:
-        producer, _ = scope.editor.producer(node.input[WRITERS[node.op]])
-        hops = 0
-        while producer is not None and producer.op in _IDENTITY + ("Cast",) and hops < 16:
-            producer, _ = scope.editor.producer(producer.input[0])
-            hops += 1
-        if producer is not None and producer.op in _HELD:
-            return True
-    return False
-
-
 def _decide(group, half):
-    """True if switching the group to half removes Casts and loses nothing, and does not
-    hold a half copy of a value float32 holds by reference (_pushes_a_held_value)."""
-    if group.broken or not group.writers or _pushes_a_held_value(group):
+    """True if switching the group to half removes Casts and loses nothing."""
+    if group.broken or not group.writers:
         return False
     if any(n.attr["element_dtype"].type != ta.DT_FLOAT for _, n in group.members):
         return False
