@@ -16,20 +16,38 @@ BATCH, WIDTH = 8, 16
 SAME = dict(rtol=0, atol=0)  # the same kernels on the same inputs: bit for bit
 
 
-def _training_mlp(depth=2):
-    """x -> depth x (MatMul with a resource variable, Relu) -> mean; SGD on it. Returns the
-    GraphDef and its fetches."""
+def _training_graph(layers, control_flow_v1=False):
+    """x [BATCH, WIDTH] -> layers(x) -> mean as 'loss'; SGD on it ('train'), the variables'
+    initializer ('init'); built with control flow v1 where asked (restored to v2 after).
+    Returns the GraphDef and its fetches."""
     graph = tf.Graph()
-    with graph.as_default():
-        tf1.set_random_seed(0)
-        h = tf1.placeholder(tf.float32, [BATCH, WIDTH], name="x")
+    if control_flow_v1:
+        tf1.disable_control_flow_v2()
+    try:
+        with graph.as_default():
+            tf1.set_random_seed(0)
+            h = layers(tf1.placeholder(tf.float32, [BATCH, WIDTH], name="x"))
+            loss = tf.reduce_mean(h, name="loss")
+            tf1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+            tf1.variables_initializer(tf1.global_variables(), name="init")
+    finally:
+        if control_flow_v1:
+            tf1.enable_control_flow_v2()
+    return graph.as_graph_def(), ["loss", "train", "init"]
+
+
+def _weight():
+    return tf1.get_variable("w", [WIDTH, WIDTH], use_resource=True)
+
+
+def _training_mlp(depth=2):
+    """x -> depth x (MatMul with a resource variable, Relu) -> mean; SGD on it."""
+    def layers(h):
         for k in range(depth):
             w = tf1.get_variable(f"w{k}", [WIDTH, WIDTH], use_resource=True)
             h = tf.nn.relu(tf.matmul(h, w, name=f"matmul_{k}"))
-        loss = tf.reduce_mean(h, name="loss")
-        tf1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
-        tf1.variables_initializer(tf1.global_variables(), name="init")
-    return graph.as_graph_def(), ["loss", "train", "init"]
+        return h
+    return _training_graph(layers)
 
 
 def _half(graph_def, fetches):
@@ -117,24 +135,12 @@ def test_a_loops_weight_cast_waits_for_each_iterations_other_input():
     """In a control-flow-v1 while loop (the weight read in the body and, for the gradient,
     popped from a stack each iteration), each Cast of the weight waits for its product's
     other input of the same iteration; the lean graph's gradients equal the candidate's."""
-    graph = tf.Graph()
-    tf1.disable_control_flow_v2()
-    try:
-        with graph.as_default():
-            tf1.set_random_seed(0)
-            x = tf1.placeholder(tf.float32, [BATCH, WIDTH], name="x")
-            w = tf1.get_variable("w", [WIDTH, WIDTH], use_resource=True)
-
-            def body(t, h):
-                return t + 1, tf.tanh(tf.matmul(h, w))
-            _, h = tf1.while_loop(lambda t, h: t < 4, body, [tf.constant(0), x], name="rnn")
-            loss = tf.reduce_mean(h, name="loss")
-            tf1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
-            tf1.variables_initializer(tf1.global_variables(), name="init")
-    finally:
-        tf1.enable_control_flow_v2()
-    fetches = ["loss", "train", "init"]
-    half = _half(graph.as_graph_def(), fetches)
+    def loop(x):
+        w = _weight()
+        _, h = tf1.while_loop(lambda t, h: t < 4, lambda t, h: (t + 1, tf.tanh(tf.matmul(h, w))),
+                              [tf.constant(0), x], name="rnn")
+        return h
+    half = _half(*_training_graph(loop, control_flow_v1=True))
     out, moved = lean.late_casts(half)
     waiting = [n for n in out.node if n.op == "Cast" and n.name.startswith(
         ("rnn/", "gradients/rnn/")) and any(i.startswith("^") for i in n.input)]
@@ -226,22 +232,10 @@ def test_the_leaner_version_is_tried_where_the_lean_one_still_holds_too_much(
 def test_no_product_is_ordered_in_a_graph_with_tf1_control_flow(monkeypatch):
     """A tf.cond (control flow v1) in the graph: no ordering edge is added, since a product
     waiting for one under the other branch would be dead where it ran before."""
-    graph = tf.Graph()
-    tf1.disable_control_flow_v2()
-    try:
-        with graph.as_default():
-            tf1.set_random_seed(0)
-            x = tf1.placeholder(tf.float32, [BATCH, WIDTH], name="x")
-            w = tf1.get_variable("w", [WIDTH, WIDTH], use_resource=True)
-            h = tf.nn.relu(tf.matmul(x, w))
-            h = tf1.cond(tf.reduce_sum(x) > 0, lambda: h * 2.0, lambda: h)
-            loss = tf.reduce_mean(h, name="loss")
-            tf1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
-            tf1.variables_initializer(tf1.global_variables(), name="init")
-    finally:
-        tf1.enable_control_flow_v2()
-    fetches = ["loss", "train", "init"]
-    half = _half(graph.as_graph_def(), fetches)
+    def branch(x):
+        h = tf.nn.relu(tf.matmul(x, _weight()))
+        return tf1.cond(tf.reduce_sum(x) > 0, lambda: h * 2.0, lambda: h)
+    half = _half(*_training_graph(branch, control_flow_v1=True))
     assert any(n.op == "Switch" for n in half.node)
     assert any(n.op == "MatMul" and n.attr["T"].type == tf.bfloat16.as_datatype_enum
                for n in half.node)

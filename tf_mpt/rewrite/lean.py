@@ -1,6 +1,6 @@
 """Lean: a candidate's graph rearranged to hold fewer bytes at its peak (issue "memory").
 
-Two changes, each leaving every op's dtype what the candidate decided except where said:
+Three changes, each leaving every op's dtype what the candidate decided except where said:
 
     late casts       a half Cast of a value that lives across the step anyway (a variable's
                      read, a constant, a fed input, a stack of a loop's forward values: see
@@ -17,8 +17,8 @@ Two changes, each leaving every op's dtype what the candidate decided except whe
                      never held in both dtypes; its inputs (activations, the incoming
                      gradient) are cast to float32 instead.
 
-The cost of both is speed (a Cast per use, less running side by side), so a lean graph is
-only a candidate: graph timing times it and measures its peak (decision.py).
+Their cost is speed (a Cast per use, less running side by side, float32 products), so a lean
+graph is only a candidate: graph timing times it and measures its peak (decision.py).
 """
 
 import collections
@@ -114,7 +114,7 @@ def late_casts(graph_def):
                                     original.attr["DstT"].type, original.device)
             if trigger:
                 clone.input.append(f"^{trigger}")
-            _set_data_input(nodes[consumer], port, clone.name)
+            nodes[consumer].input[port] = clone.name  # (GraphView: data inputs come first)
             added.append(clone)
         removed.add(original.name)
         moved += 1
@@ -287,17 +287,6 @@ def _as_identity(node):
         if attr in node.attr:
             del node.attr[attr]
     node.attr["T"].type = types_pb2.DT_FLOAT
-
-
-def _set_data_input(node, port, tensor):
-    k = -1
-    for j, name in enumerate(node.input):
-        if not name.startswith("^"):
-            k += 1
-            if k == port:
-                node.input[j] = tensor
-                return
-    raise ValueError(f"{node.name} has no data input {port}")
 
 
 def _finish(out, removed, added):
