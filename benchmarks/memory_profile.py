@@ -20,6 +20,16 @@ microseconds, +bytes / -bytes) and the node that made it. From them:
 tf_mpt is `tf_mpt.rewrite_graph_def` with the environment's target (auto: `here` on a CPU
 with native bfloat16). The CPU and whether it computes bfloat16 natively are printed first;
 bytes do not depend on the CPU's speed, only on what the rewrite decided.
+
+    python benchmarks/memory_profile.py --keras mobilenetv2 [transformer lstm]
+
+A Keras 3 model of benchmarks/keras_models.py under `fit`: one `fit` step builds the model,
+its optimizer and metrics; then the step `fit` traces (`model.train_step` in a tf.function, on
+one batch) is rewritten as the automatic path rewrites it (tf_mpt's tf.function rewrite with
+step timing: its candidates timed and measured on copies of the variables), and the float32
+step and the rewritten one run side by side in step timing's sandbox
+(step_timing.traced_runs: copies of the variables, made-up inputs of the batch's shape), each
+traced once after WARMUP runs. The same columns, from those traced runs.
 """
 
 import argparse
@@ -102,6 +112,26 @@ def analyse(metadata):
     return {"peak": peak, "live": live, "in_use": in_use}
 
 
+def keras_rows(name, dtype):
+    """{variant: analyse(...)} and the tf_mpt rewrite's report of Keras model `name`'s
+    train step (see the module's docstring)."""
+    import keras_models  # pylint: disable=import-outside-toplevel
+    from tf_mpt.rewrite import step_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.rewrite import tf_functions  # pylint: disable=import-outside-toplevel
+    _, model, x, y, batch = keras_models.compiled_model(name, "float32", dtype, "keras")
+    model.fit(x[:batch], y[:batch], batch_size=batch, epochs=1, verbose=0)
+    step = tf.function(model.train_step)
+    cf = step.get_concrete_function((tf.TensorSpec((batch,) + x.shape[1:], x.dtype),
+                                     tf.TensorSpec((batch,), y.dtype)))
+    rewritten = tf_functions._rewrite_concrete(  # pylint: disable=protected-access
+        cf, dtype, None, None, None, timed=True, name=f"{name} train_step")
+    graphs = {"float32": cf.graph.as_graph_def()}
+    if rewritten.graph_def is not None:
+        graphs["tf_mpt"] = rewritten.graph_def
+    metadatas, _ = step_timing.traced_runs(cf, graphs, batch, WARMUP)
+    return {variant: analyse(m) for variant, m in metadatas.items()}, rewritten.report
+
+
 def _mib(n):
     return f"{n / MIB:.1f}"
 
@@ -112,6 +142,8 @@ def main(argv=None):
                         choices=sorted(train_speed.BUILDERS))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    parser.add_argument("--keras", nargs="*", default=[], metavar="MODEL",
+                        help="Keras models of benchmarks/keras_models.py, under fit")
     args = parser.parse_args(argv)
     native = _cpu.has_native_bfloat16(_cpu.cpu_flags())
     print(f"CPU: {_cpu.cpu_model()}; native bfloat16: {'yes' if native else 'no'}; "
@@ -121,22 +153,29 @@ def main(argv=None):
           "of which Cast outputs MiB | largest holders at peak (op, dtype: MiB) | "
           "allocator in use MiB | tf_mpt summary |")
     print("|---|---|---|---|---|---|---|---|")
-    for name in args.models:
+    rows = []
+    for name in args.models if not args.keras else []:
         model = train_speed.BUILDERS[name](settings, np.random.RandomState(0))
         for variant in ("float32", "tf_mpt"):
             graph, report = _graph(model, variant, args.dtype)
-            found = analyse(traced_step(graph, model.feeds))
-            by_kind = collections.Counter()
-            for (kind, _), size in found["live"].items():
-                by_kind["half" if kind in HALF.values() else kind] += size
-            casts = sum(v for (_, op), v in found["live"].items() if op == "Cast")
-            top = ", ".join(f"{op}, {kind}: {_mib(v)}" for (kind, op), v in
-                            found["live"].most_common(4))
-            summary = report.summary() if report is not None else ""
-            print(f"| {name} | {variant} | {_mib(found['peak'])} | "
-                  f"{_mib(by_kind['float32'])} / {_mib(by_kind['half'])} / "
-                  f"{_mib(by_kind['other'])} | {_mib(casts)} | {top} | "
-                  f"{_mib(found['in_use'])} | {summary} |", flush=True)
+            rows.append((name, variant, analyse(traced_step(graph, model.feeds)), report))
+    for name in args.keras:
+        found, report = keras_rows(name, args.dtype)
+        for variant, analysed in found.items():
+            rows.append((f"{name} (Keras fit step)", variant, analysed,
+                         report if variant == "tf_mpt" else None))
+    for name, variant, found, report in rows:
+        by_kind = collections.Counter()
+        for (kind, _), size in found["live"].items():
+            by_kind["half" if kind in HALF.values() else kind] += size
+        casts = sum(v for (_, op), v in found["live"].items() if op == "Cast")
+        top = ", ".join(f"{op}, {kind}: {_mib(v)}" for (kind, op), v in
+                        found["live"].most_common(4))
+        summary = report.summary() if report is not None else ""
+        print(f"| {name} | {variant} | {_mib(found['peak'])} | "
+              f"{_mib(by_kind['float32'])} / {_mib(by_kind['half'])} / "
+              f"{_mib(by_kind['other'])} | {_mib(casts)} | {top} | "
+              f"{_mib(found['in_use'])} | {summary} |", flush=True)
     return 0
 
 

@@ -242,3 +242,189 @@ def test_no_product_is_ordered_in_a_graph_with_tf1_control_flow(monkeypatch):
     assert lean.ordered_products(half) == (half, 0)
     monkeypatch.setattr(lean, "_SWITCHES", frozenset())  # (without the rule: ordered)
     assert lean.ordered_products(half)[1] >= 1
+
+
+# --- saved in half ----------------------------------------------------------------------------
+
+SAVED_BATCH, SAVED_WIDTH = 64, 256  # activations of 16384 elements: lean.MIN_SAVED_ELEMENTS
+ROUNDED = dict(rtol=0.02, atol=0.002)  # late readers reading bfloat16-rounded activations
+
+
+def _deep_training_graph(activation, depth=4):
+    """x [SAVED_BATCH, SAVED_WIDTH] -> depth x (MatMul with a resource variable ->
+    activation) -> mean as 'loss'; SGD ('train'), initializer ('init')."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(0)
+        h = tf1.placeholder(tf.float32, [SAVED_BATCH, SAVED_WIDTH], name="x")
+        for k in range(depth):
+            w = tf1.get_variable(f"w{k}", [SAVED_WIDTH, SAVED_WIDTH], use_resource=True,
+                                 initializer=tf1.glorot_uniform_initializer())
+            h = activation(tf.matmul(h, w, name=f"matmul_{k}"), k)
+        loss = tf.reduce_mean(h, name="loss")
+        tf1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+        tf1.variables_initializer(tf1.global_variables(), name="init")
+    return graph.as_graph_def(), ["loss", "train", "init"]
+
+
+def _with_lists(graph_def, fetches, deny):
+    """The candidate with the products half and the ops `deny` float32 (the shape of a cost
+    model's colouring that keeps element-wise ops float32)."""
+    lists = tf_mpt.lists.default_lists("bfloat16").edited(add={"deny": deny})
+    return tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", fetches=fetches,
+                                    target="rules", lists=lists).graph_def
+
+
+def _saved_feeds():
+    return {"x:0": np.random.RandomState(2).standard_normal(
+        (SAVED_BATCH, SAVED_WIDTH)).astype(np.float32)}
+
+
+def _waiting_casts_to_float32(graph_def):
+    """{Cast name: (its input, its control inputs)} of the Casts to float32 that wait."""
+    return {n.name: (n.input[0], [i[1:] for i in n.input if i.startswith("^")])
+            for n in graph_def.node if n.op == "Cast" and
+            n.attr["DstT"].type == tf.float32.as_datatype_enum and
+            any(i.startswith("^") for i in n.input)}
+
+
+def test_a_product_held_in_float32_for_the_backward_pass_is_held_in_half():
+    """Swish layers (z * sigmoid(z)) with Mul and Sigmoid float32: each product's float32
+    Cast up is read by the forward Mul and, late, by the backward Mul of its gradient. The
+    late reader reads a new Cast up of the product's half output, waiting for the incoming
+    gradient; the forward readers keep the original. Bit for bit the candidate's numbers."""
+    graph_def, fetches = _deep_training_graph(lambda z, k: z * tf.sigmoid(z))
+    half = _with_lists(graph_def, fetches, {"Mul", "Sigmoid", "SigmoidGrad"})
+    original = half.SerializeToString()
+    out, changed = lean.saved_in_half(half)  # (no lists: only Casts up from half change)
+    assert half.SerializeToString() == original
+    waiting = _waiting_casts_to_float32(out)
+    sources = sorted(source for source, _ in waiting.values())
+    # the early layers' products; the last ones are read back within LATE_LEVELS
+    assert changed == len(waiting) and changed >= 2, waiting
+    assert set(sources) <= {f"matmul_{k}" for k in range(4)} and "matmul_0" in sources
+    view = GraphView(out)
+    for name, (source, control) in waiting.items():
+        readers = [view.nodes[r] for r, _ in view.fanout_of(view.index[name])[0]]
+        assert [r.op for r in readers] == ["Mul"] and \
+            readers[0].name.startswith("gradients/"), readers
+        assert len(control) == 1 and control[0] in [i.split(":")[0] for i in
+                                                    readers[0].input], (control, readers)
+        up = f"{source}-0-CastToFp32-TfMpt"
+        assert [r.name for r, _ in [(view.nodes[r], p) for r, p in
+                                    view.fanout_of(view.index[up])[0]]
+                if r.name.startswith("gradients/")] == [], f"{up} is still read late"
+    np.testing.assert_allclose(_run(out, "loss", _saved_feeds(), 3),
+                               _run(half, "loss", _saved_feeds(), 3), **SAME)
+
+
+def test_a_float32_activation_read_late_by_a_half_listed_op_is_held_in_half():
+    """Relu and ReluGrad float32 in the candidate: each Relu's output (cast to half for the
+    next product) is read late by its ReluGrad, which the op lists would run in half. With
+    the lists, ReluGrad reads the half copy cast back to float32, waiting for the incoming
+    gradient; without them nothing is rounded. The numbers within a named tolerance."""
+    graph_def, fetches = _deep_training_graph(lambda z, k: tf.nn.relu(z, name=f"relu_{k}"),
+                                              depth=5)
+    half = _with_lists(graph_def, fetches, {"Relu", "ReluGrad"})
+    assert lean.saved_in_half(half) == (half, 0)
+    out, changed = lean.saved_in_half(half, tf_mpt.lists.default_lists("bfloat16"))
+    waiting = _waiting_casts_to_float32(out)
+    assert changed == len(waiting), waiting
+    # each early Relu's output; and the loss's gradient, which does not wait for the forward
+    # pass and is held until the last ReluGrad reads it
+    relus = sorted(s for s, _ in waiting.values() if s.startswith("relu_"))
+    assert len(relus) >= 2 and all(s.endswith("-0-CastToBf16-TfMpt") for s in relus), waiting
+    view = GraphView(out)
+    for name, (source, control) in waiting.items():
+        [(reader, port)] = view.fanout_of(view.index[name])[0]
+        assert view.nodes[reader].op == "ReluGrad", view.nodes[reader]
+        assert port == (1 if source.startswith("relu_") else 0)
+        assert control == [view.nodes[view.fanin[reader][1 - port][0]].name]
+    np.testing.assert_allclose(_run(out, "loss", _saved_feeds(), 3),
+                               _run(half, "loss", _saved_feeds(), 3), **ROUNDED)
+
+
+def test_small_values_and_forward_readers_are_not_changed(monkeypatch):
+    """A value under MIN_SAVED_ELEMENTS is not worth two Casts; with LATE_LEVELS beyond the
+    graph's depth no reader is late."""
+    graph_def, fetches = _deep_training_graph(lambda z, k: tf.nn.relu(z), depth=5)
+    half = _with_lists(graph_def, fetches, {"Relu", "ReluGrad"})
+    lists = tf_mpt.lists.default_lists("bfloat16")
+    assert lean.saved_in_half(half, lists)[1] >= 2
+    monkeypatch.setattr(lean, "MIN_SAVED_ELEMENTS", SAVED_BATCH * SAVED_WIDTH + 1)
+    assert lean.saved_in_half(half, lists) == (half, 0)
+    monkeypatch.setattr(lean, "MIN_SAVED_ELEMENTS", 1)
+    monkeypatch.setattr(lean, "LATE_LEVELS", len(half.node))
+    assert lean.saved_in_half(half, lists) == (half, 0)
+
+
+def _relu_kinds():
+    """The kind of a candidate of the Relu training graph, by its structure."""
+    bf16 = tf.bfloat16.as_datatype_enum
+
+    def kind(g):
+        if not any(n.op == "MatMul" and n.attr["T"].type == bf16 for n in g.node):
+            return "float32"
+        if any(n.op == "Relu" and n.attr["T"].type == bf16 for n in g.node):
+            return "rules"
+        return "saved" if _waiting_casts_to_float32(g) else "products"
+    return kind
+
+
+@pytest.mark.parametrize("lean_cost, kept", [(0.61e-3, True), (0.65e-3, False)])
+def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
+        monkeypatch, tmp_path, lean_cost, kept):
+    """Graph timing (an injected clock and sandbox): the products-only colouring (contractions
+    only: Relu and ReluGrad float32, on the lists' clear list) is fastest and holds 0.9x
+    float32's peak, over decision.SMALLER_ABOVE; its lean version (activations
+    saved in half) holds 0.6x. Kept where it is within MARGIN of the pick's time (a tie goes
+    to memory), not where it is 8% slower; a cached verdict makes the same graph again."""
+    from support import fake_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.rewrite import decision, graph_timing  # pylint: disable=import-outside-toplevel
+    monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
+    monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
+    fakes = fake_timing.install(monkeypatch)
+    kind = _relu_kinds()
+    fakes.cost = lambda g, i: {"float32": 1e-3, "rules": 0.8e-3, "products": 0.6e-3,
+                               "saved": lean_cost}[kind(g)]
+    fakes.peak = lambda g: {"float32": 10 << 20, "rules": 9 << 20, "products": 9 << 20,
+                            "saved": 6 << 20}[kind(g)]
+    graph_def, fetches = _deep_training_graph(lambda z, k: tf.nn.relu(z), depth=5)
+
+    def rewrite():
+        return tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", fetches=fetches,
+                                        target="here")
+    result = rewrite()
+    verdict = result.report.verdict
+    assert 0.9 > decision.SMALLER_ABOVE
+    assert graph_timing.LEAN in verdict.times, verdict.describe()
+    assert kind(result.graph_def) == ("saved" if kept else "products")
+    assert verdict.pick == (graph_timing.LEAN if kept else verdict.lean_from)
+    assert verdict.lean_against == verdict.lean_from
+    assert verdict.lean_changes["saved in half"] >= 2 and \
+        "ordered products" not in verdict.lean_changes, verdict.lean_changes
+    if kept:
+        assert "picked lean" in verdict.describe()
+    again = rewrite()
+    assert again.report.verdict.source == "cached" and again.graph_def == result.graph_def
+
+
+def test_a_pick_within_the_goal_is_not_made_lean(monkeypatch, tmp_path):
+    """The same graph where the fastest colouring already holds 0.6x float32's peak: no lean
+    version is timed."""
+    from support import fake_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
+    monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
+    fakes = fake_timing.install(monkeypatch)
+    kind = _relu_kinds()
+    fakes.cost = lambda g, i: {"float32": 1e-3, "rules": 0.8e-3, "products": 0.6e-3,
+                               "saved": 0.6e-3}[kind(g)]
+    fakes.peak = lambda g: {"float32": 10 << 20, "rules": 9 << 20, "products": 6 << 20,
+                            "saved": 5 << 20}[kind(g)]
+    graph_def, fetches = _deep_training_graph(lambda z, k: tf.nn.relu(z), depth=5)
+    result = tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", fetches=fetches,
+                                      target="here")
+    verdict = result.report.verdict
+    assert graph_timing.LEAN not in verdict.times and kind(result.graph_def) == "products", \
+        verdict.describe()

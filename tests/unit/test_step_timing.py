@@ -120,6 +120,32 @@ def test_each_version_is_timed_on_copies_and_the_scripts_variables_stay_as_they_
     np.testing.assert_array_equal(w.numpy(), np.eye(WIDTH, dtype=np.float32) * 0.5)
 
 
+def test_each_versions_traced_run_carries_its_allocations_by_dtype():
+    """step_timing.traced_runs (benchmarks/memory_profile.py's Keras rows): one traced run per
+    version after its warm-up runs; the float32 version's allocation records include its
+    float32 products' 64 x WIDTH outputs, the mixed one's its bfloat16 ones; the script's
+    variables are untouched."""
+    step, _, acc = _step()
+    cf = step.get_concrete_function()
+    before = acc.numpy().copy()
+    traced, resident = _timing.traced_runs(cf, _versions(cf), 64, warmup=1)
+    assert set(traced) == {"float32", "mixed"} and resident > 0
+
+    def product_outputs(metadata):
+        return sorted(
+            (out.tensor_description.dtype, out.tensor_description.allocation_description.
+             requested_bytes) for device in metadata.step_stats.dev_stats
+            for stats in device.node_stats
+            if stats.timeline_label.partition(" = ")[2].startswith(("MatMul", "_MklMatMul"))
+            for out in stats.output)
+    f32, bf16 = tf.float32.as_datatype_enum, tf.bfloat16.as_datatype_enum
+    assert product_outputs(traced["float32"]) == [(f32, 64 * WIDTH * 4)] * 2
+    assert (bf16, 64 * WIDTH * 2) in product_outputs(traced["mixed"]), \
+        product_outputs(traced["mixed"])
+    assert all(_timing.step_peak_bytes(m) >= 64 * WIDTH * 2 for m in traced.values())
+    np.testing.assert_array_equal(acc.numpy(), before)
+
+
 def test_each_version_is_profiled_per_node_under_its_own_node_names():
     """The refinement's profile: every version's matrix products are found under their
     names in the function's graph (the sandbox's candidate_<k>/ prefix taken off)."""

@@ -24,7 +24,7 @@ import os
 from tf_mpt import lists as _lists
 from tf_mpt._process import state as _state
 
-VERSION = 2  # of the fingerprint and the verdict record; a change makes old ones unused
+VERSION = 3  # of the fingerprint and the verdict record; a change makes old ones unused
 
 _recording = []  # the open `recording()` contexts' {fingerprint: verdict dict}
 

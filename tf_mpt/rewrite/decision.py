@@ -21,8 +21,12 @@
                   holding least (graph_timing.pick); where the fastest is one, its lean version
                   (lean.lean; then, if still over, its leaner one) is timed beside the
                   fastest within float32's peak and kept if it is within that peak and over
-                  3% faster (before any refinement: a lean pick is not refined). A traced
-                  tf.function's step timer measures its candidates' peaks the same way
+                  3% faster (before any refinement: a lean pick is not refined). Where
+                  no lean version was tried and the pick (refined or not) holds more than
+                  SMALLER_ABOVE of float32's peak, its lean version is timed beside it and
+                  kept if it holds less (by over 2%) and is not slower (by over 3%): a tie
+                  in time goes to memory (_make_smaller). A traced tf.function's step
+                  timer measures its candidates' peaks the same way
     verdict       graph_timing.Verdict: every time and the pick, in the report
                   (RewriteReport.verdict) and in one INFO line
 
@@ -48,6 +52,10 @@ from tf_mpt.rewrite import step_timing as _step_timing
 from tf_mpt.rewrite import type_attrs as _ta
 
 _log = logging.getLogger("tf_mpt.rewrite")
+# A pick holding more than this share of float32's peak (step peak and resident bytes) has its
+# lean version timed beside it (_make_smaller): mixed precision's "half the memory" where
+# activations dominate, short of the weights and inputs every candidate holds in float32.
+SMALLER_ABOVE = 0.65
 
 CONTRACTION_OPS = _contractions.NODE_TIMED_OPS | frozenset((
     "Conv3D", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2"))
@@ -164,7 +172,41 @@ def _lean_result(result, graph_def, changes):
     return type(result)(graph_def, report, True)
 
 
-def _make_lean(verdict, results, graphs, config, timer, deadline):
+def _total(peaks, name):
+    return peaks[name] + peaks.get(_timing.RESIDENT, 0)
+
+
+def _make_smaller(verdict, results, graphs, config, lists, timer, deadline):
+    """Where no lean version was tried and the pick is a half candidate holding more than
+    SMALLER_ABOVE of float32's peak: its lean version (lean.lean without ordered products:
+    those are for weight gradients held in both dtypes, over float32's peak; `lists`: which
+    readers may read a value saved in half) timed beside it until `deadline` and kept if it holds over
+    PEAK_SLACK less and is not over MARGIN slower. Returns the verdict, with the lean
+    version's record where one was timed; `results` gets its RewriteResult."""
+    chosen, peaks = verdict.pick, verdict.peaks
+    if verdict.lean_from or chosen in (_timing.FLOAT32, _timing.LEAN) or \
+            chosen not in peaks or _timing.FLOAT32 not in peaks or \
+            _total(peaks, chosen) <= SMALLER_ABOVE * _total(peaks, _timing.FLOAT32):
+        return verdict
+    source = results[chosen].graph_def
+    graph, changes = _lean.lean(source, False, lists, ordered=False)
+    left = deadline - _timing._clock()  # pylint: disable=protected-access
+    if graph is source or left <= 0:
+        return verdict
+    times = timer({chosen: source, _timing.LEAN: graph}, config.cost_batch, left)
+    results[_timing.LEAN] = _lean_result(results[chosen], graph, changes)
+    peaks = dict(getattr(timer, "peaks", peaks))
+    kept = _timing.LEAN in peaks and \
+        _total(peaks, _timing.LEAN) < _total(peaks, chosen) * (1.0 - _timing.PEAK_SLACK) and \
+        statistics.median(times[_timing.LEAN]) <= \
+        statistics.median(times[chosen]) * (1.0 + _timing.MARGIN)
+    return dataclasses.replace(
+        verdict, times={**verdict.times, _timing.LEAN: times[_timing.LEAN]},
+        pick=_timing.LEAN if kept else chosen, lean_from=chosen, lean_against=chosen,
+        lean_beside=times[chosen], lean_changes=dict(changes), peaks=peaks)
+
+
+def _make_lean(verdict, results, graphs, config, lists, timer, deadline):
     """Where the first rounds' fastest candidate is over float32's peak: its lean version
     (lean.lean), then where that is still over its leaner one (weight gradients' products in
     float32), each timed beside the pick (the fastest within float32's peak) until
@@ -178,7 +220,7 @@ def _make_lean(verdict, results, graphs, config, timer, deadline):
         return verdict  # (the pick is another for a tie in time: it holds less)
     against, tried = verdict.pick, None
     for products_in_float32 in (False, True):
-        graph, changes = _lean.lean(graphs[fastest], products_in_float32)
+        graph, changes = _lean.lean(graphs[fastest], products_in_float32, lists)
         left = deadline - _timing._clock()  # pylint: disable=protected-access
         if graph is graphs[fastest] or graph == tried or left <= 0:
             continue
@@ -199,10 +241,11 @@ def _make_lean(verdict, results, graphs, config, timer, deadline):
     return verdict
 
 
-def _lean_again(verdict, results):
+def _lean_again(verdict, results, lists):
     """The RewriteResult of a verdict's lean pick, made again (a cached verdict)."""
     graph, changes = _lean.lean(results[verdict.lean_from].graph_def,
-                                "float32 products" in verdict.lean_changes)
+                                "float32 products" in verdict.lean_changes, lists,
+                                "ordered products" in verdict.lean_changes)
     return _lean_result(results[verdict.lean_from], graph, changes)
 
 
@@ -302,7 +345,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                 _timing._clock() - started)  # pylint: disable=protected-access
             if _bounded(config, measured) and left > 0:
                 try:
-                    verdict = _make_lean(verdict, results, graphs, config, timer,
+                    verdict = _make_lean(verdict, results, graphs, config, lists, timer,
                                          started + config.timing_budget)
                 except Exception as error:  # pylint: disable=broad-except
                     _log.info("graph timing did not time a lean candidate (%s: %s)",
@@ -320,13 +363,21 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                     # (the first rounds' pick stands; NotTimed: a run failed or was stopped)
                     _log.info("graph timing did not refine %s (%s: %s)", chosen,
                               type(error).__name__, error)
+            if _bounded(config, measured):
+                try:
+                    verdict = _make_smaller(verdict, results, graphs, config, lists, timer,
+                                            started + config.timing_budget)
+                except Exception as error:  # pylint: disable=broad-except
+                    _log.info("graph timing did not time a smaller candidate (%s: %s)",
+                              type(error).__name__, error)
             if key is not None:
                 _verdicts.store(config, dtype, key, verdict.to_dict())
-        if verdict.pick == _timing.LEAN and _timing.LEAN not in results:
-            results[_timing.LEAN] = _lean_again(verdict, results)
-        if verdict.pick == _timing.REFINED and _timing.REFINED not in results:
+        if _timing.REFINED in (verdict.pick, verdict.lean_from) and \
+                _timing.REFINED not in results:
             results[_timing.REFINED] = _keeping_float32(graph_def, verdict.refined,
                                                         verdict.refined_from, rewrite, lists)
+        if verdict.pick == _timing.LEAN and _timing.LEAN not in results:
+            results[_timing.LEAN] = _lean_again(verdict, results, lists)
     except _timing.NotTimed as error:
         verdict = _timing.Verdict({}, predicted_name, predicted_name, str(error))
     except Exception as error:  # pylint: disable=broad-except

@@ -1,6 +1,6 @@
 """Lean: a candidate's graph rearranged to hold fewer bytes at its peak (issue "memory").
 
-Three changes, each leaving every op's dtype what the candidate decided except where said:
+Four changes, each leaving every op's dtype what the candidate decided except where said:
 
     late casts       a half Cast of a value that lives across the step anyway (a variable's
                      read, a constant, a fed input, a stack of a loop's forward values: see
@@ -16,6 +16,15 @@ Three changes, each leaving every op's dtype what the candidate decided except w
     float32 products (the leaner version) such a product computes in float32: its result is
                      never held in both dtypes; its inputs (activations, the incoming
                      gradient) are cast to float32 instead.
+    saved in half    a float32 value that a late reader (one that waits for an input at least
+                     LATE_LEVELS ops deeper: the backward pass's reader of a forward
+                     activation) keeps alive is held in half instead: each late reader reads a
+                     Cast to float32 of the value's half copy, made once its deepest other
+                     input is ready. The half copy is the value's own source where the value
+                     is a Cast up from half (the same numbers, bit for bit); else the
+                     candidate's Cast of it to half, or a new one, and then only readers on
+                     the lists' allow, infer or clear lists (ops the lists would run in half)
+                     are moved, and they read the value rounded to half.
 
 Their cost is speed (a Cast per use, less running side by side, float32 products), so a lean
 graph is only a candidate: graph timing times it and measures its peak (decision.py).
@@ -30,12 +39,17 @@ from tensorflow.core.framework import types_pb2
 from tf_mpt.rewrite import casts as _casts
 from tf_mpt.rewrite import type_attrs as _ta
 from tf_mpt.rewrite.graph_view import GraphView, parse_input
+from tf_mpt.rewrite.paint import shapes as _shapes
 
 # The ops whose output is a value that lives across the step whatever the step does with it.
 HELD_SOURCES = frozenset((
     "ReadVariableOp", "VariableV2", "Variable", "Const", "HostConst", "Placeholder",
     "PlaceholderWithDefault", "StackPopV2", "StackPop"))
-_PASS_THROUGH = frozenset(("Identity", "Enter", "RefEnter", "RefIdentity", "Snapshot"))
+# Ops whose output is their first input's buffer (or the same value, held as long): a value
+# held through them is held.
+_PASS_THROUGH = frozenset(("Identity", "Enter", "RefEnter", "RefIdentity", "Snapshot",
+                           "Reshape", "Squeeze", "ExpandDims", "StopGradient",
+                           "PreventGradient"))
 # A control input from these would not mean "the other input is ready" (a Switch's control
 # edge is live on either branch; a Merge's fires on the first input).
 _NO_TRIGGER = frozenset(("Switch", "RefSwitch", "Merge", "RefMerge", "NextIteration",
@@ -48,6 +62,15 @@ _ANY_INPUT = frozenset(("Merge", "RefMerge"))
 # loop's frames cannot be crossed by a control edge.
 _SWITCHES = frozenset(("Switch", "RefSwitch"))
 PRODUCTS = frozenset(("MatMul", "BatchMatMul", "BatchMatMulV2"))
+# saved in half: a reader is late where one of its inputs is this many ops (longest path from
+# the graph's sources) deeper than the value it reads; a forward reader is within a few.
+LATE_LEVELS = 16
+# saved in half: values of fewer elements than this (an unknown dimension counted as 1: a
+# reduction's [batch, 1] result, a bias) are not worth their two Casts.
+MIN_SAVED_ELEMENTS = 1 << 14
+# Readers that are not moved (a loop's or a cond's plumbing; a Merge runs on any one input).
+_NOT_MOVED = _NO_TRIGGER | frozenset(("Enter", "RefEnter"))
+_HALF_LISTS = ("allow", "infer", "clear")
 
 
 def _held(view, i, seen=0):
@@ -267,14 +290,163 @@ def float32_products(graph_def):
     return out, changed
 
 
-def lean(graph_def, products_in_float32=False):
-    """The changes in order: ordered products, float32 products (with
+def _levels(view):
+    """[longest path from a source, per node] over data and control edges (a loop's
+    NextIteration edges left out), or None where the graph has a cycle besides those."""
+    pending = [0] * len(view)
+    readers = [[] for _ in range(len(view))]
+    for i in range(len(view)):
+        for src in [s for s, _ in view.fanin[i]] + list(view.control_fanin[i]):
+            if not _back_edge(view, src):
+                pending[i] += 1
+                readers[src].append(i)
+    level = [0] * len(view)
+    ready = [i for i in range(len(view)) if not pending[i]]
+    done = 0
+    while ready:
+        i = ready.pop()
+        done += 1
+        for reader in readers[i]:
+            level[reader] = max(level[reader], level[i] + 1)
+            pending[reader] -= 1
+            if not pending[reader]:
+                ready.append(reader)
+    return level if done == len(view) else None
+
+
+def _half_type(view):
+    """The half type of the candidate's Casts (the most common), or None."""
+    found = collections.Counter(
+        node.attr["DstT"].type for node in view.nodes
+        if node.op == "Cast" and node.name.endswith(_casts.CAST_SUFFIX) and
+        node.attr["SrcT"].type == types_pb2.DT_FLOAT and
+        node.attr["DstT"].type in _ta.HALF_TYPES)
+    return found.most_common(1)[0][0] if found else None
+
+
+def _output_type(node, port):
+    try:
+        types = _ta.node_types(node, {})
+    except Exception:  # pylint: disable=broad-except
+        return None  # (an op this TensorFlow does not know: its outputs are not guessed)
+    if not types.known or port >= len(types.out_keys) or types.out_keys[port] is None:
+        return None
+    return types.dtypes.get(types.out_keys[port])
+
+
+def _deepest_other(view, reader, value, level):
+    """The deepest input (data or control) of `reader` besides node `value`, as a node, that
+    may be waited on (not a held value, not a loop's or a cond's plumbing), or None."""
+    best = None
+    for src in [s for s, _ in view.fanin[reader]] + list(view.control_fanin[reader]):
+        if src == value or _held(view, src) or view.nodes[src].op in _NO_TRIGGER:
+            continue
+        if best is None or level[src] > level[best]:
+            best = src
+    return best
+
+
+def saved_in_half(graph_def, lists=None):
+    """graph_def with the float32 values its late readers keep alive held in half (see the
+    module's docstring); `lists` (lists.OpLists) names the readers that may read a value
+    rounded to half (None: only values that are Casts up from half are changed). Returns
+    (GraphDef, values changed)."""
+    view = GraphView(graph_def)
+    half = _half_type(view)
+    level = _levels(view) if half is not None else None
+    if level is None:
+        return graph_def, 0
+    shapes = _shapes.graph_def_shapes(graph_def, view)
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    nodes = out.node
+    taken = {node.name for node in nodes}
+    added, changed = [], 0
+    for i, node in enumerate(view.nodes):
+        if _held(view, i):
+            continue
+        for port, readers in sorted(view.fanout_of(i).items()):
+            if _elements(shapes, node.name, port) < MIN_SAVED_ELEMENTS:
+                continue
+            plan = _saving_plan(view, i, port, readers, half, level, lists)
+            if plan is None:
+                continue
+            source, late = plan
+            tensor = node.name if port == 0 else f"{node.name}:{port}"
+            if source is None:  # a new half copy, made where the value is
+                copy = _casts.new_cast(taken, tensor, types_pb2.DT_FLOAT, half, node.device)
+                added.append(copy)
+                source = copy.name
+            by_trigger = collections.defaultdict(list)
+            for reader, reader_port, trigger in late:
+                by_trigger[trigger].append((reader, reader_port))
+            for trigger, moved in sorted(by_trigger.items()):
+                back = _casts.new_cast(taken, source, half, types_pb2.DT_FLOAT,
+                                       nodes[moved[0][0]].device)
+                back.input.append(f"^{view.nodes[trigger].name}")
+                added.append(back)
+                for reader, reader_port in moved:
+                    nodes[reader].input[reader_port] = back.name
+            changed += 1
+    if not changed:
+        return graph_def, 0
+    _finish(out, set(), added)
+    return out, changed
+
+
+def _elements(shapes, name, port):
+    """The elements of output `port` of node `name` by its static shape, an unknown
+    dimension counted as 1 (an unknown rank: MIN_SAVED_ELEMENTS, as if big enough)."""
+    entry = shapes.get(name)
+    if entry is None or port >= len(entry) or entry[port] is None:
+        return MIN_SAVED_ELEMENTS
+    count = 1
+    for size in entry[port]:
+        count *= size if size is not None and size > 0 else 1
+    return count
+
+
+def _saving_plan(view, i, port, readers, half, level, lists):
+    """(the half copy's tensor name, or None for a new Cast; [(late reader, its input port,
+    the node it waits for)]) for output `port` of node i, or None where it is not held in
+    half: no late reader, or one that cannot be moved."""
+    node = view.nodes[i]
+    exact = _casts.is_our_cast(node, half, types_pb2.DT_FLOAT) and port == 0
+    source = node.input[0] if exact else None
+    if not exact:
+        if _output_type(node, port) != types_pb2.DT_FLOAT:
+            return None
+        for reader, _ in readers:
+            copy = view.nodes[reader]
+            if _casts.is_our_cast(copy, types_pb2.DT_FLOAT, half) and                     not view.control_fanin[reader]:
+                source = copy.name
+                break
+    late = []
+    for reader, reader_port in readers:
+        reader_node = view.nodes[reader]
+        if reader_node.name == source or level[reader] <= level[i] + LATE_LEVELS:
+            continue
+        trigger = _deepest_other(view, reader, i, level)
+        if reader_node.op in _NOT_MOVED or trigger is None or                 level[trigger] < level[i] + LATE_LEVELS:
+            return None  # (late, but not for an input it could wait on: the value stays)
+        if not exact and (lists is None or lists.list_of(reader_node.op) not in _HALF_LISTS):
+            return None
+        late.append((reader, reader_port, trigger))
+    return (source, late) if late else None
+
+
+def lean(graph_def, products_in_float32=False, lists=None, ordered=True):
+    """The changes in order: ordered products (with `ordered`: for a candidate holding more
+    than float32, whose weight gradients are held in both dtypes), float32 products (with
     `products_in_float32`: the leaner version, for where the first still holds too much),
-    late casts. Returns (GraphDef, {change: count})."""
+    saved in half (`lists`: see saved_in_half), late casts. Returns (GraphDef, {change:
+    count}), the changes made (not tried: absent)."""
     changes = {}
-    graph_def, changes["ordered products"] = ordered_products(graph_def)
+    if ordered:
+        graph_def, changes["ordered products"] = ordered_products(graph_def)
     if products_in_float32:
         graph_def, changes["float32 products"] = float32_products(graph_def)
+    graph_def, changes["saved in half"] = saved_in_half(graph_def, lists)
     graph_def, changes["late casts"] = late_casts(graph_def)
     return graph_def, changes
 

@@ -108,6 +108,23 @@ def time_versions(concrete_function, graph_defs, batch, rounds, budget_seconds=B
     return _in_sandbox(concrete_function, graph_defs, batch, use)
 
 
+def traced_runs(concrete_function, graph_defs, batch, warmup=3):
+    """({candidate: RunMetadata of one FULL_TRACE run}, resident bytes) of each of
+    {candidate: GraphDef} (as time_versions takes them) in one sandbox Session, each traced
+    run after `warmup` untraced ones: where a step's bytes go (benchmarks/memory_profile.py
+    reads its allocation records). Raises NotTimed where the sandbox cannot be made."""
+    def use(runners, traced_run, resident):
+        found = {}
+        for name, run in runners.items():
+            for _ in range(warmup):
+                run()
+            metadata = tf.compat.v1.RunMetadata()
+            traced_run(name, metadata)
+            found[name] = metadata
+        return found, resident
+    return _in_sandbox(concrete_function, graph_defs, batch, use)
+
+
 def step_peak_bytes(metadata):
     """The highest sum of bytes TensorFlow's allocators handed out and had not yet taken
     back during one traced run (RunMetadata with FULL_TRACE: its allocation records): what

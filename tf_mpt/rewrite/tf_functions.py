@@ -72,9 +72,12 @@ def rewrite_function(concrete_function, *, dtype="float16", config=None, jit_com
 @dataclasses.dataclass(frozen=True)
 class _Rewritten:
     """function: the rebuilt ConcreteFunction, or the input when nothing changed (or it could
-    not be rebuilt, or it ran faster in float32); report: the rewrite's report."""
+    not be rebuilt, or it ran faster in float32); report: the rewrite's report; graph_def:
+    the GraphDef `function` was rebuilt from (its library named apart), None where none
+    was."""
     function: object
     report: object = None
+    graph_def: object = None
 
 
 def _rewrite_concrete(cf, dtype, config, jit_compile, target, timed=False, name=None):
@@ -99,7 +102,7 @@ def _rewrite_concrete(cf, dtype, config, jit_compile, target, timed=False, name=
     try:
         library = _register_library(graph_def)
         return _Rewritten(_function_from_graph_def(cf, graph_def, library, jit_compile),
-                          result.report)
+                          result.report, graph_def)
     except Exception as error:  # pylint: disable=broad-except
         _log.warning("tf_mpt could not rebuild function %s from its rewritten graph (%s: %s); "
                      "it is left unchanged in float32.", _text(cf.name), type(error).__name__, error)
