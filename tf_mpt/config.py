@@ -125,7 +125,11 @@ ENV_VARS = (
      "use, after the use's other input; weight gradients' products ordered so that two are "
      "not held in both dtypes at once; then, if still over, a leaner one with those weight "
      "gradients computed in float32) is timed and measured too, and the fastest within "
-     "float32's peak is kept; of candidates within 3% of the fastest, the one holding least. any: the peaks are measured and reported, and the fastest is "
+     "float32's peak is kept; of candidates within 3% of the fastest, the one holding least; "
+     "where the pick still holds over 0.65x float32's peak, its activations saved in half (a "
+     "float32 value read late, by the backward pass, held as its half copy and cast back "
+     "where it is read) are timed beside it and kept if they hold less and are not over 3% "
+     "slower. any: the peaks are measured and reported, and the fastest is "
      "kept whatever it holds. The same for a traced tf.function that step timing times (its "
      "copies of the variables and inputs are the bytes held alike)."),
     (TF_MPT_DISPATCH_CHECK, "1", "Where the graph runs on this machine (the automatic path "

@@ -23,7 +23,8 @@
                   fastest within float32's peak and kept if it is within that peak and over
                   3% faster (before any refinement: a lean pick is not refined). Where
                   no lean version was tried and the pick (refined or not) holds more than
-                  SMALLER_ABOVE of float32's peak, its lean version is timed beside it and
+                  SMALLER_ABOVE of float32's peak, its lean version (activations saved in
+                  half; lean.saved_in_half) is timed beside it and
                   kept if it holds less (by over 2%) and is not slower (by over 3%): a tie
                   in time goes to memory (_make_smaller). A traced tf.function's step
                   timer measures its candidates' peaks the same way
@@ -178,8 +179,8 @@ def _total(peaks, name):
 
 def _make_smaller(verdict, results, graphs, config, lists, timer, deadline):
     """Where no lean version was tried and the pick is a half candidate holding more than
-    SMALLER_ABOVE of float32's peak: its lean version (lean.lean without ordered products:
-    those are for weight gradients held in both dtypes, over float32's peak; `lists`: which
+    SMALLER_ABOVE of float32's peak: its activations saved in half (lean.lean without the
+    changes for weights: those are for a candidate over float32's peak; `lists`: which
     readers may read a value saved in half) timed beside it until `deadline` and kept if it holds over
     PEAK_SLACK less and is not over MARGIN slower. Returns the verdict, with the lean
     version's record where one was timed; `results` gets its RewriteResult."""
@@ -189,7 +190,7 @@ def _make_smaller(verdict, results, graphs, config, lists, timer, deadline):
             _total(peaks, chosen) <= SMALLER_ABOVE * _total(peaks, _timing.FLOAT32):
         return verdict
     source = results[chosen].graph_def
-    graph, changes = _lean.lean(source, False, lists, ordered=False)
+    graph, changes = _lean.lean(source, False, lists, weights=False)
     left = deadline - _timing._clock()  # pylint: disable=protected-access
     if graph is source or left <= 0:
         return verdict
@@ -245,7 +246,7 @@ def _lean_again(verdict, results, lists):
     """The RewriteResult of a verdict's lean pick, made again (a cached verdict)."""
     graph, changes = _lean.lean(results[verdict.lean_from].graph_def,
                                 "float32 products" in verdict.lean_changes, lists,
-                                "ordered products" in verdict.lean_changes)
+                                "late casts" in verdict.lean_changes)
     return _lean_result(results[verdict.lean_from], graph, changes)
 
 

@@ -435,19 +435,21 @@ def _saving_plan(view, i, port, readers, half, level, lists):
     return (source, late) if late else None
 
 
-def lean(graph_def, products_in_float32=False, lists=None, ordered=True):
-    """The changes in order: ordered products (with `ordered`: for a candidate holding more
-    than float32, whose weight gradients are held in both dtypes), float32 products (with
+def lean(graph_def, products_in_float32=False, lists=None, weights=True):
+    """The changes in order: ordered products (with `weights`), float32 products (with
     `products_in_float32`: the leaner version, for where the first still holds too much),
-    saved in half (`lists`: see saved_in_half), late casts. Returns (GraphDef, {change:
-    count}), the changes made (not tried: absent)."""
+    saved in half (`lists`: see saved_in_half), late casts (with `weights`). `weights`: the
+    changes for a candidate holding more than float32 because of its weights' half copies and
+    its weight gradients in both dtypes. Returns (GraphDef, {change: count}), a change not
+    tried absent."""
     changes = {}
-    if ordered:
+    if weights:
         graph_def, changes["ordered products"] = ordered_products(graph_def)
     if products_in_float32:
         graph_def, changes["float32 products"] = float32_products(graph_def)
     graph_def, changes["saved in half"] = saved_in_half(graph_def, lists)
-    graph_def, changes["late casts"] = late_casts(graph_def)
+    if weights:
+        graph_def, changes["late casts"] = late_casts(graph_def)
     return graph_def, changes
 
 
