@@ -5,6 +5,7 @@ tf_mpt setting the policy (TF_MPT_KERAS=policy).
     python benchmarks/keras_models.py [--models resnet50 ...] [--rounds 3] [--steps 8]
                                       [--min-seconds 2] [--dtype bfloat16]
                                       [--keras keras|tf_keras]
+                                      [--step-timing auto|always|off]
 
 Models (random data, weights=None): ResNet50, MobileNetV2, EfficientNetB0, DenseNet121
 (keras.applications, 128x128x3, batch 16, 10 classes), a Transformer encoder
@@ -32,6 +33,10 @@ TensorFlow's CPU allocator (reset at the phase's start: weights, optimizer slots
 activations, gradients) and its peak resident set size over the phase minus its resident size
 at the phase's start (VmHWM, as benchmarks/train_speed.py reads it); a table gives their
 medians over the rounds per way, with the ratio to float32's.
+
+--step-timing sets TF_MPT_STEP_TIMING for the tf_mpt ways (default: tf_mpt's default, auto):
+`always` times every traced step's candidates (and measures their peaks), where auto times
+only steps whose predicted saving is thin.
 """
 
 import argparse
@@ -56,7 +61,7 @@ APPLICATIONS = {"resnet50": "ResNet50", "mobilenetv2": "MobileNetV2",
                 "efficientnetb0": "EfficientNetB0", "densenet121": "DenseNet121"}
 
 
-def _env(way, dtype, keras_module):
+def _env(way, dtype, keras_module, step_timing=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
     env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     if keras_module == "tf_keras":
@@ -64,6 +69,8 @@ def _env(way, dtype, keras_module):
     if way.startswith("tf_mpt"):
         env.update(TF_MPT_ENABLE="1", TF_MPT_DTYPE=dtype,
                    TF_MPT_KERAS="policy" if way == "tf_mpt_policy" else "rewrite")
+        if step_timing:
+            env["TF_MPT_STEP_TIMING"] = step_timing
     return env
 
 
@@ -214,8 +221,8 @@ def _measure(name, way, args):
     command = [sys.executable, __file__, "--child", name, way, "--steps", str(args.steps),
                "--min-seconds", str(args.min_seconds), "--dtype", args.dtype,
                "--keras", args.keras]
-    done = subprocess.run(command, env=_env(way, args.dtype, args.keras), cwd=ROOT,
-                          capture_output=True, text=True, timeout=3600, check=False)
+    done = subprocess.run(command, env=_env(way, args.dtype, args.keras, args.step_timing),
+                          cwd=ROOT, capture_output=True, text=True, timeout=3600, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{name} / {way} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -236,6 +243,8 @@ def main():
                              "many seconds of them (by the warm-up steps' time)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     parser.add_argument("--keras", default="keras", choices=("keras", "tf_keras"))
+    parser.add_argument("--step-timing", choices=("auto", "always", "off"),
+                        help="TF_MPT_STEP_TIMING for the tf_mpt ways (default: its default)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

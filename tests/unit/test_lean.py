@@ -401,13 +401,14 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
     assert kind(result.graph_def) == ("saved" if kept else "products")
     assert verdict.pick == (graph_timing.LEAN if kept else verdict.lean_from)
     assert verdict.lean_against == verdict.lean_from
-    # (the changes for weights are for a candidate over float32's peak)
-    assert set(verdict.lean_changes) == {"saved in half"} and \
+    # (ordered products are for a candidate over float32's peak)
+    assert set(verdict.lean_changes) == {"saved in half", "late casts"} and \
         verdict.lean_changes["saved in half"] >= 2, verdict.lean_changes
     if kept:
         assert "picked lean, 1.64x float32" in verdict.describe(), verdict.describe()
-        lean_graph, changes = lean.lean(result.graph_def, weights=False)
-        assert lean_graph is result.graph_def and changes == {"saved in half": 0}
+        lean_graph, changes = lean.lean(result.graph_def, ordered=False)
+        assert lean_graph is result.graph_def and \
+            changes == {"saved in half": 0, "late casts": 0}
     again = rewrite()
     assert again.report.verdict.source == "cached" and again.graph_def == result.graph_def
 

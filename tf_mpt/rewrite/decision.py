@@ -22,11 +22,12 @@
                   (lean.lean; then, if still over, its leaner one) is timed beside the
                   fastest within float32's peak and kept if it is within that peak and over
                   3% faster (before any refinement: a lean pick is not refined). Where
-                  no lean version was tried and the pick (refined or not) holds more than
-                  SMALLER_ABOVE of float32's peak, its lean version (activations saved in
-                  half; lean.saved_in_half) is timed beside it and
+                  no lean version was tried and the pick holds more than
+                  SMALLER_ABOVE of float32's peak, its lean version without ordered products
+                  (activations saved in half, late casts) is timed beside it and
                   kept if it holds less (by over 2%) and is not slower (by over 3%): a tie
-                  in time goes to memory (_make_smaller). A traced tf.function's step
+                  in time goes to memory (_make_smaller; before the refinement, and a lean
+                  pick is not refined). A traced tf.function's step
                   timer measures its candidates' peaks the same way
     verdict       graph_timing.Verdict: every time and the pick, in the report
                   (RewriteReport.verdict) and in one INFO line
@@ -179,9 +180,10 @@ def _total(peaks, name):
 
 def _make_smaller(verdict, results, graphs, config, lists, timer, deadline):
     """Where no lean version was tried and the pick is a half candidate holding more than
-    SMALLER_ABOVE of float32's peak: its activations saved in half (lean.lean without the
-    changes for weights: those are for a candidate over float32's peak; `lists`: which
-    readers may read a value saved in half) timed beside it until `deadline` and kept if it holds over
+    SMALLER_ABOVE of float32's peak: its lean version without ordered products (lean.lean:
+    activations saved in half, `lists` naming the readers that may read them rounded; a
+    weight's half Cast made at each use; ordered products serve a candidate whose weight
+    gradients hold it over float32's peak, and cost time) timed beside it until `deadline` and kept if it holds over
     PEAK_SLACK less and is not over MARGIN slower. Returns the verdict, with the lean
     version's record where one was timed; `results` gets its RewriteResult."""
     chosen, peaks = verdict.pick, verdict.peaks
@@ -190,7 +192,7 @@ def _make_smaller(verdict, results, graphs, config, lists, timer, deadline):
             _total(peaks, chosen) <= SMALLER_ABOVE * _total(peaks, _timing.FLOAT32):
         return verdict
     source = results[chosen].graph_def
-    graph, changes = _lean.lean(source, False, lists, weights=False)
+    graph, changes = _lean.lean(source, False, lists, ordered=False)
     left = deadline - _timing._clock()  # pylint: disable=protected-access
     if graph is source or left <= 0:
         return verdict
@@ -246,7 +248,7 @@ def _lean_again(verdict, results, lists):
     """The RewriteResult of a verdict's lean pick, made again (a cached verdict)."""
     graph, changes = _lean.lean(results[verdict.lean_from].graph_def,
                                 "float32 products" in verdict.lean_changes, lists,
-                                "late casts" in verdict.lean_changes)
+                                "ordered products" in verdict.lean_changes)
     return _lean_result(results[verdict.lean_from], graph, changes)
 
 
@@ -351,6 +353,12 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                 except Exception as error:  # pylint: disable=broad-except
                     _log.info("graph timing did not time a lean candidate (%s: %s)",
                               type(error).__name__, error)
+                try:  # (before the refinement, which would leave it no budget)
+                    verdict = _make_smaller(verdict, results, graphs, config, lists, timer,
+                                            started + config.timing_budget)
+                except Exception as error:  # pylint: disable=broad-except
+                    _log.info("graph timing did not time a smaller candidate (%s: %s)",
+                              type(error).__name__, error)
                 chosen = verdict.pick
                 left = config.timing_budget - (
                     _timing._clock() - started)  # pylint: disable=protected-access
@@ -364,17 +372,9 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                     # (the first rounds' pick stands; NotTimed: a run failed or was stopped)
                     _log.info("graph timing did not refine %s (%s: %s)", chosen,
                               type(error).__name__, error)
-            if _bounded(config, measured):
-                try:
-                    verdict = _make_smaller(verdict, results, graphs, config, lists, timer,
-                                            started + config.timing_budget)
-                except Exception as error:  # pylint: disable=broad-except
-                    _log.info("graph timing did not time a smaller candidate (%s: %s)",
-                              type(error).__name__, error)
             if key is not None:
                 _verdicts.store(config, dtype, key, verdict.to_dict())
-        if _timing.REFINED in (verdict.pick, verdict.lean_from) and \
-                _timing.REFINED not in results:
+        if verdict.pick == _timing.REFINED and _timing.REFINED not in results:
             results[_timing.REFINED] = _keeping_float32(graph_def, verdict.refined,
                                                         verdict.refined_from, rewrite, lists)
         if verdict.pick == _timing.LEAN and _timing.LEAN not in results:

@@ -84,14 +84,15 @@ def _held(view, i, seen=0):
 
 def _half_cast_targets(view):
     """{cast index: [(consumer, port), ...]} for tf_mpt's float32 -> half Casts of held
-    values, with data readers only and no control reader."""
+    values, with data readers only, no control reader and no control input (a Cast that
+    waits already: late_casts made it)."""
     found = {}
     for i, node in enumerate(view.nodes):
         if node.op != "Cast" or not node.name.endswith(_casts.CAST_SUFFIX) or \
                 node.attr["SrcT"].type != types_pb2.DT_FLOAT or \
                 node.attr["DstT"].type not in _ta.HALF_TYPES:
             continue
-        if view.has_control_fanout[i] or not view.fanin[i] or \
+        if view.has_control_fanout[i] or view.control_fanin[i] or not view.fanin[i] or \
                 not _held(view, view.fanin[i][0][0]):
             continue
         readers = [c for port, cs in view.fanout_of(i).items() if port == 0 for c in cs]
@@ -435,21 +436,19 @@ def _saving_plan(view, i, port, readers, half, level, lists):
     return (source, late) if late else None
 
 
-def lean(graph_def, products_in_float32=False, lists=None, weights=True):
-    """The changes in order: ordered products (with `weights`), float32 products (with
-    `products_in_float32`: the leaner version, for where the first still holds too much),
-    saved in half (`lists`: see saved_in_half), late casts (with `weights`). `weights`: the
-    changes for a candidate holding more than float32 because of its weights' half copies and
-    its weight gradients in both dtypes. Returns (GraphDef, {change: count}), a change not
-    tried absent."""
+def lean(graph_def, products_in_float32=False, lists=None, ordered=True):
+    """The changes in order: ordered products (with `ordered`: for a candidate holding more
+    than float32 because its weight gradients are held in both dtypes), float32 products
+    (with `products_in_float32`: the leaner version, for where the first still holds too
+    much), saved in half (`lists`: see saved_in_half), late casts. Returns (GraphDef,
+    {change: count}), a change not tried absent."""
     changes = {}
-    if weights:
+    if ordered:
         graph_def, changes["ordered products"] = ordered_products(graph_def)
     if products_in_float32:
         graph_def, changes["float32 products"] = float32_products(graph_def)
     graph_def, changes["saved in half"] = saved_in_half(graph_def, lists)
-    if weights:
-        graph_def, changes["late casts"] = late_casts(graph_def)
+    graph_def, changes["late casts"] = late_casts(graph_def)
     return graph_def, changes
 
 
