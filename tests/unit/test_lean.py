@@ -406,6 +406,9 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
         verdict.lean_changes["saved in half"] >= 2, verdict.lean_changes
     if kept:
         assert "picked lean, 1.64x float32" in verdict.describe(), verdict.describe()
+        # the report counts the lean graph's own Casts (copies and Casts back included)
+        assert result.report.casts_added == sum(
+            1 for n in result.graph_def.node if n.op == "Cast" and n.name.endswith("-TfMpt"))
         lean_graph, changes = lean.lean(result.graph_def, ordered=False)
         assert lean_graph is result.graph_def and \
             changes == {"saved in half": 0, "late casts": 0}

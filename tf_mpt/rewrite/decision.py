@@ -47,6 +47,7 @@ from tf_mpt._process import state as _state
 from tf_mpt.costs import contractions as _contractions
 from tf_mpt.costs import verdicts as _verdicts
 from tf_mpt.rewrite import graph_timing as _timing
+from tf_mpt.rewrite import casts as _casts
 from tf_mpt.rewrite import graph_view as _graph_view
 from tf_mpt.rewrite import inputs as _inputs
 from tf_mpt.rewrite import lean as _lean
@@ -166,11 +167,18 @@ def _bounded(config, peaks):
     return peaks if config.memory == "float32" else None
 
 
-def _lean_result(result, graph_def, changes):
-    """`result` (a candidate's RewriteResult) with the lean graph `graph_def`."""
-    added = changes.get("late casts", 0) + changes.get("float32 products", 0)
-    report = dataclasses.replace(result.report,
-                                 casts_added=result.report.casts_added + added)
+def _our_casts(graph_def):
+    return sum(1 for node in graph_def.node
+               if node.op == "Cast" and node.name.endswith(_casts.CAST_SUFFIX))
+
+
+def _lean_result(result, graph_def):
+    """`result` (a candidate's RewriteResult) with the lean graph `graph_def`: its report's
+    `casts_added` counts the lean graph's own tf_mpt Casts (the candidate's, less those a
+    leaner version turned into Identities, plus the per-use copies and Casts back)."""
+    report = dataclasses.replace(
+        result.report, casts_added=result.report.casts_added +
+        _our_casts(graph_def) - _our_casts(result.graph_def))
     return type(result)(graph_def, report, True)
 
 
@@ -197,7 +205,7 @@ def _make_smaller(verdict, results, graphs, config, lists, timer, deadline):
     if graph is source or left <= 0:
         return verdict
     times = timer({chosen: source, _timing.LEAN: graph}, config.cost_batch, left)
-    results[_timing.LEAN] = _lean_result(results[chosen], graph, changes)
+    results[_timing.LEAN] = _lean_result(results[chosen], graph)
     peaks = dict(getattr(timer, "peaks", peaks))
     kept = _timing.LEAN in peaks and \
         _total(peaks, _timing.LEAN) < _total(peaks, chosen) * (1.0 - _timing.PEAK_SLACK) and \
@@ -230,7 +238,7 @@ def _make_lean(verdict, results, graphs, config, lists, timer, deadline):
         tried = graph
         times = timer({against: graphs[against], _timing.LEAN: graph}, config.cost_batch,
                       left)
-        results[_timing.LEAN] = _lean_result(results[fastest], graph, changes)
+        results[_timing.LEAN] = _lean_result(results[fastest], graph)
         peaks = dict(getattr(timer, "peaks", verdict.peaks))
         within = not _timing.over_float32(peaks, _timing.LEAN)
         kept = within and statistics.median(times[_timing.LEAN]) < \
@@ -246,10 +254,10 @@ def _make_lean(verdict, results, graphs, config, lists, timer, deadline):
 
 def _lean_again(verdict, results, lists):
     """The RewriteResult of a verdict's lean pick, made again (a cached verdict)."""
-    graph, changes = _lean.lean(results[verdict.lean_from].graph_def,
+    graph, _ = _lean.lean(results[verdict.lean_from].graph_def,
                                 "float32 products" in verdict.lean_changes, lists,
                                 "ordered products" in verdict.lean_changes)
-    return _lean_result(results[verdict.lean_from], graph, changes)
+    return _lean_result(results[verdict.lean_from], graph)
 
 
 def applies(config, target, dtype):
