@@ -78,10 +78,16 @@ def test_keras_fit_step_is_timed_and_the_model_trains_only_its_own_steps(monkeyp
     times = {n: float(ms) for n, ms in re.findall(
         r"(float32|rules|cost model|contractions only) ([\d.]+) ms", parts)}
     first = pick  # the first rounds' pick
-    if pick == "lean":  # the fastest held more than float32: its lean version, faster
+    if pick == "lean":
         lean_ms, first, beside = re.search(
             r"\) ([\d.]+) ms(?: \(peak [^)]*\))? beside ([a-z ]+) ([\d.]+) ms", lean).groups()
-        assert float(lean_ms) < float(beside) * (1 - graph_timing.MARGIN) * 1.005, timed[0]
+        if lean.partition(" (")[0] == first:  # the pick's own lean version, holding less:
+            # kept unless over MARGIN slower (a tie in time goes to memory)
+            assert float(lean_ms) <= float(beside) * (1 + graph_timing.MARGIN) * 1.005, \
+                timed[0]
+        else:  # the fastest held more than float32: its lean version, faster than the pick
+            assert float(lean_ms) < float(beside) * (1 - graph_timing.MARGIN) * 1.005, \
+                timed[0]
     if pick == "refined":  # the refinement won: timed over MARGIN faster than the first pick
         refined, first, beside = re.search(
             r"float32\) ([\d.]+) ms(?: \(peak [^)]*\))? beside ([a-z ]+) ([\d.]+) ms",

@@ -169,7 +169,7 @@ def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_r
                     candidate_lists or base, strict, function_roots, shapes,
                     _inputs.with_target(config, target_name), control_outputs)
             result = _decision.decide(graph_def, result, candidate, config, fetches, base,
-                                      resolved, timer=step_timer, label=label)
+                                      resolved, timer=step_timer, label=label, shapes=shapes)
         return result
     finally:
         if gc_was_enabled:

@@ -182,25 +182,39 @@ def _lean_result(result, graph_def):
     return type(result)(graph_def, report, True)
 
 
+class _ShapeTable:
+    """{node name: output shapes} read from `shapes` (a callable, called once, when first
+    read)."""
+
+    def __init__(self, shapes):
+        self._shapes, self._table = shapes, None
+
+    def get(self, name, default=None):
+        if self._table is None:
+            self._table = self._shapes() or {}
+        return self._table.get(name, default)
+
+
 def _total(peaks, name):
     return peaks[name] + peaks.get(_timing.RESIDENT, 0)
 
 
-def _make_smaller(verdict, results, graphs, config, lists, timer, deadline):
+def _make_smaller(verdict, results, config, lean_inputs, timer, deadline):
     """Where no lean version was tried and the pick is a half candidate holding more than
-    SMALLER_ABOVE of float32's peak: its lean version without ordered products (lean.lean:
-    activations saved in half, `lists` naming the readers that may read them rounded; a
-    weight's half Cast made at each use; ordered products serve a candidate whose weight
-    gradients hold it over float32's peak, and cost time) timed beside it until `deadline` and kept if it holds over
-    PEAK_SLACK less and is not over MARGIN slower. Returns the verdict, with the lean
-    version's record where one was timed; `results` gets its RewriteResult."""
+    SMALLER_ABOVE of float32's peak: its lean version without ordered products (lean.lean,
+    with `lean_inputs`, its lists and shapes: activations saved in half; a weight's half
+    Cast made at each use; ordered products serve a candidate whose weight gradients hold it
+    over float32's peak, and cost time) timed beside it until `deadline`
+    and kept if it holds over PEAK_SLACK less and is not over MARGIN slower. Returns the
+    verdict, with the lean version's record where one was timed; `results` gets its
+    RewriteResult."""
     chosen, peaks = verdict.pick, verdict.peaks
     if verdict.lean_from or chosen in (_timing.FLOAT32, _timing.LEAN) or \
             chosen not in peaks or _timing.FLOAT32 not in peaks or \
             _total(peaks, chosen) <= SMALLER_ABOVE * _total(peaks, _timing.FLOAT32):
         return verdict
     source = results[chosen].graph_def
-    graph, changes = _lean.lean(source, False, lists, ordered=False)
+    graph, changes = _lean.lean(source, False, *lean_inputs, ordered=False)
     left = deadline - _timing._clock()  # pylint: disable=protected-access
     if graph is source or left <= 0:
         return verdict
@@ -217,9 +231,10 @@ def _make_smaller(verdict, results, graphs, config, lists, timer, deadline):
         lean_beside=times[chosen], lean_changes=dict(changes), peaks=peaks)
 
 
-def _make_lean(verdict, results, graphs, config, lists, timer, deadline):
+def _make_lean(verdict, results, graphs, config, lean_inputs, timer, deadline):
     """Where the first rounds' fastest candidate is over float32's peak: its lean version
-    (lean.lean), then where that is still over its leaner one (weight gradients' products in
+    (lean.lean, with `lean_inputs`, its lists and shapes), then where that is still over its
+    leaner one (weight gradients' products in
     float32), each timed beside the pick (the fastest within float32's peak) until
     `deadline` (graph_timing._clock) and kept if within float32's peak and over MARGIN
     faster. Returns the verdict, with the last lean version's record where one was timed;
@@ -231,7 +246,7 @@ def _make_lean(verdict, results, graphs, config, lists, timer, deadline):
         return verdict  # (the pick is another for a tie in time: it holds less)
     against, tried = verdict.pick, None
     for products_in_float32 in (False, True):
-        graph, changes = _lean.lean(graphs[fastest], products_in_float32, lists)
+        graph, changes = _lean.lean(graphs[fastest], products_in_float32, *lean_inputs)
         left = deadline - _timing._clock()  # pylint: disable=protected-access
         if graph is graphs[fastest] or graph == tried or left <= 0:
             continue
@@ -252,11 +267,11 @@ def _make_lean(verdict, results, graphs, config, lists, timer, deadline):
     return verdict
 
 
-def _lean_again(verdict, results, lists):
+def _lean_again(verdict, results, lean_inputs):
     """The RewriteResult of a verdict's lean pick, made again (a cached verdict)."""
     graph, _ = _lean.lean(results[verdict.lean_from].graph_def,
-                                "float32 products" in verdict.lean_changes, lists,
-                                "ordered products" in verdict.lean_changes)
+                          "float32 products" in verdict.lean_changes, *lean_inputs,
+                          ordered="ordered products" in verdict.lean_changes)
     return _lean_result(results[verdict.lean_from], graph)
 
 
@@ -280,7 +295,7 @@ def step_applies(config, target, report):
 
 
 def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=None,
-           label=None):
+           label=None, shapes=None):
     """The verdict for one graph: `predicted` (a RewriteResult) unless timing its candidates
     on this CPU (or a verdict cached here, or one a cost table file holds) finds another
     faster. `rewrite(target, lists, graph)` returns a candidate's RewriteResult (target
@@ -293,7 +308,10 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
     or `timer(graphs, batch, budget)` timing {candidate: GraphDef} another way (a traced
     tf.function's, on copies of its variables), nothing cached (a trace's names are its
     process's); a timer with a `profile(graphs, batch)` attribute ({candidate: {node:
-    seconds}}) can be refined. label: what the INFO line names (a tf.function)."""
+    seconds}}) can be refined. label: what the INFO line names (a tf.function). shapes: None,
+    or a callable returning {node name: output shapes} of `graph_def` (a tf.function's carry
+    its variables' shapes): what the lean versions size values by (None: lean.saved_in_half
+    infers them from the GraphDef)."""
     dtype = predicted.report.dtype
     predicted_name = _timing.COST if predicted.report.weighed_nodes is not None \
         else _timing.RULES
@@ -317,6 +335,9 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                 return predicted
         elif target.kind != "table":
             known, source = _verdicts.cached(config, dtype).get(key), "cached"
+    # (lean.lean's lists and shapes: which readers may read a value rounded to half, and the
+    # sizes of the values; a tf.function's shapes carry its variables')
+    lean_inputs = (lists, _ShapeTable(shapes) if shapes is not None else None)
     results = {_timing.FLOAT32: None, predicted_name: predicted}
     same_as = {}  # candidate -> the candidate whose graph it equals
     try:
@@ -356,13 +377,13 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                 _timing._clock() - started)  # pylint: disable=protected-access
             if _bounded(config, measured) and left > 0:
                 try:
-                    verdict = _make_lean(verdict, results, graphs, config, lists, timer,
+                    verdict = _make_lean(verdict, results, graphs, config, lean_inputs, timer,
                                          started + config.timing_budget)
                 except Exception as error:  # pylint: disable=broad-except
                     _log.info("graph timing did not time a lean candidate (%s: %s)",
                               type(error).__name__, error)
                 try:  # (before the refinement, which would leave it no budget)
-                    verdict = _make_smaller(verdict, results, graphs, config, lists, timer,
+                    verdict = _make_smaller(verdict, results, config, lean_inputs, timer,
                                             started + config.timing_budget)
                 except Exception as error:  # pylint: disable=broad-except
                     _log.info("graph timing did not time a smaller candidate (%s: %s)",
@@ -386,7 +407,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
             results[_timing.REFINED] = _keeping_float32(graph_def, verdict.refined,
                                                         verdict.refined_from, rewrite, lists)
         if verdict.pick == _timing.LEAN and _timing.LEAN not in results:
-            results[_timing.LEAN] = _lean_again(verdict, results, lists)
+            results[_timing.LEAN] = _lean_again(verdict, results, lean_inputs)
     except _timing.NotTimed as error:
         verdict = _timing.Verdict({}, predicted_name, predicted_name, str(error))
     except Exception as error:  # pylint: disable=broad-except

@@ -66,7 +66,7 @@ PRODUCTS = frozenset(("MatMul", "BatchMatMul", "BatchMatMulV2"))
 # the graph's sources) deeper than the value it reads; a forward reader is within a few.
 LATE_LEVELS = 16
 # saved in half: values of fewer elements than this (an unknown dimension counted as 1: a
-# reduction's [batch, 1] result, a bias) are not worth their two Casts.
+# reduction's [batch, 1] result, a bias) or of unknown rank are not worth their two Casts.
 MIN_SAVED_ELEMENTS = 1 << 14
 # Readers that are not moved (a loop's or a cond's plumbing; a Merge runs on any one input).
 _NOT_MOVED = _NO_TRIGGER | frozenset(("Enter", "RefEnter"))
@@ -347,17 +347,19 @@ def _deepest_other(view, reader, value, level):
     return best
 
 
-def saved_in_half(graph_def, lists=None):
+def saved_in_half(graph_def, lists=None, shapes=None):
     """graph_def with the float32 values its late readers keep alive held in half (see the
     module's docstring); `lists` (lists.OpLists) names the readers that may read a value
-    rounded to half (None: only values that are Casts up from half are changed). Returns
-    (GraphDef, values changed)."""
+    rounded to half (None: only values that are Casts up from half are changed); `shapes`
+    ({node name: [shape per output]}, with .get) sizes the values (None: inferred from the
+    GraphDef, paint/shapes.py). Returns (GraphDef, values changed)."""
     view = GraphView(graph_def)
     half = _half_type(view)
     level = _levels(view) if half is not None else None
     if level is None:
         return graph_def, 0
-    shapes = _shapes.graph_def_shapes(graph_def, view)
+    if shapes is None:
+        shapes = _shapes.graph_def_shapes(graph_def, view)
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
     nodes = out.node
@@ -367,7 +369,7 @@ def saved_in_half(graph_def, lists=None):
         if _held(view, i):
             continue
         for port, readers in sorted(view.fanout_of(i).items()):
-            if _elements(shapes, node.name, port) < MIN_SAVED_ELEMENTS:
+            if _elements(shapes, view, i, port) < MIN_SAVED_ELEMENTS:
                 continue
             plan = _saving_plan(view, i, port, readers, half, level, lists)
             if plan is None:
@@ -395,12 +397,18 @@ def saved_in_half(graph_def, lists=None):
     return out, changed
 
 
-def _elements(shapes, name, port):
-    """The elements of output `port` of node `name` by its static shape, an unknown
-    dimension counted as 1 (an unknown rank: MIN_SAVED_ELEMENTS, as if big enough)."""
-    entry = shapes.get(name)
+def _elements(shapes, view, i, port):
+    """The elements of output `port` of node i by its static shape (a tf_mpt Cast's: its
+    input's), an unknown dimension counted as 1; 0 for an unknown rank (a value whose size is
+    not known, such as one computed from a variable whose shape the GraphDef alone does not
+    carry, is left alone)."""
+    node = view.nodes[i]
+    if node.name.endswith(_casts.CAST_SUFFIX) and node.op == "Cast" and view.fanin[i]:
+        i, port = view.fanin[i][0]
+        node = view.nodes[i]
+    entry = shapes.get(node.name)
     if entry is None or port >= len(entry) or entry[port] is None:
-        return MIN_SAVED_ELEMENTS
+        return 0
     count = 1
     for size in entry[port]:
         count *= size if size is not None and size > 0 else 1
@@ -419,7 +427,8 @@ def _saving_plan(view, i, port, readers, half, level, lists):
             return None
         for reader, _ in readers:
             copy = view.nodes[reader]
-            if _casts.is_our_cast(copy, types_pb2.DT_FLOAT, half) and                     not view.control_fanin[reader]:
+            if _casts.is_our_cast(copy, types_pb2.DT_FLOAT, half) and \
+                    not view.control_fanin[reader]:
                 source = copy.name
                 break
     late = []
@@ -428,7 +437,8 @@ def _saving_plan(view, i, port, readers, half, level, lists):
         if reader_node.name == source or level[reader] <= level[i] + LATE_LEVELS:
             continue
         trigger = _deepest_other(view, reader, i, level)
-        if reader_node.op in _NOT_MOVED or trigger is None or                 level[trigger] < level[i] + LATE_LEVELS:
+        if reader_node.op in _NOT_MOVED or trigger is None or \
+                level[trigger] < level[i] + LATE_LEVELS:
             return None  # (late, but not for an input it could wait on: the value stays)
         if not exact and (lists is None or lists.list_of(reader_node.op) not in _HALF_LISTS):
             return None
@@ -436,18 +446,18 @@ def _saving_plan(view, i, port, readers, half, level, lists):
     return (source, late) if late else None
 
 
-def lean(graph_def, products_in_float32=False, lists=None, ordered=True):
+def lean(graph_def, products_in_float32=False, lists=None, shapes=None, ordered=True):
     """The changes in order: ordered products (with `ordered`: for a candidate holding more
     than float32 because its weight gradients are held in both dtypes), float32 products
     (with `products_in_float32`: the leaner version, for where the first still holds too
-    much), saved in half (`lists`: see saved_in_half), late casts. Returns (GraphDef,
-    {change: count}), a change not tried absent."""
+    much), saved in half (`lists`, `shapes`: see saved_in_half), late casts. Returns
+    (GraphDef, {change: count}), a change not tried absent."""
     changes = {}
     if ordered:
         graph_def, changes["ordered products"] = ordered_products(graph_def)
     if products_in_float32:
         graph_def, changes["float32 products"] = float32_products(graph_def)
-    graph_def, changes["saved in half"] = saved_in_half(graph_def, lists)
+    graph_def, changes["saved in half"] = saved_in_half(graph_def, lists, shapes)
     graph_def, changes["late casts"] = late_casts(graph_def)
     return graph_def, changes
 
