@@ -345,12 +345,14 @@ def test_a_float32_activation_read_late_by_a_half_listed_op_is_held_in_half():
 
 
 def test_small_values_and_forward_readers_are_not_changed(monkeypatch):
-    """A value under MIN_SAVED_ELEMENTS is not worth two Casts; with LATE_LEVELS beyond the
-    graph's depth no reader is late."""
+    """A value under MIN_SAVED_ELEMENTS, or of a size not known, is not worth two Casts; with
+    LATE_LEVELS beyond the graph's depth no reader is late."""
     graph_def, fetches = _deep_training_graph(lambda z, k: tf.nn.relu(z), depth=5)
     half = _with_lists(graph_def, fetches, {"Relu", "ReluGrad"})
     lists = tf_mpt.lists.default_lists("bfloat16")
     assert lean.saved_in_half(half, lists)[1] >= 2
+    # sized by the shape table given (a tf.function's); a value it does not know is left alone
+    assert lean.saved_in_half(half, lists, shapes={}) == (half, 0)
     monkeypatch.setattr(lean, "MIN_SAVED_ELEMENTS", SAVED_BATCH * SAVED_WIDTH + 1)
     assert lean.saved_in_half(half, lists) == (half, 0)
     monkeypatch.setattr(lean, "MIN_SAVED_ELEMENTS", 1)
