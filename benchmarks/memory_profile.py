@@ -58,12 +58,14 @@ MIB = 1 << 20
 HALF = {tf.bfloat16.as_datatype_enum: "bfloat16", tf.float16.as_datatype_enum: "float16"}
 
 
-def saved_in_half(graph_def, dtype):
+def saved_in_half(graph_def, dtype, shapes=None):
     """The rewrite's graph made lean as graph timing tries it beside a pick holding over
     decision.SMALLER_ABOVE of float32's peak (lean.lean without ordered products: activations
-    saved in half, late casts), or None where that changes nothing (a lean pick already)."""
+    saved in half, late casts; `shapes`: a tf.function's shape table, as its rewrite passes
+    it), or None where that changes nothing (a lean pick already)."""
     from tf_mpt.rewrite import lean  # pylint: disable=import-outside-toplevel
-    out, _ = lean.lean(graph_def, False, tf_mpt.lists.default_lists(dtype), ordered=False)
+    out, _ = lean.lean(graph_def, False, tf_mpt.lists.default_lists(dtype), shapes,
+                       ordered=False)
     return out if out is not graph_def else None
 
 
@@ -148,7 +150,8 @@ def keras_rows(name, dtype):
     graphs = {"float32": cf.graph.as_graph_def()}
     if rewritten.graph_def is not None:
         graphs["tf_mpt"] = rewritten.graph_def
-        saved = saved_in_half(rewritten.graph_def, dtype)
+        from tf_mpt.rewrite.paint import shapes  # pylint: disable=import-outside-toplevel
+        saved = saved_in_half(rewritten.graph_def, dtype, shapes.shapes_of_graph(cf.graph))
         if saved is not None:
             graphs["tf_mpt, lean"] = saved
     metadatas, _ = step_timing.traced_runs(cf, graphs, batch, WARMUP)
