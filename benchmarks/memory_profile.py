@@ -58,7 +58,7 @@ MIB = 1 << 20
 HALF = {tf.bfloat16.as_datatype_enum: "bfloat16", tf.float16.as_datatype_enum: "float16"}
 
 
-def saved_in_half(graph_def, dtype, shapes=None):
+def lean_version(graph_def, dtype, shapes=None):
     """The rewrite's graph made lean as graph timing tries it beside a pick holding over
     decision.SMALLER_ABOVE of float32's peak (lean.lean without ordered products: activations
     saved in half, late casts; `shapes`: a tf.function's shape table, as its rewrite passes
@@ -71,11 +71,11 @@ def saved_in_half(graph_def, dtype, shapes=None):
 
 def _graphs(model, dtype):
     """[(variant, tf.Graph, report)]: float32, tf_mpt, and where it changes anything tf_mpt's
-    lean version (saved_in_half)."""
+    lean version (lean_version)."""
     fetches = [train_speed.LOSS, train_speed.TRAIN, train_speed.INIT]
     result = tf_mpt.rewrite_graph_def(model.graph.as_graph_def(), dtype=dtype, fetches=fetches)
     found = [("float32", model.graph, None)]
-    saved = saved_in_half(result.graph_def, dtype)
+    saved = lean_version(result.graph_def, dtype)
     for variant, graph_def in (("tf_mpt", result.graph_def),
                                ("tf_mpt, lean", saved)):
         if graph_def is None:
@@ -151,7 +151,7 @@ def keras_rows(name, dtype):
     if rewritten.graph_def is not None:
         graphs["tf_mpt"] = rewritten.graph_def
         from tf_mpt.rewrite.paint import shapes  # pylint: disable=import-outside-toplevel
-        saved = saved_in_half(rewritten.graph_def, dtype, shapes.shapes_of_graph(cf.graph))
+        saved = lean_version(rewritten.graph_def, dtype, shapes.shapes_of_graph(cf.graph))
         if saved is not None:
             graphs["tf_mpt, lean"] = saved
     metadatas, _ = step_timing.traced_runs(cf, graphs, batch, WARMUP)

@@ -19,9 +19,20 @@ def is_cast(node, src, dst):
     return node.op == "Cast" and node.attr["SrcT"].type == src and node.attr["DstT"].type == dst
 
 
+def is_ours(node):
+    """The node is a Cast that tf_mpt added (named `*-TfMpt`), whatever its types."""
+    return node.op == "Cast" and node.name.endswith(CAST_SUFFIX)
+
+
+def our_casts(nodes):
+    """How many of tf_mpt's Casts are among `nodes` (a GraphDef's node; a FunctionDef's
+    node_def: per iteration, in a loop body)."""
+    return sum(1 for node in nodes if is_ours(node))
+
+
 def is_our_cast(node, src, dst):
     """The node is a Cast from `src` to `dst` that tf_mpt added (named `*-TfMpt`)."""
-    return node.name.endswith(CAST_SUFFIX) and is_cast(node, src, dst)
+    return is_ours(node) and is_cast(node, src, dst)
 
 
 def new_cast(taken, tensor, from_dtype, to, device=""):

@@ -167,18 +167,13 @@ def _bounded(config, peaks):
     return peaks if config.memory == "float32" else None
 
 
-def _our_casts(graph_def):
-    return sum(1 for node in graph_def.node
-               if node.op == "Cast" and node.name.endswith(_casts.CAST_SUFFIX))
-
-
 def _lean_result(result, graph_def):
     """`result` (a candidate's RewriteResult) with the lean graph `graph_def`: its report's
     `casts_added` counts the lean graph's own tf_mpt Casts (the candidate's, less those a
     leaner version turned into Identities, plus the per-use copies and Casts back)."""
     report = dataclasses.replace(
         result.report, casts_added=result.report.casts_added +
-        _our_casts(graph_def) - _our_casts(result.graph_def))
+        _casts.our_casts(graph_def.node) - _casts.our_casts(result.graph_def.node))
     return type(result)(graph_def, report, True)
 
 
@@ -195,23 +190,19 @@ class _ShapeTable:
         return self._table.get(name, default)
 
 
-def _total(peaks, name):
-    return peaks[name] + peaks.get(_timing.RESIDENT, 0)
-
-
 def _make_smaller(verdict, results, config, lean_inputs, timer, deadline):
     """Where no lean version was tried and the pick is a half candidate holding more than
     SMALLER_ABOVE of float32's peak: its lean version without ordered products (lean.lean,
     with `lean_inputs`, its lists and shapes: activations saved in half; a weight's half
     Cast made at each use; ordered products serve a candidate whose weight gradients hold it
-    over float32's peak, and cost time) timed beside it until `deadline`
-    and kept if it holds over PEAK_SLACK less and is not over MARGIN slower. Returns the
-    verdict, with the lean version's record where one was timed; `results` gets its
-    RewriteResult."""
+    over float32's peak, and cost time) timed beside it until `deadline` and kept if it
+    holds over PEAK_SLACK less and is not over MARGIN slower. Returns the verdict, with the
+    lean version's record where one was timed; `results` gets its RewriteResult."""
     chosen, peaks = verdict.pick, verdict.peaks
     if verdict.lean_from or chosen in (_timing.FLOAT32, _timing.LEAN) or \
             chosen not in peaks or _timing.FLOAT32 not in peaks or \
-            _total(peaks, chosen) <= SMALLER_ABOVE * _total(peaks, _timing.FLOAT32):
+            _timing.total_peak(peaks, chosen) <= \
+            SMALLER_ABOVE * _timing.total_peak(peaks, _timing.FLOAT32):
         return verdict
     source = results[chosen].graph_def
     graph, changes = _lean.lean(source, False, *lean_inputs, ordered=False)
@@ -222,7 +213,8 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, deadline):
     results[_timing.LEAN] = _lean_result(results[chosen], graph)
     peaks = dict(getattr(timer, "peaks", peaks))
     kept = _timing.LEAN in peaks and \
-        _total(peaks, _timing.LEAN) < _total(peaks, chosen) * (1.0 - _timing.PEAK_SLACK) and \
+        _timing.total_peak(peaks, _timing.LEAN) < \
+        _timing.total_peak(peaks, chosen) * (1.0 - _timing.PEAK_SLACK) and \
         statistics.median(times[_timing.LEAN]) <= \
         statistics.median(times[chosen]) * (1.0 + _timing.MARGIN)
     return dataclasses.replace(
@@ -234,10 +226,9 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, deadline):
 def _make_lean(verdict, results, graphs, config, lean_inputs, timer, deadline):
     """Where the first rounds' fastest candidate is over float32's peak: its lean version
     (lean.lean, with `lean_inputs`, its lists and shapes), then where that is still over its
-    leaner one (weight gradients' products in
-    float32), each timed beside the pick (the fastest within float32's peak) until
-    `deadline` (graph_timing._clock) and kept if within float32's peak and over MARGIN
-    faster. Returns the verdict, with the last lean version's record where one was timed;
+    leaner one (weight gradients' products in float32), each timed beside the pick (the
+    fastest within float32's peak) until `deadline` (graph_timing._clock) and kept if within
+    float32's peak and over MARGIN faster. Returns the verdict, with the last lean version's record where one was timed;
     `results` gets its RewriteResult."""
     fastest = _timing.pick(verdict.times,
                            verdict.same_as.get(verdict.predicted, verdict.predicted))

@@ -209,12 +209,17 @@ class Verdict:
                 "lean_beside": list(self.lean_beside), "lean_changes": dict(self.lean_changes)}
 
 
+def total_peak(peaks, name):
+    """Candidate `name`'s measured peak: its step peak plus peaks[RESIDENT], the bytes every
+    candidate holds alike."""
+    return peaks[name] + peaks.get(RESIDENT, 0)
+
+
 def over_float32(peaks, name):
-    """Whether candidate `name`'s measured peak (its step peak plus peaks[RESIDENT], the bytes
-    every candidate holds alike) is over PEAK_SLACK above float32's."""
-    resident = peaks.get(RESIDENT, 0)
+    """Whether candidate `name`'s measured peak (total_peak) is over PEAK_SLACK above
+    float32's."""
     return FLOAT32 in peaks and name in peaks and \
-        peaks[name] + resident > (peaks[FLOAT32] + resident) * (1.0 + PEAK_SLACK)
+        total_peak(peaks, name) > total_peak(peaks, FLOAT32) * (1.0 + PEAK_SLACK)
 
 
 def pick(times, predicted, peaks=None):
@@ -228,9 +233,8 @@ def pick(times, predicted, peaks=None):
     fastest = min(medians, key=medians.get)
     near = {name for name, m in medians.items() if m <= medians[fastest] * (1.0 + MARGIN)}
     if peaks and near <= set(peaks):
-        resident = peaks.get(RESIDENT, 0)
-        least = min(peaks[name] for name in near) + resident
-        near = {name for name in near if peaks[name] + resident <= least * (1.0 + PEAK_SLACK)}
+        least = min(total_peak(peaks, name) for name in near)
+        near = {name for name in near if total_peak(peaks, name) <= least * (1.0 + PEAK_SLACK)}
         if predicted in near:
             return predicted
         return min(near, key=medians.get)

@@ -88,8 +88,7 @@ def _half_cast_targets(view):
     waits already: late_casts made it)."""
     found = {}
     for i, node in enumerate(view.nodes):
-        if node.op != "Cast" or not node.name.endswith(_casts.CAST_SUFFIX) or \
-                node.attr["SrcT"].type != types_pb2.DT_FLOAT or \
+        if not _casts.is_ours(node) or node.attr["SrcT"].type != types_pb2.DT_FLOAT or \
                 node.attr["DstT"].type not in _ta.HALF_TYPES:
             continue
         if view.has_control_fanout[i] or view.control_fanin[i] or not view.fanin[i] or \
@@ -191,17 +190,10 @@ def _topological_positions(view):
     """{node: position} in one topological order (ties by GraphDef order, a tf_mpt Cast
     placed as its input's producer; a loop's NextIteration edges left out), or None where the
     graph has a cycle besides those."""
-    pending = [0] * len(view)
-    for i in range(len(view)):
-        pending[i] = sum(1 for s, _ in view.fanin[i] if not _back_edge(view, s)) + \
-            sum(1 for s in view.control_fanin[i] if not _back_edge(view, s))
-    control_readers = collections.defaultdict(list)
-    for i in range(len(view)):
-        for src in view.control_fanin[i]:
-            control_readers[src].append(i)
+    pending, readers = _forward_edges(view)
     key = list(range(len(view)))  # tf_mpt's Casts (added last) go as their input's producer
     for i, node in enumerate(view.nodes):
-        if node.op == "Cast" and node.name.endswith(_casts.CAST_SUFFIX) and view.fanin[i]:
+        if _casts.is_ours(node) and view.fanin[i]:
             key[i] = view.fanin[i][0][0]
     ready = [(key[i], i) for i in range(len(view)) if not pending[i]]
     heapq.heapify(ready)
@@ -209,11 +201,7 @@ def _topological_positions(view):
     while ready:
         _, i = heapq.heappop(ready)
         position[i] = len(position)
-        if _back_edge(view, i):
-            continue
-        readers = [r for rs in view.fanout_of(i).values() for r, _ in rs]
-        readers += control_readers.get(i, [])
-        for reader in readers:
+        for reader in readers[i]:
             pending[reader] -= 1
             if not pending[reader]:
                 heapq.heappush(ready, (key[reader], reader))
@@ -222,6 +210,19 @@ def _topological_positions(view):
 
 def _back_edge(view, i):
     return view.nodes[i].op in ("NextIteration", "RefNextIteration")
+
+
+def _forward_edges(view):
+    """([inputs to wait for, per node], [readers, per node]) over data and control edges, one
+    entry per edge, a loop's NextIteration edges left out."""
+    pending = [0] * len(view)
+    readers = [[] for _ in range(len(view))]
+    for i in range(len(view)):
+        for src in [s for s, _ in view.fanin[i]] + list(view.control_fanin[i]):
+            if not _back_edge(view, src):
+                pending[i] += 1
+                readers[src].append(i)
+    return pending, readers
 
 
 def _read_as_float32(view, i, half):
@@ -294,13 +295,7 @@ def float32_products(graph_def):
 def _levels(view):
     """[longest path from a source, per node] over data and control edges (a loop's
     NextIteration edges left out), or None where the graph has a cycle besides those."""
-    pending = [0] * len(view)
-    readers = [[] for _ in range(len(view))]
-    for i in range(len(view)):
-        for src in [s for s, _ in view.fanin[i]] + list(view.control_fanin[i]):
-            if not _back_edge(view, src):
-                pending[i] += 1
-                readers[src].append(i)
+    pending, readers = _forward_edges(view)
     level = [0] * len(view)
     ready = [i for i in range(len(view)) if not pending[i]]
     done = 0
@@ -319,8 +314,7 @@ def _half_type(view):
     """The half type of the candidate's Casts (the most common), or None."""
     found = collections.Counter(
         node.attr["DstT"].type for node in view.nodes
-        if node.op == "Cast" and node.name.endswith(_casts.CAST_SUFFIX) and
-        node.attr["SrcT"].type == types_pb2.DT_FLOAT and
+        if _casts.is_ours(node) and node.attr["SrcT"].type == types_pb2.DT_FLOAT and
         node.attr["DstT"].type in _ta.HALF_TYPES)
     return found.most_common(1)[0][0] if found else None
 
@@ -403,7 +397,7 @@ def _elements(shapes, view, i, port):
     not known, such as one computed from a variable whose shape the GraphDef alone does not
     carry, is left alone)."""
     node = view.nodes[i]
-    if node.name.endswith(_casts.CAST_SUFFIX) and node.op == "Cast" and view.fanin[i]:
+    if _casts.is_ours(node) and view.fanin[i]:
         i, port = view.fanin[i][0]
         node = view.nodes[i]
     entry = shapes.get(node.name)

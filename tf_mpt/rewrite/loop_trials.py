@@ -7,6 +7,7 @@ import logging
 from tensorflow.core.framework import graph_pb2
 
 from tf_mpt.rewrite import boundaries as _boundaries
+from tf_mpt.rewrite import casts as _casts
 from tf_mpt.rewrite import painting as _painting
 from tf_mpt.rewrite.boundaries import bodies as _bodies
 from tf_mpt.rewrite.boundaries import loops as _loops
@@ -28,10 +29,10 @@ def _casts_after_boundaries(graph_def, half, fetched):
     copy.CopyFrom(graph_def)
     _boundaries.keep_values_half_across_boundaries(copy, half.enum, fetched)
     bodies = _cost.loop_bodies(copy)
-    in_loops = sum(_loops.our_casts(f.node_def) for f in copy.library.function
+    in_loops = sum(_casts.our_casts(f.node_def) for f in copy.library.function
                    if f.signature.name in bodies)
-    everywhere = sum(_loops.our_casts(f.node_def) for f in copy.library.function)
-    return in_loops, everywhere + _loops.our_casts(copy.node)
+    everywhere = sum(_casts.our_casts(f.node_def) for f in copy.library.function)
+    return in_loops, everywhere + _casts.our_casts(copy.node)
 
 
 def _with_declared(graph_def, index, new_fdef, while_name, indices, signatures, half,

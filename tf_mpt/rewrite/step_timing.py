@@ -100,9 +100,7 @@ def time_versions(concrete_function, graph_defs, batch, rounds, budget_seconds=B
         times = rounds(runners, budget_seconds)
         if peaks is not None:
             for name in runners:
-                metadata = tf.compat.v1.RunMetadata()
-                traced_run(name, metadata)
-                peaks[name] = step_peak_bytes(metadata)
+                peaks[name] = step_peak_bytes(traced_run(name))
             peaks[RESIDENT] = resident
         return times
     return _in_sandbox(concrete_function, graph_defs, batch, use)
@@ -118,9 +116,7 @@ def traced_runs(concrete_function, graph_defs, batch, warmup=3):
         for name, run in runners.items():
             for _ in range(warmup):
                 run()
-            metadata = tf.compat.v1.RunMetadata()
-            traced_run(name, metadata)
-            found[name] = metadata
+            found[name] = traced_run(name)
         return found, resident
     return _in_sandbox(concrete_function, graph_defs, batch, use)
 
@@ -146,14 +142,11 @@ def step_peak_bytes(metadata):
 def profile_versions(concrete_function, graph_defs, batch, runs):
     """{candidate: {node name: seconds}}: per node of each of {candidate: GraphDef} (as
     time_versions), the fastest of `runs` traced runs after a warm-up run."""
-    def profile(runners, session_run, _):
+    def profile(runners, traced_run, _):
         found = {}
         for index, (name, run) in enumerate(runners.items()):
             run()
-            metadatas = []
-            for _ in range(runs):
-                metadatas.append(tf.compat.v1.RunMetadata())
-                session_run(name, metadatas[-1])
+            metadatas = [traced_run(name) for _ in range(runs)]
             found[name] = fastest_node_seconds(metadatas, f"candidate_{index}/")
         return found
     return _in_sandbox(concrete_function, graph_defs, batch, profile)
@@ -178,8 +171,8 @@ def fastest_node_seconds(metadatas, prefix=""):
 
 
 def _in_sandbox(cf, graph_defs, batch, use):
-    """use({candidate: run()}, traced_run(candidate, run_metadata), resident bytes: the
-    copies') in the sandbox Session of `cf`'s {candidate: GraphDef}; NotTimed where that
+    """use({candidate: run()}, traced_run(candidate) -> RunMetadata of one FULL_TRACE run,
+    resident bytes: the copies') in the sandbox Session of `cf`'s {candidate: GraphDef}; NotTimed where that
     cannot be done safely."""
     unsafe = set().union(*(_unsafe_ops(g) for g in graph_defs.values()))
     if unsafe:
@@ -199,8 +192,10 @@ def _in_sandbox(cf, graph_defs, batch, use):
             raise NotTimed(f"its copies could not be set up ({type(error).__name__})") \
                 from None
 
-        def traced_run(name, metadata):
+        def traced_run(name):
+            metadata = tf.compat.v1.RunMetadata()
             session.run(fetches[name], options=traced, run_metadata=metadata)
+            return metadata
         try:
             return use({name: functools.partial(session.run, f, options=options)
                         for name, f in fetches.items()}, traced_run, resident)

@@ -24,7 +24,7 @@ While (its outputs and attrs keep their dtypes).
 from tf_mpt import _dtypes
 from tf_mpt.rewrite import editor as _editor
 from tf_mpt.rewrite.boundaries import bodies as _bodies
-from tf_mpt.rewrite.casts import CAST_SUFFIX, is_our_cast
+from tf_mpt.rewrite.casts import is_our_cast
 
 WHILE_OPS = ("While", "StatelessWhile")
 DT_FLOAT = _dtypes.DT_FLOAT
@@ -175,12 +175,6 @@ def declared_half(fdef, indices, half):
         copy.signature.input_arg[k].type = half
         copy.signature.output_arg[k].type = half
     return copy
-
-
-def our_casts(nodes):
-    """How many of tf_mpt's Casts are among `nodes` (a FunctionDef's node_def: per
-    iteration, in a loop body; or a GraphDef's node)."""
-    return sum(1 for node in nodes if node.op == "Cast" and node.name.endswith(CAST_SUFFIX))
 
 
 def switch_declared(graph_def, while_node, indices, cond_fdef, signatures, half, fetched):
