@@ -80,7 +80,7 @@ def test_keras_fit_step_is_timed_and_the_model_trains_only_its_own_steps(monkeyp
     first = pick  # the first rounds' pick
     if pick == "lean":
         lean_ms, first, beside = re.search(
-            r"\) ([\d.]+) ms(?: \(peak [^)]*\))? beside ([a-z ]+) ([\d.]+) ms", lean).groups()
+            r"\) ([\d.]+) ms(?: \(peak [^)]*\))? beside ([a-z0-9 ]+) ([\d.]+) ms", lean).groups()
         if lean.partition(" (")[0] == first:  # the pick's own lean version, holding less:
             # kept unless over MARGIN slower (a tie in time goes to memory)
             assert float(lean_ms) <= float(beside) * (1 + graph_timing.MARGIN) * 1.005, \
@@ -90,7 +90,7 @@ def test_keras_fit_step_is_timed_and_the_model_trains_only_its_own_steps(monkeyp
                 timed[0]
     if pick == "refined":  # the refinement won: timed over MARGIN faster than the first pick
         refined, first, beside = re.search(
-            r"float32\) ([\d.]+) ms(?: \(peak [^)]*\))? beside ([a-z ]+) ([\d.]+) ms",
+            r"float32\) ([\d.]+) ms(?: \(peak [^)]*\))? beside ([a-z0-9 ]+) ([\d.]+) ms",
             refinement).groups()
         assert float(refined) < float(beside) * (1 - graph_timing.MARGIN) * 1.005, timed[0]
     # every candidate whose graph differs ran, float32 and the prediction (the cost model's)
