@@ -437,3 +437,32 @@ def test_a_pick_within_the_goal_is_not_made_lean(monkeypatch, tmp_path):
     verdict = result.report.verdict
     assert graph_timing.LEAN not in verdict.times and kind(result.graph_def) == "products", \
         verdict.describe()
+
+
+def test_a_candidate_timed_again_keeps_the_peak_the_pick_was_made_with(monkeypatch, tmp_path):
+    """The products-only colouring's peak measures 9 MiB in the first rounds and 5 MiB when it
+    is timed again beside its lean version (6 MiB): the verdict keeps 9 MiB, the figure its
+    pick was made with, so the lean version holds less and is kept."""
+    from support import fake_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
+    monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
+    fakes = fake_timing.install(monkeypatch)
+    kind = _relu_kinds()
+    measured = []
+
+    def peak(g):
+        measured.append(kind(g))
+        again = kind(g) == "products" and measured.count("products") > 1
+        return {"float32": 10 << 20, "rules": 9 << 20, "products": 5 << 20 if again else 9 << 20,
+                "saved": 6 << 20}[kind(g)]
+    fakes.cost = lambda g, i: {"float32": 1e-3, "rules": 0.8e-3, "products": 0.6e-3,
+                               "saved": 0.6e-3}[kind(g)]
+    fakes.peak = peak
+    graph_def, fetches = _deep_training_graph(lambda z, k: tf.nn.relu(z), depth=5)
+    verdict = tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", fetches=fetches,
+                                       target="here").report.verdict
+    assert measured.count("products") == 2, measured
+    assert verdict.pick == graph_timing.LEAN, verdict.describe()
+    assert verdict.peaks[verdict.lean_from] == 9 << 20 and \
+        verdict.peaks[graph_timing.LEAN] == 6 << 20, verdict.peaks

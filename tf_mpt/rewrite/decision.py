@@ -151,7 +151,7 @@ def _refine(graph_def, verdict, results, graphs, rewrite, lists, config, timer, 
     times = timer({chosen: graphs[chosen], _timing.REFINED: refined.graph_def},
                   config.cost_batch, left)
     results[_timing.REFINED] = refined
-    peaks = dict(getattr(timer, "peaks", verdict.peaks))
+    peaks = _peaks_after(timer, verdict)
     faster = statistics.median(times[_timing.REFINED]) < \
         statistics.median(times[chosen]) * (1.0 - _timing.MARGIN) and \
         not (_bounded(config, peaks) and _timing.over_float32(peaks, _timing.REFINED))
@@ -190,6 +190,16 @@ class _ShapeTable:
         return self._table.get(name, default)
 
 
+def _peaks_after(timer, verdict):
+    """The peaks after another round of timing: the verdict's stand (the pick was made with
+    them; a candidate timed again does not change them), the new version's (refined, lean:
+    the last timed) added."""
+    peaks = dict(getattr(timer, "peaks", {}))
+    peaks.update((name, peak) for name, peak in verdict.peaks.items()
+                 if name not in (_timing.LEAN, _timing.REFINED))
+    return peaks
+
+
 def _make_smaller(verdict, results, config, lean_inputs, timer, deadline):
     """Where no lean version was tried and the pick is a half candidate holding more than
     SMALLER_ABOVE of float32's peak: its lean version without ordered products (lean.lean,
@@ -211,7 +221,7 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, deadline):
         return verdict
     times = timer({chosen: source, _timing.LEAN: graph}, config.cost_batch, left)
     results[_timing.LEAN] = _lean_result(results[chosen], graph)
-    peaks = dict(getattr(timer, "peaks", peaks))
+    peaks = _peaks_after(timer, verdict)
     kept = _timing.LEAN in peaks and \
         _timing.total_peak(peaks, _timing.LEAN) < \
         _timing.total_peak(peaks, chosen) * (1.0 - _timing.PEAK_SLACK) and \
@@ -245,7 +255,7 @@ def _make_lean(verdict, results, graphs, config, lean_inputs, timer, deadline):
         times = timer({against: graphs[against], _timing.LEAN: graph}, config.cost_batch,
                       left)
         results[_timing.LEAN] = _lean_result(results[fastest], graph)
-        peaks = dict(getattr(timer, "peaks", verdict.peaks))
+        peaks = _peaks_after(timer, verdict)
         within = not _timing.over_float32(peaks, _timing.LEAN)
         kept = within and statistics.median(times[_timing.LEAN]) < \
             statistics.median(times[against]) * (1.0 - _timing.MARGIN)
