@@ -111,7 +111,8 @@ def test_the_lean_graph_computes_what_the_candidate_does():
 def test_a_weight_gradient_waits_for_the_input_gradient_and_the_previous_weight_gradient():
     """The products read only as float32 (each weight's gradient, cast for the float32
     optimizer) wait for the products reading the same incoming gradient (the gradient for
-    the layer's input) and for the previous weight gradient's Cast to float32."""
+    the layer's input) and for the previous weight gradient's Cast to float32; their Casts
+    wait for the input gradient's ReluGrad."""
     graph_def, fetches = _training_mlp(depth=3)
     half = _half(graph_def, fetches)
     out, ordered = lean.ordered_products(half)
@@ -129,6 +130,14 @@ def test_a_weight_gradient_waits_for_the_input_gradient_and_the_previous_weight_
                if i.startswith("^")]
     assert any(i.startswith("^gradients/matmul_1_grad/") and i.endswith("CastToFp32-TfMpt")
                for i in control), control
+    # each weight gradient's Cast to float32 waits for the ReluGrad of the input's gradient
+    # (the reader of the product beside it), and for nothing that precedes it anyway
+    for k in range(3):
+        cast = by_name[f"gradients/matmul_{k}_grad/tuple/control_dependency_1-0-CastToFp32-"
+                       "TfMpt"]
+        waits = [i for i in cast.input if i.startswith("^")]
+        assert waits == ([f"^gradients/Relu_{k - 1}_grad/ReluGrad".replace("Relu_0", "Relu")]
+                         if k else []), (k, waits)
 
 
 def test_a_loops_weight_cast_waits_for_each_iterations_other_input():

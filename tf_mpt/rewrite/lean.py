@@ -11,8 +11,10 @@ Four changes, each leaving every op's dtype what the candidate decided except wh
                      loop's iterations do not cast ahead of the ones that use the copy.
     ordered products a half matrix product read only as float32 (a weight's gradient on its
                      way to a float32 optimizer) runs after the products that read its
-                     inputs and after the previous such product's Casts: a weight gradient
-                     is held in both dtypes only while it is cast, and not beside the next.
+                     inputs and after the previous such product's Casts, and its Casts run
+                     after those products' readers: a weight gradient is held in both
+                     dtypes only while it is cast, not beside the next, nor beside an
+                     activation that the input gradient's ReluGrad is about to free.
     float32 products (the leaner version) such a product computes in float32: its result is
                      never held in both dtypes; its inputs (activations, the incoming
                      gradient) are cast to float32 instead.
@@ -152,9 +154,12 @@ def ordered_products(graph_def):
     gradients, on their way to a float32 optimizer) ordered: each runs after the other
     products reading its inputs (the gradient with respect to the layer's input) and after
     the previous one's Casts to float32, so two weight gradients are not held in both dtypes
-    at once. Only edges along one topological order of the graph are added (no cycle can
-    form), and none in a graph with TF1 control flow (_SWITCHES). Returns (GraphDef, products
-    ordered)."""
+    at once; its Casts to float32 wait for the first readers of those other products (past
+    Identity: a ReluGrad of the input's gradient), so what those readers free (an
+    activation) is not held beside the weight gradient in both dtypes. Edges between
+    products go along one topological order of the graph (no cycle can form); a Cast's are
+    not added where they would make one. None are added in a graph with TF1 control flow
+    (_SWITCHES). Returns (GraphDef, products ordered)."""
     if any(node.op in _SWITCHES for node in graph_def.node):
         return graph_def, 0
     view = GraphView(graph_def)
@@ -168,22 +173,75 @@ def ordered_products(graph_def):
             if found is not None:
                 gradients.append((position[i], i, found[1]))
     gradients.sort()
+    _, forward = _forward_edges(view)
+    backward = [[s for s, _ in view.fanin[i]] + list(view.control_fanin[i])
+                for i in range(len(view))]
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
     nodes = out.node
-    ordered, previous = 0, ()
+    ordered, previous, cast_waits = set(), (), []
     for _, i, casts in gradients:
         before = {k for k in previous if position[k] < position[i]}
+        siblings = set()
         for src, port in view.fanin[i]:
-            before.update(reader for reader, _ in view.fanout_of(src).get(port, ())
-                          if reader != i and view.nodes[reader].op in PRODUCTS and
-                          position[reader] < position[i])
+            siblings.update(reader for reader, _ in view.fanout_of(src).get(port, ())
+                            if reader != i and view.nodes[reader].op in PRODUCTS)
+        before.update(k for k in siblings if position[k] < position[i])
         before -= set(view.control_fanin[i])
         for k in sorted(before):
             nodes[i].input.append(f"^{view.nodes[k].name}")
-        ordered += bool(before)
+        if before:
+            ordered.add(i)
         previous = casts
-    return (out, ordered) if ordered else (graph_def, 0)
+        waits = set()
+        for k in siblings:
+            waits.update(_first_readers(view, k))
+        waits -= set(casts) | {i}
+        for cast in casts:  # (not its descendants: a cycle; nor its ancestors: no need)
+            waits_for = waits - _reachable(forward, cast) - _reachable(backward, cast)
+            cast_waits.extend((i, cast, k) for k in sorted(waits_for))
+    if cast_waits:
+        # Each weight gradient's Casts to float32 also wait for the readers of the products
+        # beside it (a ReluGrad of the input's gradient): the activation those readers free
+        # is not held while the weight gradient is held in both dtypes.
+        plain = graph_pb2.GraphDef()
+        plain.CopyFrom(out)
+        for _, cast, k in cast_waits:
+            nodes[cast].input.append(f"^{view.nodes[k].name}")
+        if _topological_positions(GraphView(out)) is None:  # (a cycle: not added)
+            out = plain
+        else:
+            ordered.update(i for i, _, _ in cast_waits)
+    return (out, len(ordered)) if ordered else (graph_def, 0)
+
+
+def _first_readers(view, i):
+    """The data readers of node i's output 0 past pass-through nodes (Identity ...), leaving
+    out products, loop and cond plumbing."""
+    found, todo, seen = [], [i], {i}
+    while todo:
+        k = todo.pop()
+        for reader, _ in view.fanout_of(k).get(0, ()):
+            if reader in seen:
+                continue
+            seen.add(reader)
+            op = view.nodes[reader].op
+            if op in _PASS_THROUGH and len(seen) < 64:
+                todo.append(reader)
+            elif op not in PRODUCTS and op not in _NOT_MOVED:
+                found.append(reader)
+    return found
+
+
+def _reachable(edges, i):
+    """The nodes reachable from node i along `edges` ([next nodes, per node])."""
+    seen, todo = {i}, [i]
+    while todo:
+        for k in edges[todo.pop()]:
+            if k not in seen:
+                seen.add(k)
+                todo.append(k)
+    return seen
 
 
 def _topological_positions(view):
