@@ -160,7 +160,8 @@ def test_a_loops_weight_cast_waits_for_each_iterations_other_input():
                                **SAME)
 
 
-@pytest.mark.parametrize("change", [lean.late_casts, lean.ordered_products])
+@pytest.mark.parametrize("change", [lean.late_casts, lean.ordered_products,
+                                    lean.reduced_first])
 def test_a_graph_with_nothing_to_change_is_returned_as_it_is(change):
     graph = tf.Graph()
     with graph.as_default():
@@ -369,6 +370,55 @@ def test_small_values_and_forward_readers_are_not_changed(monkeypatch):
     assert lean.saved_in_half(half, lists) == (half, 0)
 
 
+# --- reduced first ------------------------------------------------------------------------------
+
+
+def _squared_error_graph(width=SAVED_WIDTH):
+    """x [SAVED_BATCH, width] -> MatMul -> minus the fed target -> the Mean of its Square
+    as 'loss'; SGD ('train'), initializer ('init')."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(0)
+        x = tf1.placeholder(tf.float32, [SAVED_BATCH, width], name="x")
+        target = tf1.placeholder(tf.float32, [SAVED_BATCH, width], name="target")
+        w = tf1.get_variable("w", [width, width], use_resource=True,
+                             initializer=tf1.glorot_uniform_initializer())
+        error = tf.subtract(tf.matmul(x, w, name="matmul"), target, name="error")
+        loss = tf.reduce_mean(tf.square(error, name="square"), name="loss")
+        tf1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+        tf1.variables_initializer(tf1.global_variables(), name="init")
+    return graph.as_graph_def(), ["loss", "train", "init"]
+
+
+def test_a_loss_is_reduced_before_the_backward_pass_reads_its_difference():
+    """The op lists' colouring: the Square half, its Cast to float32 read only by the loss's
+    Mean. The Square's gradient (2 * error) reads the same difference without waiting for
+    the loss; reduced first makes it wait for the Mean, and nothing else. The same numbers
+    bit for bit; a value under MIN_SAVED_ELEMENTS is left alone."""
+    graph_def, fetches = _squared_error_graph()
+    half = _half(graph_def, fetches)
+    by_name = {n.name: n for n in half.node}
+    assert by_name["loss"].input[0] == "square-0-CastToFp32-TfMpt"  # (the chain tested)
+    original = half.SerializeToString()
+    out, moved = lean.reduced_first(half)
+    assert half.SerializeToString() == original
+    waiting = {n.name: [i for i in n.input if i.startswith("^")] for n in out.node
+               if any(i.startswith("^") for i in n.input)}
+    before = {n.name: [i for i in n.input if i.startswith("^")] for n in half.node
+              if any(i.startswith("^") for i in n.input)}
+    assert moved == 1
+    assert {k: v for k, v in waiting.items() if v != before.get(k)} == \
+        {"gradients/square_grad/Mul": ["^loss"]}
+    feeds = {"x:0": np.random.RandomState(3).standard_normal(
+        (SAVED_BATCH, SAVED_WIDTH)).astype(np.float32),
+        "target:0": np.random.RandomState(4).standard_normal(
+            (SAVED_BATCH, SAVED_WIDTH)).astype(np.float32)}
+    np.testing.assert_allclose(_run(out, "loss", feeds, 3), _run(half, "loss", feeds, 3),
+                               **SAME)
+    small = _half(*_squared_error_graph(width=16))
+    assert lean.reduced_first(small) == (small, 0)
+
+
 def _relu_kinds():
     """The kind of a candidate of the Relu training graph, by its structure."""
     bf16 = tf.bfloat16.as_datatype_enum
@@ -413,7 +463,7 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
     assert verdict.pick == (graph_timing.LEAN if kept else verdict.lean_from)
     assert verdict.lean_against == verdict.lean_from
     # (ordered products are for a candidate over float32's peak)
-    assert set(verdict.lean_changes) == {"saved in half", "late casts"} and \
+    assert set(verdict.lean_changes) == {"saved in half", "reduced first", "late casts"} and \
         verdict.lean_changes["saved in half"] >= 2, verdict.lean_changes
     if kept:
         assert "picked lean, 1.64x float32" in verdict.describe(), verdict.describe()
@@ -422,7 +472,7 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
             1 for n in result.graph_def.node if n.op == "Cast" and n.name.endswith("-TfMpt"))
         lean_graph, changes = lean.lean(result.graph_def, ordered=False)
         assert lean_graph is result.graph_def and \
-            changes == {"saved in half": 0, "late casts": 0}
+            changes == {"saved in half": 0, "reduced first": 0, "late casts": 0}
     again = rewrite()
     assert again.report.verdict.source == "cached" and again.graph_def == result.graph_def
 

@@ -1,6 +1,6 @@
 """Lean: a candidate's graph rearranged to hold fewer bytes at its peak (issue "memory").
 
-Four changes, each leaving every op's dtype what the candidate decided except where said:
+Five changes, each leaving every op's dtype what the candidate decided except where said:
 
     late casts       a half Cast of a value that lives across the step anyway (a variable's
                      read, a constant, a fed input, a stack of a loop's forward values: see
@@ -27,6 +27,12 @@ Four changes, each leaving every op's dtype what the candidate decided except wh
                      candidate's Cast of it to half, or a new one, and then only readers on
                      the lists' allow, infer or clear lists (ops the lists would run in half)
                      are moved, and they read the value rounded to half.
+
+    reduced first    a reduction of a large value to a small one (a loss: the Mean of a
+                     Square's Cast to float32) runs before the other readers of the value its
+                     chain of element-wise ops starts from (the Square's gradient): the
+                     chain's transients are not held beside the backward pass's first
+                     gradients.
 
 Their cost is speed (a Cast per use, less running side by side, float32 products), so a lean
 graph is only a candidate: graph timing times it and measures its peak (decision.py).
@@ -64,6 +70,12 @@ _ANY_INPUT = frozenset(("Merge", "RefMerge"))
 # loop's frames cannot be crossed by a control edge.
 _SWITCHES = frozenset(("Switch", "RefSwitch"))
 PRODUCTS = frozenset(("MatMul", "BatchMatMul", "BatchMatMulV2"))
+# reduced first: reductions (to a value of fewer than MIN_SAVED_ELEMENTS elements) and the
+# one-input element-wise ops (and Casts) of the chain a reduction's transient is made by.
+REDUCTIONS = frozenset(("Mean", "Sum", "Max", "Min", "Prod", "EuclideanNorm"))
+REDUCED_CHAIN = frozenset((
+    "Cast", "Square", "Abs", "Neg", "Exp", "Log", "Log1p", "Sqrt", "Rsqrt", "Reciprocal",
+    "Sigmoid", "Tanh", "Softplus", "Relu", "Identity"))
 # saved in half: a reader is late where one of its inputs is this many ops (longest path from
 # the graph's sources) deeper than the value it reads; a forward reader is within a few.
 LATE_LEVELS = 16
@@ -502,16 +514,65 @@ def lean(graph_def, products_in_float32=False, lists=None, shapes=None, ordered=
     """The changes in order: ordered products (with `ordered`: for a candidate holding more
     than float32 because its weight gradients are held in both dtypes), float32 products
     (with `products_in_float32`: the leaner version, for where the first still holds too
-    much), saved in half (`lists`, `shapes`: see saved_in_half), late casts. Returns
-    (GraphDef, {change: count}), a change not tried absent."""
+    much), saved in half (`lists`, `shapes`: see saved_in_half), reduced first, late casts.
+    Returns (GraphDef, {change: count}), a change not tried absent."""
     changes = {}
+    if shapes is None:  # (inferred once, from the candidate's graph)
+        shapes = _shapes.graph_def_shapes(graph_def, GraphView(graph_def))
     if ordered:
         graph_def, changes["ordered products"] = ordered_products(graph_def)
     if products_in_float32:
         graph_def, changes["float32 products"] = float32_products(graph_def)
     graph_def, changes["saved in half"] = saved_in_half(graph_def, lists, shapes)
+    graph_def, changes["reduced first"] = reduced_first(graph_def, shapes)
     graph_def, changes["late casts"] = late_casts(graph_def)
     return graph_def, changes
+
+
+def reduced_first(graph_def, shapes=None):
+    """graph_def with each reduction of a large value to a small one (a loss: the Mean of a
+    Square's Cast to float32) run before the other readers of the value its chain starts
+    from: the chain (element-wise ops and Casts read only by the next, REDUCED_CHAIN) is a
+    transient, and the backward pass's first ops (the Square's gradient reading the same
+    difference) do not allocate beside it. `shapes` as saved_in_half's. None are added in a
+    graph with TF1 control flow (_SWITCHES). Returns (GraphDef, reductions moved first)."""
+    if any(node.op in _SWITCHES for node in graph_def.node):
+        return graph_def, 0
+    view = GraphView(graph_def)
+    if shapes is None:
+        shapes = _shapes.graph_def_shapes(graph_def, view)
+    forward, backward = None, None
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    nodes = out.node
+    moved = 0
+    for r, node in enumerate(view.nodes):
+        if node.op not in REDUCTIONS or not view.fanin[r] or \
+                not 0 < _elements(shapes, view, r, 0) < MIN_SAVED_ELEMENTS:
+            continue
+        chain, (k, port) = [], view.fanin[r][0]
+        while view.nodes[k].op in REDUCED_CHAIN and port == 0 and view.fanin[k] and \
+                not view.has_control_fanout[k] and \
+                [reader for reader, _ in view.fanout_of(k).get(0, ())] == \
+                [chain[-1] if chain else r] and len(view.fanout_of(k)) == 1:
+            chain.append(k)
+            k, port = view.fanin[k][0]
+        if not chain or _elements(shapes, view, k, port) < MIN_SAVED_ELEMENTS:
+            continue
+        others = {reader for reader, _ in view.fanout_of(k).get(port, ())
+                  if reader not in chain and view.nodes[reader].op not in _NOT_MOVED}
+        if not others:
+            continue
+        if forward is None:
+            _, forward = _forward_edges(view)
+            backward = [[src for src, _ in view.fanin[i]] + list(view.control_fanin[i])
+                        for i in range(len(view))]
+        # (not an ancestor of the reduction: a cycle; nor a descendant: it waits already)
+        others -= _reachable(backward, r) | _reachable(forward, r)
+        for reader in sorted(others):
+            nodes[reader].input.append(f"^{node.name}")
+        moved += bool(others)
+    return (out, moved) if moved else (graph_def, 0)
 
 
 def _as_identity(node):
