@@ -6,6 +6,7 @@ tf_mpt setting the policy (TF_MPT_KERAS=policy).
                                       [--min-seconds 2] [--dtype bfloat16]
                                       [--keras keras|tf_keras]
                                       [--step-timing auto|always|off]
+                                      [--memory float32|least|any]
 
 Models (random data, weights=None): ResNet50, MobileNetV2, EfficientNetB0, DenseNet121
 (keras.applications, 128x128x3, batch 16, 10 classes), a Transformer encoder
@@ -36,7 +37,8 @@ medians over the rounds per way, with the ratio to float32's.
 
 --step-timing sets TF_MPT_STEP_TIMING for the tf_mpt ways (default: tf_mpt's default, auto):
 `always` times every traced step's candidates (and measures their peaks), where auto times
-only steps whose predicted saving is thin.
+only steps whose predicted saving is thin. --memory sets TF_MPT_MEMORY for the tf_mpt ways
+(`least`: memory first, never slower than float32; it times every traced step).
 """
 
 import argparse
@@ -61,7 +63,7 @@ APPLICATIONS = {"resnet50": "ResNet50", "mobilenetv2": "MobileNetV2",
                 "efficientnetb0": "EfficientNetB0", "densenet121": "DenseNet121"}
 
 
-def _env(way, dtype, keras_module, step_timing=None):
+def _env(way, dtype, keras_module, step_timing=None, memory=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
     env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     if keras_module == "tf_keras":
@@ -71,6 +73,8 @@ def _env(way, dtype, keras_module, step_timing=None):
                    TF_MPT_KERAS="policy" if way == "tf_mpt_policy" else "rewrite")
         if step_timing:
             env["TF_MPT_STEP_TIMING"] = step_timing
+        if memory:
+            env["TF_MPT_MEMORY"] = memory
     return env
 
 
@@ -221,7 +225,8 @@ def _measure(name, way, args):
     command = [sys.executable, __file__, "--child", name, way, "--steps", str(args.steps),
                "--min-seconds", str(args.min_seconds), "--dtype", args.dtype,
                "--keras", args.keras]
-    done = subprocess.run(command, env=_env(way, args.dtype, args.keras, args.step_timing),
+    done = subprocess.run(command, env=_env(way, args.dtype, args.keras, args.step_timing,
+                                            args.memory),
                           cwd=ROOT, capture_output=True, text=True, timeout=3600, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{name} / {way} failed:\n{done.stderr[-3000:]}")
@@ -245,6 +250,8 @@ def main():
     parser.add_argument("--keras", default="keras", choices=("keras", "tf_keras"))
     parser.add_argument("--step-timing", choices=("auto", "always", "off"),
                         help="TF_MPT_STEP_TIMING for the tf_mpt ways (default: its default)")
+    parser.add_argument("--memory", choices=("float32", "least", "any"),
+                        help="TF_MPT_MEMORY for the tf_mpt ways (default: its default)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

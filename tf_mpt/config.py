@@ -123,14 +123,19 @@ ENV_VARS = (
      "plus its variables, optimizer slots and inputs) is over float32's by more than 2%; "
      "where the fastest is over, its lean version (a held value's half Cast made at each "
      "use, after the use's other input; weight gradients' products ordered so that two are "
-     "not held in both dtypes at once; then, if still over, a leaner one with those weight "
+     "not held in both dtypes at once, nor beside an activation about to be freed; a loss "
+     "reduced before the backward pass starts; then, if still over, a leaner one with those weight "
      "gradients computed in float32) is timed and measured too, and the fastest within "
      "float32's peak is kept; of candidates within 3% of the fastest, the one holding least; "
      "where the pick still holds over 0.65x float32's peak, its lean version with its "
      "activations saved in half (a float32 value read late, by the backward pass, held as "
      "its half copy and cast back where it is read) is timed beside it and kept if it holds "
-     "less and is not over 3% slower. any: the peaks are measured and reported, and the fastest is "
-     "kept whatever it holds. The same for a traced tf.function that step timing times (its "
+     "less and is not over 3% slower. least: memory first (bigger batches), never slower than "
+     "float32: the candidate holding least among those whose median time is not above "
+     "float32's; every half pick's lean version is timed beside it and float32 and kept if "
+     "it holds less and is not slower than float32; every traced tf.function is timed "
+     "(TF_MPT_STEP_TIMING=auto acts as always); no refinement. any: the peaks are measured "
+     "and reported, and the fastest is kept whatever it holds. The same for a traced tf.function that step timing times (its "
      "copies of the variables and inputs are the bytes held alike)."),
     (TF_MPT_DISPATCH_CHECK, "1", "Where the graph runs on this machine (the automatic path "
      "in a process with no GPU; target here), each half op type is first run as TensorFlow "
@@ -169,7 +174,7 @@ _DTYPES = ("float16", "bfloat16", "auto")
 _SESSION_REWRITES = ("grappler", "copy")
 KERAS_MODES = ("rewrite", "policy")
 STEP_TIMINGS = ("auto", "always", "off")
-MEMORY_MODES = ("float32", "any")
+MEMORY_MODES = ("float32", "least", "any")
 ALLREDUCE_DTYPES = ("float32", "float16", "bfloat16", "auto")
 
 
@@ -316,8 +321,9 @@ class Config:
         step_timing: 'auto', 'always' or 'off' (TF_MPT_STEP_TIMING).
         timing_budget: TF_MPT_TIMING_BUDGET, seconds of graph timing per graph (0: none).
         dispatch_check: TF_MPT_DISPATCH_CHECK, whether slow half kernels are checked for.
-        memory: 'float32' or 'any' (TF_MPT_MEMORY): whether graph timing keeps a colouring
-            whose step peak is over float32's.
+        memory: 'float32', 'least' or 'any' (TF_MPT_MEMORY): whether graph timing keeps a
+            colouring whose step peak is over float32's; least: the one holding least of
+            those not slower than float32.
     """
     list_add: tuple = ()
     list_remove: tuple = ()

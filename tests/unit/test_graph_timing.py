@@ -614,3 +614,26 @@ def test_a_tie_in_time_goes_to_the_candidate_holding_least(timed, monkeypatch):
     monkeypatch.setenv("TF_MPT_MEMORY", "any")
     timed(cost, peak=peak)
     assert _rewrite(_mlp()).report.verdict.pick == graph_timing.COST
+
+
+def test_memory_first_picks_the_candidate_holding_least_not_slower_than_float32():
+    """graph_timing.pick with least (TF_MPT_MEMORY=least): of the candidates whose median is
+    not above float32's, the one holding least; within PEAK_SLACK of that, the fastest; a
+    candidate over float32's peak is never kept."""
+    rounds = lambda ms: (ms * 1e-3,) * 3  # noqa: E731
+    times = {graph_timing.FLOAT32: rounds(10), graph_timing.COST: rounds(6),
+             graph_timing.RULES: rounds(9), graph_timing.CONTRACTIONS: rounds(11)}
+    peaks = {graph_timing.FLOAT32: 100, graph_timing.COST: 90, graph_timing.RULES: 60,
+             graph_timing.CONTRACTIONS: 40, graph_timing.RESIDENT: 0}
+    assert graph_timing.pick(times, graph_timing.COST, peaks) == graph_timing.COST
+    # contractions only holds least but is slower than float32: the rules' colouring
+    assert graph_timing.pick(times, graph_timing.COST, peaks, least=True) == graph_timing.RULES
+    peaks[graph_timing.COST] = 61  # (within PEAK_SLACK of the least: the faster)
+    assert graph_timing.pick(times, graph_timing.COST, peaks, least=True) == graph_timing.COST
+    peaks[graph_timing.RULES] = 103  # (over float32's: never)
+    peaks[graph_timing.COST] = 102
+    assert graph_timing.pick(times, graph_timing.COST, peaks, least=True) == \
+        graph_timing.COST
+    peaks[graph_timing.COST] = 103
+    assert graph_timing.pick(times, graph_timing.COST, peaks, least=True) == \
+        graph_timing.FLOAT32

@@ -48,6 +48,19 @@ def test_which_functions_are_timed(mode, target, report, timed):
     assert _timing.worth_timing(report, target, mode) is timed
 
 
+@pytest.mark.parametrize("memory, step_timing, timed", [
+    ("float32", "auto", False), ("least", "auto", True), ("least", "off", False),
+    ("any", "auto", False)])
+def test_memory_first_times_every_step(memory, step_timing, timed):
+    """TF_MPT_MEMORY=least: what a step holds is not predicted, so auto acts as always (a
+    step whose predicted saving is large is timed); off stays off."""
+    from tf_mpt.rewrite import decision  # pylint: disable=import-outside-toplevel
+    config = _config.Config.from_env({"TF_MPT_MEMORY": memory,
+                                      "TF_MPT_STEP_TIMING": step_timing,
+                                      "TF_MPT_TIMING_BUDGET": "5"})
+    assert decision.step_applies(config, _HERE, _report_with(5.0, 14.4)) is timed
+
+
 @pytest.mark.parametrize("environment, dtype, for_this_cpu", [
     ({"TF_MPT_TARGET": "here"}, "bfloat16", True),
     ({"TF_MPT_OP_COSTS": "TABLE"}, "bfloat16", True),  # auto: the table stands in for it

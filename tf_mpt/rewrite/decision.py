@@ -163,8 +163,14 @@ def _refine(graph_def, verdict, results, graphs, rewrite, lists, config, timer, 
 
 
 def _bounded(config, peaks):
-    """The peaks the pick is bounded by (TF_MPT_MEMORY=float32), or None."""
-    return peaks if config.memory == "float32" else None
+    """The peaks the pick is bounded by (TF_MPT_MEMORY=float32 or least), or None."""
+    return peaks if config.memory in ("float32", "least") else None
+
+
+def _least(config):
+    """Whether the pick is the candidate holding least of those not slower than float32
+    (TF_MPT_MEMORY=least)."""
+    return config.memory == "least"
 
 
 def _lean_result(result, graph_def):
@@ -200,33 +206,40 @@ def _peaks_after(timer, verdict):
     return peaks
 
 
-def _make_smaller(verdict, results, config, lean_inputs, timer, deadline):
+def _make_smaller(verdict, results, config, lean_inputs, timer, deadline, float32_graph):
     """Where no lean version was tried and the pick is a half candidate holding more than
-    SMALLER_ABOVE of float32's peak: its lean version without ordered products (lean.lean,
-    with `lean_inputs`, its lists and shapes: activations saved in half; a weight's half
-    Cast made at each use; ordered products serve a candidate whose weight gradients hold it
-    over float32's peak, and cost time) timed beside it until `deadline` and kept if it
-    holds over PEAK_SLACK less and is not over MARGIN slower. Returns the verdict, with the
-    lean version's record where one was timed; `results` gets its RewriteResult."""
+    SMALLER_ABOVE of float32's peak (TF_MPT_MEMORY=least: any half pick): its lean version
+    without ordered products (lean.lean, with `lean_inputs`, its lists and shapes:
+    activations saved in half; a weight's half Cast made at each use; ordered products
+    serve a candidate whose weight gradients hold it over float32's peak, and cost time)
+    timed beside it until `deadline` and kept if it holds over PEAK_SLACK less and is not
+    over MARGIN slower (least: not slower than `float32_graph`, timed in the same rounds).
+    Returns the verdict, with the lean version's record where one was timed; `results` gets
+    its RewriteResult."""
     chosen, peaks = verdict.pick, verdict.peaks
+    goal = 0.0 if _least(config) else SMALLER_ABOVE
     if verdict.lean_from or chosen in (_timing.FLOAT32, _timing.LEAN) or \
             chosen not in peaks or _timing.FLOAT32 not in peaks or \
             _timing.total_peak(peaks, chosen) <= \
-            SMALLER_ABOVE * _timing.total_peak(peaks, _timing.FLOAT32):
+            goal * _timing.total_peak(peaks, _timing.FLOAT32):
         return verdict
     source = results[chosen].graph_def
     graph, changes = _lean.lean(source, False, *lean_inputs, ordered=False)
     left = deadline - _timing._clock()  # pylint: disable=protected-access
     if graph is source or left <= 0:
         return verdict
-    times = timer({chosen: source, _timing.LEAN: graph}, config.cost_batch, left)
+    timed = {chosen: source, _timing.LEAN: graph}
+    if _least(config):  # (its bound is float32's time, measured in the same rounds)
+        timed[_timing.FLOAT32] = float32_graph
+    times = timer(timed, config.cost_batch, left)
     results[_timing.LEAN] = _lean_result(results[chosen], graph)
     peaks = _peaks_after(timer, verdict)
+    bound = statistics.median(times[_timing.FLOAT32]) if _least(config) else \
+        statistics.median(times[chosen]) * (1.0 + _timing.MARGIN)
     kept = _timing.LEAN in peaks and \
         _timing.total_peak(peaks, _timing.LEAN) < \
         _timing.total_peak(peaks, chosen) * (1.0 - _timing.PEAK_SLACK) and \
-        statistics.median(times[_timing.LEAN]) <= \
-        statistics.median(times[chosen]) * (1.0 + _timing.MARGIN)
+        statistics.median(times[_timing.LEAN]) <= bound
     return dataclasses.replace(
         verdict, times={**verdict.times, _timing.LEAN: times[_timing.LEAN]},
         pick=_timing.LEAN if kept else chosen, lean_from=chosen, lean_against=chosen,
@@ -289,10 +302,12 @@ def applies(config, target, dtype):
 def step_applies(config, target, report):
     """Whether a traced tf.function rewritten with `report` for the resolved `target` has
     its candidates timed (on copies of its variables): where step timing would time it
-    (step_timing.worth_timing: decided for this CPU, TF_MPT_STEP_TIMING) and the budget is
-    not 0."""
-    return config.timing_budget > 0 and _step_timing.worth_timing(report, target,
-                                                                  config.step_timing)
+    (step_timing.worth_timing: decided for this CPU, TF_MPT_STEP_TIMING; with
+    TF_MPT_MEMORY=least, auto acts as always: what a step holds is not predicted) and the
+    budget is not 0."""
+    mode = "always" if _least(config) and config.step_timing == "auto" else \
+        config.step_timing
+    return config.timing_budget > 0 and _step_timing.worth_timing(report, target, mode)
 
 
 def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=None,
@@ -371,7 +386,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
             times = timer(graphs, config.cost_batch, config.timing_budget)
             measured = dict(getattr(timer, "peaks", {}))
             chosen = _timing.pick(times, same_as.get(predicted_name, predicted_name),
-                                  _bounded(config, measured))
+                                  _bounded(config, measured), _least(config))
             verdict = _timing.Verdict(times, chosen, predicted_name, "", same_as,
                                       peaks=measured)
             left = config.timing_budget - (
@@ -385,7 +400,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                               type(error).__name__, error)
                 try:  # (before the refinement, which would leave it no budget)
                     verdict = _make_smaller(verdict, results, config, lean_inputs, timer,
-                                            started + config.timing_budget)
+                                            started + config.timing_budget, graph_def)
                 except Exception as error:  # pylint: disable=broad-except
                     _log.info("graph timing did not time a smaller candidate (%s: %s)",
                               type(error).__name__, error)
@@ -394,6 +409,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                     _timing._clock() - started)  # pylint: disable=protected-access
             if getattr(timer, "profile", None) and chosen not in (_timing.FLOAT32,
                                                                   _timing.LEAN) and \
+                    not _least(config) and \
                     left >= _timing.REFINE_SHARE * config.timing_budget:
                 try:
                     verdict = _refine(graph_def, verdict, results, graphs, rewrite, lists,

@@ -222,14 +222,23 @@ def over_float32(peaks, name):
         total_peak(peaks, name) > total_peak(peaks, FLOAT32) * (1.0 + PEAK_SLACK)
 
 
-def pick(times, predicted, peaks=None):
+def pick(times, predicted, peaks=None, least=False):
     """The candidate to keep from {candidate: per-round seconds}: the fastest median, unless
     the prediction's is within MARGIN of it. With `peaks` ({candidate: step peak bytes}, and
     RESIDENT): only among the candidates not over float32's (over_float32; float32 never
     is), and among those within MARGIN of the fastest, the ones holding least (within
-    PEAK_SLACK of the lowest total) first: a tie in time goes to memory."""
+    PEAK_SLACK of the lowest total) first: a tie in time goes to memory. With `least`
+    (TF_MPT_MEMORY=least) and peaks: among the candidates not slower than float32 (their
+    median not above float32's), the one holding least (within PEAK_SLACK: the fastest of
+    those)."""
     medians = {name: statistics.median(t) for name, t in times.items()
                if not (peaks and over_float32(peaks, name))}
+    if least and peaks and FLOAT32 in medians and set(medians) <= set(peaks):
+        fast_enough = [name for name, m in medians.items() if m <= medians[FLOAT32]]
+        fewest = min(total_peak(peaks, name) for name in fast_enough)
+        return min((name for name in fast_enough
+                    if total_peak(peaks, name) <= fewest * (1.0 + PEAK_SLACK)),
+                   key=medians.get)
     fastest = min(medians, key=medians.get)
     near = {name for name, m in medians.items() if m <= medians[fastest] * (1.0 + MARGIN)}
     if peaks and near <= set(peaks):
