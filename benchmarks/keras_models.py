@@ -194,6 +194,7 @@ class _Rewrites(logging.Handler):
                         r"timing \(median of \d+ rounds\): (.*); picked ([a-z0-9 ]+?)"
                         r"(,| over|$)")
     _CANDIDATE = re.compile(r"(float32|rules|cost model|contractions only) ([\d.e+-]+) ms")
+    _LEAN = re.compile(r"lean (rules|cost model|contractions only) \([^)]*\) ([\d.e+-]+) ms")
 
     def __init__(self):
         super().__init__(level=logging.INFO)
@@ -211,12 +212,19 @@ class _Rewrites(logging.Handler):
         timed = self._TIMED.match(message)
         if timed and self.phase is not None:
             parts, _, refinement = timed.group(2).partition(", refined (")
-            times = {name: float(ms) for name, ms in self._CANDIDATE.findall(parts)}
+            first = parts.partition(", lean ")[0]  # (the first rounds)
+            times = {name: float(ms) for name, ms in self._CANDIDATE.findall(first)}
             refined = re.search(r"\) ([\d.e+-]+) ms beside", refinement)
             if refined:  # (timed beside the first rounds' pick)
                 times["refined"] = float(refined.group(1))
+            lean = self._LEAN.search(timed.group(2))
+            pick = timed.group(3)
+            if lean:  # (the lean version of one candidate, timed beside another)
+                times["lean"] = float(lean.group(2))
+                if pick == "lean":
+                    pick = f"lean {lean.group(1)}"
             self.timed.setdefault(self.phase, []).append(
-                {"function": timed.group(1), "ms": times, "pick": timed.group(3)})
+                {"function": timed.group(1), "ms": times, "pick": pick})
 
 
 # --- the parent -------------------------------------------------------------------------------
@@ -314,15 +322,16 @@ def main():
         print("\ntf_mpt's step timing (the default way: each traced step it timed, each "
               "candidate's sandbox ms per run (a candidate equal to another is timed once; "
               "refined: the pick with its op types profiled slower in half float32, timed "
-              "beside it; -: not tried) "
+              "beside it; lean: a candidate's lean version (lean.py), timed beside it; -: "
+              "not tried) "
               "and the one that ran; first round):")
-        names = ("float32", "rules", "cost model", "contractions only", "refined")
+        names = ("float32", "rules", "cost model", "contractions only", "refined", "lean")
         print("| model | phase | function | " + " | ".join(f"{n} ms" for n in names) +
               " | pick |")
         print("|---|---|---|" + "---|" * len(names) + "---|")
         for name, phase, each in picks:
             cells = [f"{each['ms'][n]:.1f}" if n in each["ms"] else
-                     "-" if n == "refined" else "=" for n in names]
+                     "-" if n in ("refined", "lean") else "=" for n in names]
             print(f"| {name} | {phase} | {each['function']} | " + " | ".join(cells) +
                   f" | {each['pick']} |")
 
