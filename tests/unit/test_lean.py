@@ -564,3 +564,27 @@ def test_memory_first_keeps_the_lean_version_not_slower_than_float32(
                                        target="here").report.verdict
     assert graph_timing.LEAN not in verdict.times and verdict.source == "timed", \
         verdict.describe()
+
+
+def test_a_reshaped_fed_input_counts_as_held(monkeypatch):
+    """The fed input reshaped (in float32) before the first product: its half Cast (of the
+    Reshape, a pass-through of the fed value) is read by the forward product and by the weight's
+    gradient, and is made at each use like a fed input's. Without Reshape among the
+    pass-through ops it would be held from the forward pass to the backward pass."""
+    def layers(x):
+        flat = tf.reshape(x, [BATCH * 2, WIDTH // 2], name="flat")
+        w = tf1.get_variable("w", [WIDTH // 2, WIDTH], use_resource=True)
+        return tf.nn.relu(tf.matmul(flat, w, name="matmul"))
+    half = _with_lists(*_training_graph(layers), {"Reshape"})  # (the Reshape float32)
+    stem = "flat-0-CastToBf16"
+    assert [n.name for n in half.node if n.name.startswith(stem)] == [stem + "-TfMpt"]
+    out, _ = lean.late_casts(half)
+    casts = [n for n in out.node if n.name.startswith(stem)]
+    assert len(casts) == 2 and all(c.input[0] == "flat" for c in casts), casts
+    readers = sorted(n.name for n in out.node
+                     if any(i.split(":")[0] in {c.name for c in casts} for i in n.input))
+    assert readers == ["gradients/matmul_grad/MatMul_1", "matmul"], readers
+    assert any(i.startswith("^") for c in casts for i in c.input)
+    monkeypatch.setattr(lean, "_PASS_THROUGH", lean._PASS_THROUGH - {"Reshape"})
+    out, _ = lean.late_casts(half)
+    assert [n.name for n in out.node if n.name.startswith(stem)] == [stem + "-TfMpt"]
