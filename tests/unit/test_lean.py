@@ -463,7 +463,8 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
     assert verdict.pick == (graph_timing.LEAN if kept else verdict.lean_from)
     assert verdict.lean_against == verdict.lean_from
     # (ordered products are for a candidate over float32's peak)
-    assert set(verdict.lean_changes) == {"saved in half", "reduced first", "late casts"} and \
+    assert set(verdict.lean_changes) == {"saved in half", "reduced first", "late casts",
+                                         "late casts in loops"} and \
         verdict.lean_changes["saved in half"] >= 2, verdict.lean_changes
     if kept:
         assert "picked lean, 1.64x float32" in verdict.describe(), verdict.describe()
@@ -472,7 +473,8 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
             1 for n in result.graph_def.node if n.op == "Cast" and n.name.endswith("-TfMpt"))
         lean_graph, changes = lean.lean(result.graph_def, ordered=False)
         assert lean_graph is result.graph_def and \
-            changes == {"saved in half": 0, "reduced first": 0, "late casts": 0}
+            changes == {"saved in half": 0, "reduced first": 0, "late casts": 0,
+                        "late casts in loops": 0}
     again = rewrite()
     assert again.report.verdict.source == "cached" and again.graph_def == result.graph_def
 
@@ -588,3 +590,46 @@ def test_a_reshaped_fed_input_counts_as_held(monkeypatch):
     monkeypatch.setattr(lean, "_PASS_THROUGH", lean._PASS_THROUGH - {"Reshape"})
     out, _ = lean.late_casts(half)
     assert [n.name for n in out.node if n.name.startswith(stem)] == [stem + "-TfMpt"]
+
+
+def test_a_functional_loops_weight_casts_wait_for_the_iterations_own_values():
+    """A TF2 LSTM (while_v2, the weights read in the body) and its gradient loop (the
+    weights' reads popped from accumulators): in each body the half Cast of a weight (read,
+    or popped) waits for the product's other input of the same iteration (the recurrent
+    state's Cast; the incoming gradient), so iterations running side by side do not each hold
+    a half copy of the weight early. Only control inputs are added: the loss and gradients
+    are the candidate's, bit for bit, run side by side on the same copies of the variables."""
+    from support import lstm  # pylint: disable=import-outside-toplevel
+    from tf_mpt.rewrite import step_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.rewrite import tf_functions  # pylint: disable=import-outside-toplevel
+    cf, _ = lstm.tf2_loss_and_grads()
+    half = tf_mpt.rewrite_graph_def(cf.graph.as_graph_def(), dtype="bfloat16",
+                                    fetches=[t.op.name for t in cf.outputs],
+                                    target="rules").graph_def
+    original = half.SerializeToString()
+    out, moved = lean.late_casts_in_loops(half)
+    assert half.SerializeToString() == original
+    waiting = {}  # body kind -> [(the Cast's source op, what it waits for)]
+    for fdef in out.library.function:
+        nodes = {n.name: n for n in fdef.node_def}
+        kind = "gradient" if "_grad_" in fdef.signature.name else "forward"
+        for node in fdef.node_def:
+            control = [i[1:] for i in node.input if i.startswith("^")]
+            if node.op == "Cast" and node.name.endswith("-TfMpt") and control:
+                source = nodes[node.input[0].split(":")[0]].op
+                waiting.setdefault(kind, []).append((source, [nodes[c].op for c in control]))
+    assert ("ReadVariableOp", ["Cast"]) in waiting["forward"], waiting  # (h's Cast)
+    assert sum(source == "TensorListPopBack" for source, _ in waiting["gradient"]) >= 2, waiting
+    assert moved == sum(len(found) for found in waiting.values())
+
+    def outputs(runners, *_):
+        return {name: run() for name, run in runners.items()}
+    got = step_timing._in_sandbox(  # pylint: disable=protected-access
+        cf, {"candidate": tf_functions._rename_library(half, "_a"),  # pylint: disable=protected-access
+             "lean": tf_functions._rename_library(out, "_b")},  # pylint: disable=protected-access
+        lstm.B, outputs)
+    pairs = [(mine, theirs) for mine, theirs in zip(got["lean"], got["candidate"])
+             if theirs is not None]  # (the loss and three gradients; ops fetch None)
+    assert len(pairs) == 4
+    for mine, theirs in pairs:
+        np.testing.assert_allclose(np.asarray(mine), np.asarray(theirs), **SAME)

@@ -24,9 +24,10 @@ import os
 from tf_mpt import lists as _lists
 from tf_mpt._process import state as _state
 
-VERSION = 4  # of the fingerprint and the verdict record; a change makes old ones unused
-# (4: lean versions reduce a loss first and order weight gradients' Casts: a cached lean pick
-# rebuilt from its changes would not be the graph that was timed)
+VERSION = 5  # of the fingerprint and the verdict record; a change makes old ones unused
+# (4: lean versions reduce a loss first and order weight gradients' Casts; 5: they make late
+# casts in loops' bodies: a cached lean pick rebuilt from its changes would not be the graph
+# that was timed)
 
 _recording = []  # the open `recording()` contexts' {fingerprint: verdict dict}
 

@@ -1,6 +1,6 @@
 """Lean: a candidate's graph rearranged to hold fewer bytes at its peak (issue "memory").
 
-Five changes, each leaving every op's dtype what the candidate decided except where said:
+Six changes, each leaving every op's dtype what the candidate decided except where said:
 
     late casts       a half Cast of a value that lives across the step anyway (a variable's
                      read, a constant, a fed input, a stack of a loop's forward values: see
@@ -28,6 +28,11 @@ Five changes, each leaving every op's dtype what the candidate decided except wh
                      the lists' allow, infer or clear lists (ops the lists would run in half)
                      are moved, and they read the value rounded to half.
 
+    late casts in    the same in a functional While's bodies (while_v2: a Keras LSTM and its
+      loops        gradient loop), where what lives across an iteration's work is a
+                     variable's read or a value popped from a list (LOOP_HELD_SOURCES), not
+                     the body's arguments: a weight's half Cast waits for the recurrent
+                     state's, and iterations running side by side do not each hold a copy.
     reduced first    a reduction of a large value to a small one (a loss: the Mean of a
                      Square's Cast to float32) runs before the other readers of the value its
                      chain of element-wise ops starts from (the Square's gradient): the
@@ -45,6 +50,7 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.core.framework import types_pb2
 
 from tf_mpt.rewrite import casts as _casts
+from tf_mpt.rewrite import function_bodies as _function_bodies
 from tf_mpt.rewrite import type_attrs as _ta
 from tf_mpt.rewrite.graph_view import GraphView, parse_input
 from tf_mpt.rewrite.paint import shapes as _shapes
@@ -53,6 +59,11 @@ from tf_mpt.rewrite.paint import shapes as _shapes
 HELD_SOURCES = frozenset((
     "ReadVariableOp", "VariableV2", "Variable", "Const", "HostConst", "Placeholder",
     "PlaceholderWithDefault", "StackPopV2", "StackPop"))
+# late casts in a functional While's body: its arguments are per iteration, not held; a
+# variable's read and a value read from a list (a while_v2 gradient's accumulator) are.
+LOOP_HELD_SOURCES = frozenset((
+    "ReadVariableOp", "Const", "HostConst", "TensorListPopBack", "TensorListGetItem"))
+_WHILE_OPS = frozenset(("While", "StatelessWhile"))
 # Ops whose output is their first input's buffer (or the same value, held as long): a value
 # held through them is held.
 _PASS_THROUGH = frozenset(("Identity", "Enter", "RefEnter", "RefIdentity", "Snapshot",
@@ -87,16 +98,16 @@ _NOT_MOVED = _NO_TRIGGER | frozenset(("Enter", "RefEnter"))
 _HALF_LISTS = ("allow", "infer", "clear")
 
 
-def _held(view, i, seen=0):
+def _held(view, i, seen=0, sources=HELD_SOURCES):
     node = view.nodes[i]
-    if node.op in HELD_SOURCES:
+    if node.op in sources:
         return True
     if node.op in _PASS_THROUGH and view.fanin[i] and seen < 16:
-        return _held(view, view.fanin[i][0][0], seen + 1)
+        return _held(view, view.fanin[i][0][0], seen + 1, sources)
     return False
 
 
-def _half_cast_targets(view):
+def _half_cast_targets(view, sources=HELD_SOURCES):
     """{cast index: [(consumer, port), ...]} for tf_mpt's float32 -> half Casts of held
     values, with data readers only, no control reader and no control input (a Cast that
     waits already: late_casts made it)."""
@@ -106,7 +117,7 @@ def _half_cast_targets(view):
                 node.attr["DstT"].type not in _ta.HALF_TYPES:
             continue
         if view.has_control_fanout[i] or view.control_fanin[i] or not view.fanin[i] or \
-                not _held(view, view.fanin[i][0][0]):
+                not _held(view, view.fanin[i][0][0], sources=sources):
             continue
         readers = [c for port, cs in view.fanout_of(i).items() if port == 0 for c in cs]
         if readers:
@@ -114,23 +125,26 @@ def _half_cast_targets(view):
     return found
 
 
-def _trigger(view, consumer, targets):
+def _trigger(view, consumer, targets, sources=HELD_SOURCES):
     """The name of the producer of `consumer`'s first data input that is neither a held
-    value nor one of the Casts `targets` (of held values), or None."""
+    value nor one of the Casts `targets` (of held values) nor a Placeholder (in a loop's
+    body, an argument: there from the iteration's start), or None."""
     if view.nodes[consumer].op in _ANY_INPUT:
         return None
     for src, _ in view.fanin[consumer]:
-        if src in targets or _held(view, src) or view.nodes[src].op in _NO_TRIGGER:
+        if src in targets or _held(view, src, sources=sources) or \
+                view.nodes[src].op in _NO_TRIGGER or view.nodes[src].op == "Placeholder":
             continue
         return view.nodes[src].name
     return None
 
 
-def late_casts(graph_def):
-    """graph_def with its half Casts of held values made per consumer, each after the
-    consumer's other input (see the module's docstring). Returns (GraphDef, Casts moved)."""
+def late_casts(graph_def, sources=HELD_SOURCES):
+    """graph_def with its half Casts of held values (made by `sources`, through
+    pass-through ops) made per consumer, each after the consumer's other input (see the
+    module's docstring). Returns (GraphDef, Casts moved)."""
     view = GraphView(graph_def)
-    targets = _half_cast_targets(view)
+    targets = _half_cast_targets(view, sources)
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
     nodes = out.node
@@ -138,7 +152,7 @@ def late_casts(graph_def):
     moved, removed = 0, set()
     added = []
     for cast, readers in targets.items():
-        triggers = [_trigger(view, consumer, targets) for consumer, _ in readers]
+        triggers = [_trigger(view, consumer, targets, sources) for consumer, _ in readers]
         if not any(triggers):
             continue
         original = nodes[cast]
@@ -526,7 +540,51 @@ def lean(graph_def, products_in_float32=False, lists=None, shapes=None, ordered=
     graph_def, changes["saved in half"] = saved_in_half(graph_def, lists, shapes)
     graph_def, changes["reduced first"] = reduced_first(graph_def, shapes)
     graph_def, changes["late casts"] = late_casts(graph_def)
+    graph_def, changes["late casts in loops"] = late_casts_in_loops(graph_def)
     return graph_def, changes
+
+
+def _loop_bodies(graph_def):
+    """The names of the library functions that are a While's body (in the main graph or in
+    a function)."""
+    found = set()
+    for node in _function_bodies.all_nodes(graph_def):
+        if node.op in _WHILE_OPS and node.attr["body"].func.name:
+            found.add(node.attr["body"].func.name)
+    return found
+
+
+def late_casts_in_loops(graph_def):
+    """graph_def with late casts made in its functional While loops' bodies, where the values
+    that live across an iteration's work are LOOP_HELD_SOURCES' (a variable's read, a value
+    read from a list: a while_v2 gradient's pop of a weight's read); the body's arguments are
+    per iteration (a recurrent state), so a weight's half Cast waits for the state's. The
+    iterations running side by side (a forward loop racing ahead of its recurrence, a
+    gradient loop popping ahead) then do not each hold a half copy of the weight before the
+    product that reads it can run. A body that cannot be converted is left as it is.
+    Returns (GraphDef, Casts moved)."""
+    bodies = _loop_bodies(graph_def)
+    if not bodies:
+        return graph_def, 0
+    signatures = {f.signature.name: f.signature for f in graph_def.library.function}
+    out, moved = None, 0
+    for k, fdef in enumerate(graph_def.library.function):
+        if fdef.signature.name not in bodies:
+            continue
+        try:
+            body, _ = _function_bodies.function_to_graph_def(fdef, signatures)
+            lean_body, count = late_casts(body, LOOP_HELD_SOURCES)
+            if not count:
+                continue
+            new = _function_bodies.graph_def_to_function(lean_body, fdef, signatures)
+        except (_function_bodies.UnsupportedFunction, KeyError, ValueError):
+            continue
+        if out is None:
+            out = graph_pb2.GraphDef()
+            out.CopyFrom(graph_def)
+        out.library.function[k].CopyFrom(new)
+        moved += count
+    return (out, moved) if moved else (graph_def, 0)
 
 
 def reduced_first(graph_def, shapes=None):

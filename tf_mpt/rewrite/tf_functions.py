@@ -73,8 +73,8 @@ def rewrite_function(concrete_function, *, dtype="float16", config=None, jit_com
 class _Rewritten:
     """function: the rebuilt ConcreteFunction, or the input when nothing changed (or it could
     not be rebuilt, or it ran faster in float32); report: the rewrite's report; graph_def:
-    the GraphDef `function` was rebuilt from (its library named apart), None where none
-    was."""
+    the GraphDef `function` was rebuilt from (its library named apart and included: a
+    Session importing it without the library crashed TF 2.21), None where none was."""
     function: object
     report: object = None
     graph_def: object = None
@@ -100,9 +100,11 @@ def _rewrite_concrete(cf, dtype, config, jit_compile, target, timed=False, name=
         return _Rewritten(cf, report=result.report)
     graph_def = _rename_library(result.graph_def, f"_tf_mpt_{dtype_name}")
     try:
+        whole = type(graph_def)()  # (_register_library drops the library from graph_def)
+        whole.CopyFrom(graph_def)
         library = _register_library(graph_def)
         return _Rewritten(_function_from_graph_def(cf, graph_def, library, jit_compile),
-                          result.report, graph_def)
+                          result.report, whole)
     except Exception as error:  # pylint: disable=broad-except
         _log.warning("tf_mpt could not rebuild function %s from its rewritten graph (%s: %s); "
                      "it is left unchanged in float32.", _text(cf.name), type(error).__name__, error)

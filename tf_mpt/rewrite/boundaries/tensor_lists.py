@@ -32,6 +32,8 @@ NEUTRAL = ("TensorListLength", "TensorListElementShape")
 CONTINUES = {"TensorListPushBack": 0, "TensorListSetItem": 0, "TensorListPopBack": 0}
 _WHILE_OPS = ("While", "StatelessWhile")
 _IDENTITY = ("Identity",)
+# ops whose output is a variable's buffer, not a copy of it
+_VARIABLE_READS = ("ReadVariableOp",)
 
 
 class _Group:
@@ -108,11 +110,31 @@ def _half_consumers(scope, node, port, half):
             [r for r, _ in readers if not is_our_cast(r, ta.DT_FLOAT, half)])
 
 
+def _writes_a_variables_read(scope, node, half):
+    """Whether the value `node` writes is a variable's read (through tf_mpt's Cast to half, or
+    Identity): a float32 list of it holds the variable's own buffer at every step, a half list
+    a copy per step (a while_v2 gradient's accumulator of a weight the body reads each
+    iteration: one half copy of the weight per iteration)."""
+    producer, _ = scope.editor.producer(node.input[WRITERS[node.op]])
+    for _ in range(8):
+        if producer is None:
+            return False
+        if producer.op in _VARIABLE_READS:
+            return True
+        if not (is_our_cast(producer, ta.DT_FLOAT, half) or producer.op in _IDENTITY):
+            return False
+        producer, _ = scope.editor.producer(producer.input[0])
+    return False
+
+
 def _decide(group, half):
-    """True if switching the group to half removes Casts and loses nothing."""
+    """True if switching the group to half removes Casts and loses nothing, and the list
+    does not hold a variable's read (_writes_a_variables_read)."""
     if group.broken or not group.writers:
         return False
     if any(n.attr["element_dtype"].type != ta.DT_FLOAT for _, n in group.members):
+        return False
+    if any(_writes_a_variables_read(s, n, half) for s, n in group.writers):
         return False
     written_half = [p is not None and is_our_cast(p, half, ta.DT_FLOAT)
                     for p, _ in (s.editor.producer(n.input[WRITERS[n.op]])
