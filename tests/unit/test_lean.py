@@ -633,3 +633,44 @@ def test_a_functional_loops_weight_casts_wait_for_the_iterations_own_values():
     assert len(pairs) == 4
     for mine, theirs in pairs:
         np.testing.assert_allclose(np.asarray(mine), np.asarray(theirs), **SAME)
+
+
+def test_where_the_fastest_ones_lean_versions_hold_too_much_the_next_ones_are_tried(
+        monkeypatch, tmp_path):
+    """Graph timing (an injected clock and sandbox): the op lists' colouring is fastest and
+    its lean versions still hold more than float32; the products-only colouring, next
+    fastest and also over float32's peak, has a lean version within it: that one is kept
+    (before: only the fastest's were tried, and float32 ran)."""
+    from support import fake_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
+    monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
+    fakes = fake_timing.install(monkeypatch)
+    bf16 = tf.bfloat16.as_datatype_enum
+
+    def kind(g):
+        if not any(n.op == "MatMul" and n.attr["T"].type == bf16 for n in g.node):
+            return "float32"
+        base = "rules" if any(n.op == "Relu" and n.attr["T"].type == bf16 for n in g.node) \
+            else "products"
+        lean_graph = any(n.op == "Cast" and any(i.startswith("^") for i in n.input)
+                         for n in g.node)
+        return base + (" lean" if lean_graph else "")
+    tried = []
+
+    def peak(g):
+        tried.append(kind(g))
+        return {"float32": 10 << 20, "rules": 12 << 20, "rules lean": 11 << 20,
+                "products": 12 << 20, "products lean": 9 << 20}[kind(g)]
+    fakes.cost = lambda g, i: {"float32": 1e-3, "rules": 0.5e-3, "rules lean": 0.52e-3,
+                               "products": 0.6e-3, "products lean": 0.62e-3}[kind(g)]
+    fakes.peak = peak
+    graph_def, fetches = _deep_training_graph(lambda z, k: tf.nn.relu(z), depth=5)
+    result = tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", fetches=fetches,
+                                      target="here")
+    verdict = result.report.verdict
+    assert "rules lean" in tried and "products lean" in tried, tried
+    assert tried.index("rules lean") < tried.index("products lean")
+    assert verdict.pick == graph_timing.LEAN and kind(result.graph_def) == "products lean", \
+        verdict.describe()
+    assert verdict.lean_against == graph_timing.FLOAT32

@@ -251,33 +251,45 @@ def _make_lean(verdict, results, graphs, config, lean_inputs, timer, deadline):
     (lean.lean, with `lean_inputs`, its lists and shapes), then where that is still over its
     leaner one (weight gradients' products in float32), each timed beside the pick (the
     fastest within float32's peak) until `deadline` (graph_timing._clock) and kept if within
-    float32's peak and over MARGIN faster. Returns the verdict, with the last lean version's record where one was timed;
-    `results` gets its RewriteResult."""
+    float32's peak and over MARGIN faster; where neither is within float32's peak, the same
+    for the next fastest candidate over it that is over MARGIN faster than the pick (the
+    Keras LSTM's fit step: contractions only's lean versions still hold more than float32,
+    the cost model's holds less). Returns the verdict, with the last lean version's record
+    where one was timed; `results` gets its RewriteResult."""
     fastest = _timing.pick(verdict.times,
                            verdict.same_as.get(verdict.predicted, verdict.predicted))
     if fastest in (verdict.pick, _timing.FLOAT32) or \
             not _timing.over_float32(verdict.peaks, fastest):
         return verdict  # (the pick is another for a tie in time: it holds less)
-    against, tried = verdict.pick, None
-    for products_in_float32 in (False, True):
-        graph, changes = _lean.lean(graphs[fastest], products_in_float32, *lean_inputs)
-        left = deadline - _timing._clock()  # pylint: disable=protected-access
-        if graph is graphs[fastest] or graph == tried or left <= 0:
-            continue
-        tried = graph
-        times = timer({against: graphs[against], _timing.LEAN: graph}, config.cost_batch,
-                      left)
-        results[_timing.LEAN] = _lean_result(results[fastest], graph)
-        peaks = _peaks_after(timer, verdict)
-        within = not _timing.over_float32(peaks, _timing.LEAN)
-        kept = within and statistics.median(times[_timing.LEAN]) < \
-            statistics.median(times[against]) * (1.0 - _timing.MARGIN)
-        verdict = dataclasses.replace(
-            verdict, times={**verdict.times, _timing.LEAN: times[_timing.LEAN]},
-            pick=_timing.LEAN if kept else against, lean_from=fastest, lean_against=against,
-            lean_beside=times[against], lean_changes=dict(changes), peaks=peaks)
-        if within:
-            break
+    against, tried = verdict.pick, []
+    bound = statistics.median(verdict.times[against]) * (1.0 - _timing.MARGIN)
+    over = sorted((name for name in graphs if name != _timing.FLOAT32 and
+                   _timing.over_float32(verdict.peaks, name) and
+                   statistics.median(verdict.times[name]) < bound),
+                  key=lambda name: (name != fastest, statistics.median(verdict.times[name])))
+    for source in over:
+        for products_in_float32 in (False, True):
+            graph, changes = _lean.lean(graphs[source], products_in_float32, *lean_inputs)
+            left = deadline - _timing._clock()  # pylint: disable=protected-access
+            if left <= 0:
+                return verdict
+            if graph is graphs[source] or any(graph == t for t in tried):
+                continue
+            tried.append(graph)
+            times = timer({against: graphs[against], _timing.LEAN: graph}, config.cost_batch,
+                          left)
+            results[_timing.LEAN] = _lean_result(results[source], graph)
+            peaks = _peaks_after(timer, verdict)
+            within = not _timing.over_float32(peaks, _timing.LEAN)
+            kept = within and statistics.median(times[_timing.LEAN]) < \
+                statistics.median(times[against]) * (1.0 - _timing.MARGIN)
+            verdict = dataclasses.replace(
+                verdict, times={**verdict.times, _timing.LEAN: times[_timing.LEAN]},
+                pick=_timing.LEAN if kept else against, lean_from=source,
+                lean_against=against, lean_beside=times[against], lean_changes=dict(changes),
+                peaks=peaks)
+            if within:
+                return verdict
     return verdict
 
 
