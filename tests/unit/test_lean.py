@@ -464,7 +464,7 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
     assert verdict.lean_against == verdict.lean_from
     # (ordered products are for a candidate over float32's peak)
     assert set(verdict.lean_changes) == {"saved in half", "reduced first", "late casts",
-                                         "late casts in loops"} and \
+                                         "late casts in loops", "accumulated in order"} and \
         verdict.lean_changes["saved in half"] >= 2, verdict.lean_changes
     if kept:
         assert "picked lean, 1.64x float32" in verdict.describe(), verdict.describe()
@@ -474,7 +474,7 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
         lean_graph, changes = lean.lean(result.graph_def, ordered=False)
         assert lean_graph is result.graph_def and \
             changes == {"saved in half": 0, "reduced first": 0, "late casts": 0,
-                        "late casts in loops": 0}
+                        "late casts in loops": 0, "accumulated in order": 0}
     again = rewrite()
     assert again.report.verdict.source == "cached" and again.graph_def == result.graph_def
 
@@ -597,8 +597,10 @@ def test_a_functional_loops_weight_casts_wait_for_the_iterations_own_values():
     weights' reads popped from accumulators): in each body the half Cast of a weight (read,
     or popped) waits for the product's other input of the same iteration (the recurrent
     state's Cast; the incoming gradient), so iterations running side by side do not each hold
-    a half copy of the weight early. Only control inputs are added: the loss and gradients
-    are the candidate's, bit for bit, run side by side on the same copies of the variables."""
+    a half copy of the weight early; and the gradient loop's per-step weight gradients wait
+    for the running sums they are added to (accumulated in order). Only control inputs are
+    added: the loss and gradients are the candidate's, bit for bit, run side by side on the
+    same copies of the variables."""
     from support import lstm  # pylint: disable=import-outside-toplevel
     from tf_mpt.rewrite import step_timing  # pylint: disable=import-outside-toplevel
     from tf_mpt.rewrite import tf_functions  # pylint: disable=import-outside-toplevel
@@ -621,12 +623,28 @@ def test_a_functional_loops_weight_casts_wait_for_the_iterations_own_values():
     assert ("ReadVariableOp", ["Cast"]) in waiting["forward"], waiting  # (h's Cast)
     assert sum(source == "TensorListPopBack" for source, _ in waiting["gradient"]) >= 2, waiting
     assert moved == sum(len(found) for found in waiting.values())
+    # the gradient loop's per-step gradients of wx and wh wait for the sums they are added to
+    ordered, changed = lean.accumulated_in_order(out)
+    assert changed == 2
+    [gradient_body] = [f for f in ordered.library.function if "_grad_" in f.signature.name and
+                       any(n.op == "TensorListPopBack" for n in f.node_def)]
+    nodes = {n.name: n for n in gradient_body.node_def}
+    waits = {n.name: [i[1:] for i in n.input if i.startswith("^")]
+             for n in gradient_body.node_def if n.op == "MatMul" and
+             any(i.startswith("^") for i in n.input)}
+    assert len(waits) == 2, waits
+    for product, [waited] in waits.items():
+        [adder] = [n for n in gradient_body.node_def if n.op in ("AddN", "AddV2") and
+                   any(i.split(":")[0] == product for i in n.input)]
+        assert any(i.split(":")[0] == waited for i in adder.input), (product, adder.input)
+        assert nodes[waited].op == "Identity"  # (of the body's argument: the running sum)
+    assert lean.accumulated_in_order(ordered)[1] == 0  # (nothing left to order)
 
     def outputs(runners, *_):
         return {name: run() for name, run in runners.items()}
     got = step_timing._in_sandbox(  # pylint: disable=protected-access
         cf, {"candidate": tf_functions._rename_library(half, "_a"),  # pylint: disable=protected-access
-             "lean": tf_functions._rename_library(out, "_b")},  # pylint: disable=protected-access
+             "lean": tf_functions._rename_library(ordered, "_b")},  # pylint: disable=protected-access
         lstm.B, outputs)
     pairs = [(mine, theirs) for mine, theirs in zip(got["lean"], got["candidate"])
              if theirs is not None]  # (the loss and three gradients; ops fetch None)

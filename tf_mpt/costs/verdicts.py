@@ -26,8 +26,8 @@ from tf_mpt._process import state as _state
 
 VERSION = 5  # of the fingerprint and the verdict record; a change makes old ones unused
 # (4: lean versions reduce a loss first and order weight gradients' Casts; 5: they make late
-# casts in loops' bodies: a cached lean pick rebuilt from its changes would not be the graph
-# that was timed)
+# casts in loops' bodies and order their accumulations: a cached lean pick rebuilt from its
+# changes would not be the graph that was timed)
 
 _recording = []  # the open `recording()` contexts' {fingerprint: verdict dict}
 

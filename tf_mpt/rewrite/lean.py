@@ -1,6 +1,6 @@
 """Lean: a candidate's graph rearranged to hold fewer bytes at its peak (issue "memory").
 
-Six changes, each leaving every op's dtype what the candidate decided except where said:
+Seven changes, each leaving every op's dtype what the candidate decided except where said:
 
     late casts       a half Cast of a value that lives across the step anyway (a variable's
                      read, a constant, a fed input, a stack of a loop's forward values: see
@@ -33,6 +33,9 @@ Six changes, each leaving every op's dtype what the candidate decided except whe
                      variable's read or a value popped from a list (LOOP_HELD_SOURCES), not
                      the body's arguments: a weight's half Cast waits for the recurrent
                      state's, and iterations running side by side do not each hold a copy.
+    accumulated      in the same bodies, a product summed into a loop variable (a gradient
+      in order       loop's per-step weight gradient) waits for that variable, the previous
+                     iteration's sum: per-step gradients are not computed ahead of the sum.
     reduced first    a reduction of a large value to a small one (a loss: the Mean of a
                      Square's Cast to float32) runs before the other readers of the value its
                      chain of element-wise ops starts from (the Square's gradient): the
@@ -64,6 +67,8 @@ HELD_SOURCES = frozenset((
 LOOP_HELD_SOURCES = frozenset((
     "ReadVariableOp", "Const", "HostConst", "TensorListPopBack", "TensorListGetItem"))
 _WHILE_OPS = frozenset(("While", "StatelessWhile"))
+# accumulated in order: the ops that sum a product into a loop variable
+_ACCUMULATORS = frozenset(("AddN", "AddV2", "Add"))
 # Ops whose output is their first input's buffer (or the same value, held as long): a value
 # held through them is held.
 _PASS_THROUGH = frozenset(("Identity", "Enter", "RefEnter", "RefIdentity", "Snapshot",
@@ -541,6 +546,7 @@ def lean(graph_def, products_in_float32=False, lists=None, shapes=None, ordered=
     graph_def, changes["reduced first"] = reduced_first(graph_def, shapes)
     graph_def, changes["late casts"] = late_casts(graph_def)
     graph_def, changes["late casts in loops"] = late_casts_in_loops(graph_def)
+    graph_def, changes["accumulated in order"] = accumulated_in_order(graph_def)
     return graph_def, changes
 
 
@@ -554,6 +560,35 @@ def _loop_bodies(graph_def):
     return found
 
 
+def _in_loop_bodies(graph_def, change):
+    """graph_def with `change` (GraphDef -> (GraphDef, count)) made in each functional While
+    body of its library (function_bodies.function_to_graph_def: the arguments are
+    Placeholders); a body that cannot be converted is left as it is. Returns (GraphDef,
+    the counts' sum)."""
+    bodies = _loop_bodies(graph_def)
+    if not bodies:
+        return graph_def, 0
+    signatures = {f.signature.name: f.signature for f in graph_def.library.function}
+    out, total = None, 0
+    for k, fdef in enumerate(graph_def.library.function):
+        if fdef.signature.name not in bodies:
+            continue
+        try:
+            body, _ = _function_bodies.function_to_graph_def(fdef, signatures)
+            changed, count = change(body)
+            if not count:
+                continue
+            new = _function_bodies.graph_def_to_function(changed, fdef, signatures)
+        except (_function_bodies.UnsupportedFunction, KeyError, ValueError):
+            continue
+        if out is None:
+            out = graph_pb2.GraphDef()
+            out.CopyFrom(graph_def)
+        out.library.function[k].CopyFrom(new)
+        total += count
+    return (out, total) if total else (graph_def, 0)
+
+
 def late_casts_in_loops(graph_def):
     """graph_def with late casts made in its functional While loops' bodies, where the values
     that live across an iteration's work are LOOP_HELD_SOURCES' (a variable's read, a value
@@ -561,30 +596,60 @@ def late_casts_in_loops(graph_def):
     per iteration (a recurrent state), so a weight's half Cast waits for the state's. The
     iterations running side by side (a forward loop racing ahead of its recurrence, a
     gradient loop popping ahead) then do not each hold a half copy of the weight before the
-    product that reads it can run. A body that cannot be converted is left as it is.
-    Returns (GraphDef, Casts moved)."""
-    bodies = _loop_bodies(graph_def)
-    if not bodies:
-        return graph_def, 0
-    signatures = {f.signature.name: f.signature for f in graph_def.library.function}
-    out, moved = None, 0
-    for k, fdef in enumerate(graph_def.library.function):
-        if fdef.signature.name not in bodies:
+    product that reads it can run. Returns (GraphDef, Casts moved)."""
+    return _in_loop_bodies(graph_def, lambda body: late_casts(body, LOOP_HELD_SOURCES))
+
+
+def _accumulated_in_order(body):
+    """(body, products changed): each matrix product whose result (through Casts and
+    Identity) is added to an argument of the body (AddN, AddV2, Add, reading the argument
+    or an Identity of it: a gradient loop's sum of a weight's per-step gradients, a loop
+    variable) waits for what it is added to, the previous iteration's sum."""
+    view = GraphView(body)
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(body)
+    changed = set()
+    for node_index, node in enumerate(view.nodes):
+        if node.op not in _ACCUMULATORS:
             continue
-        try:
-            body, _ = _function_bodies.function_to_graph_def(fdef, signatures)
-            lean_body, count = late_casts(body, LOOP_HELD_SOURCES)
-            if not count:
+        sources = [src for src, _ in view.fanin[node_index]]
+        arguments = [src for src in sources if _an_argument(view, src)]
+        if len(arguments) != 1:
+            continue
+        for src in sources:
+            product = src
+            for _ in range(4):  # (through tf_mpt's Casts and Identity)
+                if view.nodes[product].op in PRODUCTS or not view.fanin[product] or not (
+                        _casts.is_ours(view.nodes[product]) or
+                        view.nodes[product].op == "Identity"):
+                    break
+                product = view.fanin[product][0][0]
+            if view.nodes[product].op not in PRODUCTS or \
+                    arguments[0] in view.control_fanin[product]:
                 continue
-            new = _function_bodies.graph_def_to_function(lean_body, fdef, signatures)
-        except (_function_bodies.UnsupportedFunction, KeyError, ValueError):
-            continue
-        if out is None:
-            out = graph_pb2.GraphDef()
-            out.CopyFrom(graph_def)
-        out.library.function[k].CopyFrom(new)
-        moved += count
-    return (out, moved) if moved else (graph_def, 0)
+            out.node[product].input.append(f"^{view.nodes[arguments[0]].name}")
+            changed.add(product)
+    return (out, len(changed)) if changed else (body, 0)
+
+
+def _an_argument(view, i):
+    """Whether node i is a body's argument (a Placeholder), or Identity of one."""
+    for _ in range(8):
+        if view.nodes[i].op == "Placeholder":
+            return True
+        if view.nodes[i].op != "Identity" or not view.fanin[i]:
+            return False
+        i = view.fanin[i][0][0]
+    return False
+
+
+def accumulated_in_order(graph_def):
+    """graph_def with the products of its functional While loops' bodies that are summed into
+    a loop variable waiting for that variable (_accumulated_in_order): a gradient loop's
+    per-step weight gradients are not computed ahead of the sum, up to one per iteration
+    running side by side (the Keras LSTM's gradient loop held 29 of them). Returns
+    (GraphDef, products changed)."""
+    return _in_loop_bodies(graph_def, _accumulated_in_order)
 
 
 def reduced_first(graph_def, shapes=None):
