@@ -533,8 +533,9 @@ def lean(graph_def, products_in_float32=False, lists=None, shapes=None, ordered=
     """The changes in order: ordered products (with `ordered`: for a candidate holding more
     than float32 because its weight gradients are held in both dtypes), float32 products
     (with `products_in_float32`: the leaner version, for where the first still holds too
-    much), saved in half (`lists`, `shapes`: see saved_in_half), reduced first, late casts.
-    Returns (GraphDef, {change: count}), a change not tried absent."""
+    much), saved in half (`lists`, `shapes`: see saved_in_half), reduced first, late casts,
+    late casts in loops, accumulated in order. Returns (GraphDef, {change: count}), a change
+    not tried absent."""
     changes = {}
     if shapes is None:  # (inferred once, from the candidate's graph)
         shapes = _shapes.graph_def_shapes(graph_def, GraphView(graph_def))
