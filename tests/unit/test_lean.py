@@ -464,7 +464,8 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
     assert verdict.lean_against == verdict.lean_from
     # (ordered products are for a candidate over float32's peak)
     assert set(verdict.lean_changes) == {"saved in half", "reduced first", "late casts",
-                                         "late casts in loops", "accumulated in order"} and \
+                                         "weights' lists in float32", "late casts in loops",
+                                         "accumulated in order"} and \
         verdict.lean_changes["saved in half"] >= 2, verdict.lean_changes
     if kept:
         assert "picked lean, 1.64x float32" in verdict.describe(), verdict.describe()
@@ -474,7 +475,8 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
         lean_graph, changes = lean.lean(result.graph_def, ordered=False)
         assert lean_graph is result.graph_def and \
             changes == {"saved in half": 0, "reduced first": 0, "late casts": 0,
-                        "late casts in loops": 0, "accumulated in order": 0}
+                        "weights' lists in float32": 0, "late casts in loops": 0,
+                        "accumulated in order": 0}
     again = rewrite()
     assert again.report.verdict.source == "cached" and again.graph_def == result.graph_def
 
@@ -592,10 +594,28 @@ def test_a_reshaped_fed_input_counts_as_held(monkeypatch):
     assert [n.name for n in out.node if n.name.startswith(stem)] == [stem + "-TfMpt"]
 
 
+def _variable_reads_pushed(graph_def):
+    """{list dtype: pushes} of the loop bodies' pushes of a variable's read (directly, or
+    through tf_mpt's Cast)."""
+    found = {}
+    for fdef in graph_def.library.function:
+        nodes = {n.name: n for n in fdef.node_def}
+        for push in (n for n in fdef.node_def if n.op == "TensorListPushBack"):
+            value = nodes.get(push.input[1].split(":")[0])
+            if value is not None and value.op == "Cast":
+                value = nodes.get(value.input[0].split(":")[0])
+            if value is not None and value.op == "ReadVariableOp":
+                kind = "float32" if push.attr["element_dtype"].type == \
+                    tf.float32.as_datatype_enum else "half"
+                found[kind] = found.get(kind, 0) + 1
+    return found
+
+
 def test_a_functional_loops_weight_casts_wait_for_the_iterations_own_values():
     """A TF2 LSTM (while_v2, the weights read in the body) and its gradient loop (the
-    weights' reads popped from accumulators): in each body the half Cast of a weight (read,
-    or popped) waits for the product's other input of the same iteration (the recurrent
+    weights' reads popped from accumulators, made float32 lists: the reads pushed as they
+    are): in each body the half Cast of a weight (read, or popped) waits for the product's
+    other input of the same iteration (the recurrent
     state's Cast; the incoming gradient), so iterations running side by side do not each hold
     a half copy of the weight early; and the gradient loop's per-step weight gradients wait
     for the running sums they are added to (accumulated in order). Only control inputs are
@@ -604,12 +624,19 @@ def test_a_functional_loops_weight_casts_wait_for_the_iterations_own_values():
     from support import lstm  # pylint: disable=import-outside-toplevel
     from tf_mpt.rewrite import step_timing  # pylint: disable=import-outside-toplevel
     from tf_mpt.rewrite import tf_functions  # pylint: disable=import-outside-toplevel
+    from tf_mpt.rewrite.boundaries import tensor_lists  # pylint: disable=import-outside-toplevel
     cf, _ = lstm.tf2_loss_and_grads()
     half = tf_mpt.rewrite_graph_def(cf.graph.as_graph_def(), dtype="bfloat16",
                                     fetches=[t.op.name for t in cf.outputs],
                                     target="rules").graph_def
     original = half.SerializeToString()
-    out, moved = lean.late_casts_in_loops(half)
+    # the candidate keeps the accumulators of the weights' reads half (the fewest Casts: a
+    # copy of each weight per step); made float32, they push the reads themselves
+    lists, switched = tensor_lists.float32_lists_of_variable_reads(half)
+    assert switched == 2
+    assert _variable_reads_pushed(half) == {"half": 2} and \
+        _variable_reads_pushed(lists) == {"float32": 2}
+    out, moved = lean.late_casts_in_loops(lists)
     assert half.SerializeToString() == original
     waiting = {}  # body kind -> [(the Cast's source op, what it waits for)]
     for fdef in out.library.function:

@@ -1,6 +1,6 @@
 """Lean: a candidate's graph rearranged to hold fewer bytes at its peak (issue "memory").
 
-Seven changes, each leaving every op's dtype what the candidate decided except where said:
+Eight changes, each leaving every op's dtype what the candidate decided except where said:
 
     late casts       a half Cast of a value that lives across the step anyway (a variable's
                      read, a constant, a fed input, a stack of a loop's forward values: see
@@ -28,6 +28,10 @@ Seven changes, each leaving every op's dtype what the candidate decided except w
                      the lists' allow, infer or clear lists (ops the lists would run in half)
                      are moved, and they read the value rounded to half.
 
+    weights' lists   a half TensorList whose every entry is tf_mpt's Cast of a variable's
+      in float32     read (a while_v2 gradient's accumulator of a weight the forward body
+                     reads) goes float32: its entries are then the variable's own buffer,
+                     not a copy per loop step; the gradient loop casts each read it pops.
     late casts in    the same in a functional While's bodies (while_v2: a Keras LSTM and its
       loops        gradient loop), where what lives across an iteration's work is a
                      variable's read or a value popped from a list (LOOP_HELD_SOURCES), not
@@ -54,6 +58,7 @@ from tensorflow.core.framework import types_pb2
 
 from tf_mpt.rewrite import casts as _casts
 from tf_mpt.rewrite import function_bodies as _function_bodies
+from tf_mpt.rewrite.boundaries import tensor_lists as _tensor_lists
 from tf_mpt.rewrite import type_attrs as _ta
 from tf_mpt.rewrite.graph_view import GraphView, parse_input
 from tf_mpt.rewrite.paint import shapes as _shapes
@@ -534,7 +539,7 @@ def lean(graph_def, products_in_float32=False, lists=None, shapes=None, ordered=
     than float32 because its weight gradients are held in both dtypes), float32 products
     (with `products_in_float32`: the leaner version, for where the first still holds too
     much), saved in half (`lists`, `shapes`: see saved_in_half), reduced first, late casts,
-    late casts in loops, accumulated in order. Returns (GraphDef, {change: count}), a change
+    weights' lists in float32, late casts in loops, accumulated in order. Returns (GraphDef, {change: count}), a change
     not tried absent."""
     changes = {}
     if shapes is None:  # (inferred once, from the candidate's graph)
@@ -546,6 +551,8 @@ def lean(graph_def, products_in_float32=False, lists=None, shapes=None, ordered=
     graph_def, changes["saved in half"] = saved_in_half(graph_def, lists, shapes)
     graph_def, changes["reduced first"] = reduced_first(graph_def, shapes)
     graph_def, changes["late casts"] = late_casts(graph_def)
+    graph_def, changes["weights' lists in float32"] = \
+        _tensor_lists.float32_lists_of_variable_reads(graph_def)
     graph_def, changes["late casts in loops"] = late_casts_in_loops(graph_def)
     graph_def, changes["accumulated in order"] = accumulated_in_order(graph_def)
     return graph_def, changes

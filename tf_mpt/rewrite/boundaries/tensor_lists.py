@@ -20,6 +20,7 @@ reaches anything else (a call, an op that is not a list op) is left alone.
 from tf_mpt.rewrite import type_attrs as ta
 from tf_mpt.rewrite.boundaries import bodies as _bodies
 from tf_mpt.rewrite.casts import is_our_cast
+from tf_mpt.rewrite.editor import tensor_name as _editor_tensor
 
 MAKERS = ("EmptyTensorList", "TensorListReserve")
 # op -> index of the value input
@@ -110,12 +111,16 @@ def _half_consumers(scope, node, port, half):
             [r for r, _ in readers if not is_our_cast(r, ta.DT_FLOAT, half)])
 
 
-def _writes_a_variables_read(scope, node, half):
+def _writes_a_variables_read(scope, node, half, through_cast_only=False):
     """Whether the value `node` writes is a variable's read (through tf_mpt's Cast to half, or
     Identity): a float32 list of it holds the variable's own buffer at every step, a half list
     a copy per step (a while_v2 gradient's accumulator of a weight the body reads each
-    iteration: one half copy of the weight per iteration)."""
+    iteration: one half copy of the weight per iteration). through_cast_only: the value
+    written is tf_mpt's Cast (without control inputs) of it."""
     producer, _ = scope.editor.producer(node.input[WRITERS[node.op]])
+    if through_cast_only and (producer is None or len(producer.input) != 1 or
+                              not is_our_cast(producer, ta.DT_FLOAT, half)):
+        return False
     for _ in range(8):
         if producer is None:
             return False
@@ -128,13 +133,10 @@ def _writes_a_variables_read(scope, node, half):
 
 
 def _decide(group, half):
-    """True if switching the group to half removes Casts and loses nothing, and the list
-    does not hold a variable's read (_writes_a_variables_read)."""
+    """True if switching the group to half removes Casts and loses nothing."""
     if group.broken or not group.writers:
         return False
     if any(n.attr["element_dtype"].type != ta.DT_FLOAT for _, n in group.members):
-        return False
-    if any(_writes_a_variables_read(s, n, half) for s, n in group.writers):
         return False
     written_half = [p is not None and is_our_cast(p, half, ta.DT_FLOAT)
                     for p, _ in (s.editor.producer(n.input[WRITERS[n.op]])
@@ -160,6 +162,66 @@ def _switch(group, half):
         scope.editor.feed_half(node, WRITERS[node.op])
     for scope, node in group.readers:
         scope.editor.read_half(node.name, READERS[node.op])
+
+
+def _to_float32(group, half):
+    """The group's ops go float32: each writer pushes the float32 value its half value was
+    cast from, each reader's value is cast to half for its readers (tf_mpt's Casts of it to
+    float32 bypassed)."""
+    for scope, node in group.members:
+        node.attr["element_dtype"].type = ta.DT_FLOAT
+        scope.changed = True
+    for scope, node in group.writers:
+        k = WRITERS[node.op]
+        cast, _ = scope.editor.producer(node.input[k])
+        scope.editor.set_input(node, k, cast.input[0])
+        scope.editor.drop_unread([cast.name])
+    for scope, node in group.readers:
+        port = READERS[node.op]
+        value = _editor_tensor(node.name, port)
+        readers = list(scope.editor.readers(node.name, port))
+        half_value = scope.editor.cast(value, half, ta.DT_FLOAT)
+        for reader, k in readers:
+            if is_our_cast(reader, half, ta.DT_FLOAT):
+                scope.editor.bypass(reader.name, value)
+            else:
+                scope.editor.set_input(reader, k, half_value)
+
+
+def float32_lists_of_variable_reads(graph_def):
+    """A copy of graph_def (a rewrite's result) with its half TensorLists whose every
+    written value is tf_mpt's Cast of a variable's read (_writes_a_variables_read: a
+    while_v2 gradient's accumulator of a weight the forward body reads) made float32: a
+    float32 list's entries are the variable's own buffer, a half list's a copy per loop
+    step; the reads popped are cast to half where they are read (a Cast per step). Returns
+    (GraphDef, lists switched); the input where none is."""
+    halves = {n.attr["element_dtype"].type for n in graph_def.node if n.op in MAKERS} & \
+        set(ta.HALF_TYPES)
+    if len(halves) != 1:
+        return graph_def, 0
+    half = halves.pop()
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+    library = _bodies.Library(out)
+    scopes = _scopes(out, half, library)
+    main = scopes[None]
+    switched = 0
+    for node in list(out.node):
+        if node.op not in MAKERS or node.attr["element_dtype"].type != half:
+            continue
+        group = _follow(scopes, main, node)
+        if group.broken or not group.writers or \
+                any(n.attr["element_dtype"].type != half for _, n in group.members) or \
+                not all(_writes_a_variables_read(s, n, half, through_cast_only=True)
+                        for s, n in group.writers):
+            continue
+        _to_float32(group, half)
+        switched += 1
+    if not switched:
+        return graph_def, 0
+    for scope in scopes.values():
+        scope.write_back()
+    return out, switched
 
 
 def keep_tensor_lists_half(graph_def, half, library):
