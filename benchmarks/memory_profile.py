@@ -148,10 +148,11 @@ def keras_rows(name, dtype):
     rewritten = tf_functions._rewrite_concrete(  # pylint: disable=protected-access
         cf, dtype, None, None, None, timed=True, name=f"{name} train_step")
     graphs = {"float32": cf.graph.as_graph_def()}
-    if rewritten.graph_def is not None:
-        graphs["tf_mpt"] = rewritten.graph_def
+    whole = rewritten.whole_graph_def()
+    if whole is not None:
+        graphs["tf_mpt"] = whole
         from tf_mpt.rewrite.paint import shapes  # pylint: disable=import-outside-toplevel
-        saved = lean_version(rewritten.graph_def, dtype, shapes.shapes_of_graph(cf.graph))
+        saved = lean_version(whole, dtype, shapes.shapes_of_graph(cf.graph))
         if saved is not None:
             graphs["tf_mpt, lean"] = saved
     metadatas, _ = step_timing.traced_runs(cf, graphs, batch, WARMUP)

@@ -210,8 +210,7 @@ def ordered_products(graph_def):
                 gradients.append((position[i], i, found[1]))
     gradients.sort()
     _, forward = _forward_edges(view)
-    backward = [[s for s, _ in view.fanin[i]] + list(view.control_fanin[i])
-                for i in range(len(view))]
+    backward = _input_edges(view)
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
     nodes = out.node
@@ -267,6 +266,13 @@ def _first_readers(view, i):
             elif op not in PRODUCTS and op not in _NOT_MOVED:
                 found.append(reader)
     return found
+
+
+def _input_edges(view):
+    """[the nodes whose outputs node i waits for (data and control inputs), per node]:
+    _reachable's edges towards a node's ancestors."""
+    return [[src for src, _ in view.fanin[i]] + list(view.control_fanin[i])
+            for i in range(len(view))]
 
 
 def _reachable(edges, i):
@@ -539,8 +545,8 @@ def lean(graph_def, products_in_float32=False, lists=None, shapes=None, ordered=
     than float32 because its weight gradients are held in both dtypes), float32 products
     (with `products_in_float32`: the leaner version, for where the first still holds too
     much), saved in half (`lists`, `shapes`: see saved_in_half), reduced first, late casts,
-    weights' lists in float32, late casts in loops, accumulated in order. Returns (GraphDef, {change: count}), a change
-    not tried absent."""
+    weights' lists in float32, late casts in loops, accumulated in order. Returns
+    (GraphDef, {change: count}), a change not tried absent."""
     changes = {}
     if shapes is None:  # (inferred once, from the candidate's graph)
         shapes = _shapes.graph_def_shapes(graph_def, GraphView(graph_def))
@@ -696,8 +702,7 @@ def reduced_first(graph_def, shapes=None):
             continue
         if forward is None:
             _, forward = _forward_edges(view)
-            backward = [[src for src, _ in view.fanin[i]] + list(view.control_fanin[i])
-                        for i in range(len(view))]
+            backward = _input_edges(view)
         # (not an ancestor of the reduction: a cycle; nor a descendant: it waits already)
         others -= _reachable(backward, r) | _reachable(forward, r)
         for reader in sorted(others):

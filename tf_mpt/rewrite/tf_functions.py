@@ -73,11 +73,22 @@ def rewrite_function(concrete_function, *, dtype="float16", config=None, jit_com
 class _Rewritten:
     """function: the rebuilt ConcreteFunction, or the input when nothing changed (or it could
     not be rebuilt, or it ran faster in float32); report: the rewrite's report; graph_def:
-    the GraphDef `function` was rebuilt from (its library named apart and included: a
-    Session importing it without the library crashed TF 2.21), None where none was."""
+    the GraphDef `function` was rebuilt from (its library named apart and registered with
+    the eager context, so not in it), None where none was; library: that library."""
     function: object
     report: object = None
     graph_def: object = None
+    library: object = None
+
+    def whole_graph_def(self):
+        """A copy of graph_def with its library (a Session importing graph_def without it
+        crashed TF 2.21), or None."""
+        if self.graph_def is None:
+            return None
+        whole = type(self.graph_def)()
+        whole.CopyFrom(self.graph_def)
+        whole.library.CopyFrom(self.library)
+        return whole
 
 
 def _rewrite_concrete(cf, dtype, config, jit_compile, target, timed=False, name=None):
@@ -100,11 +111,9 @@ def _rewrite_concrete(cf, dtype, config, jit_compile, target, timed=False, name=
         return _Rewritten(cf, report=result.report)
     graph_def = _rename_library(result.graph_def, f"_tf_mpt_{dtype_name}")
     try:
-        whole = type(graph_def)()  # (_register_library drops the library from graph_def)
-        whole.CopyFrom(graph_def)
         library = _register_library(graph_def)
         return _Rewritten(_function_from_graph_def(cf, graph_def, library, jit_compile),
-                          result.report, whole)
+                          result.report, graph_def, library)
     except Exception as error:  # pylint: disable=broad-except
         _log.warning("tf_mpt could not rebuild function %s from its rewritten graph (%s: %s); "
                      "it is left unchanged in float32.", _text(cf.name), type(error).__name__, error)

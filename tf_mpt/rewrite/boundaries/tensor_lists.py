@@ -111,22 +111,21 @@ def _half_consumers(scope, node, port, half):
             [r for r, _ in readers if not is_our_cast(r, ta.DT_FLOAT, half)])
 
 
-def _writes_a_variables_read(scope, node, half, through_cast_only=False):
-    """Whether the value `node` writes is a variable's read (through tf_mpt's Cast to half, or
-    Identity): a float32 list of it holds the variable's own buffer at every step, a half list
-    a copy per step (a while_v2 gradient's accumulator of a weight the body reads each
-    iteration: one half copy of the weight per iteration). through_cast_only: the value
-    written is tf_mpt's Cast (without control inputs) of it."""
-    producer, _ = scope.editor.producer(node.input[WRITERS[node.op]])
-    if through_cast_only and (producer is None or len(producer.input) != 1 or
-                              not is_our_cast(producer, ta.DT_FLOAT, half)):
+def _writes_a_variables_read(scope, node, half):
+    """Whether the value `node` writes is tf_mpt's Cast to half (without control inputs) of a
+    variable's read (through Identity): a float32 list of the read holds the variable's own
+    buffer at every step, a half list a copy per step (a while_v2 gradient's accumulator of a
+    weight the body reads each iteration: one half copy of the weight per iteration)."""
+    cast, _ = scope.editor.producer(node.input[WRITERS[node.op]])
+    if cast is None or len(cast.input) != 1 or not is_our_cast(cast, ta.DT_FLOAT, half):
         return False
+    producer, _ = scope.editor.producer(cast.input[0])
     for _ in range(8):
         if producer is None:
             return False
         if producer.op in _VARIABLE_READS:
             return True
-        if not (is_our_cast(producer, ta.DT_FLOAT, half) or producer.op in _IDENTITY):
+        if producer.op not in _IDENTITY:
             return False
         producer, _ = scope.editor.producer(producer.input[0])
     return False
@@ -212,8 +211,7 @@ def float32_lists_of_variable_reads(graph_def):
         group = _follow(scopes, main, node)
         if group.broken or not group.writers or \
                 any(n.attr["element_dtype"].type != half for _, n in group.members) or \
-                not all(_writes_a_variables_read(s, n, half, through_cast_only=True)
-                        for s, n in group.writers):
+                not all(_writes_a_variables_read(s, n, half) for s, n in group.writers):
             continue
         _to_float32(group, half)
         switched += 1
