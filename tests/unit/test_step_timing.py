@@ -2,6 +2,7 @@
 times them (copies of the variables, made-up inputs, nothing of the script's touched). The
 kernel times the cost model reads are the injected Zen 4 table (conftest)."""
 
+import dataclasses
 import logging
 import os
 import re
@@ -59,6 +60,53 @@ def test_memory_first_times_every_step(memory, step_timing, timed):
                                       "TF_MPT_STEP_TIMING": step_timing,
                                       "TF_MPT_TIMING_BUDGET": "5"})
     assert decision.step_applies(config, _HERE, _report_with(5.0, 14.4)) is timed
+
+
+def _training_report(kept, converted=30, gradients=True):
+    """A step's report, the cost model's prediction over 100 weighed nodes: `kept` kept
+    float32 by the cost model, `converted` half, the rest float32 by the lists; its nodes
+    under gradient_tape/ where `gradients`."""
+    scope = "gradient_tape/" if gradients else ""
+    decisions = {}
+    for k in range(100):
+        name = f"{scope if k % 2 else ''}dense_{k}/MatMul"
+        if k < kept:
+            d = _report.NodeDecision(name, "Mul", "fp32", "cost model: bfloat16 is slower here",
+                                     {}, False)
+        elif k < kept + converted:
+            d = _report.NodeDecision(name, "MatMul", "allow", "allow list", {}, True)
+        else:
+            d = _report.NodeDecision(name, "Shape", "fp32", "not a float op", {}, False)
+        decisions[name] = d
+    return _report.RewriteReport(dtype="bfloat16", total_nodes=100, converted_nodes=converted,
+                                 casts_added=4, target="here", decisions=decisions,
+                                 predicted_saving=5.0e-3, predicted_changed=14.4e-3,
+                                 weighed_nodes=(100, 100))
+
+
+@pytest.mark.parametrize("memory, kept, gradients, timed", [
+    ("float32", 22, True, True),    # a Keras Transformer's fit step: 353 of 1610 kept
+    ("float32", 5, True, False),    # under KEPT_SHARE: the prediction is trusted
+    ("float32", 22, False, False),  # an inference step: nothing held for a backward pass
+    ("any", 22, True, False),       # the peak is not bounded
+])
+def test_auto_times_a_training_step_whose_cost_model_kept_nodes_float32(memory, kept,
+                                                                        gradients, timed):
+    """TF_MPT_STEP_TIMING=auto with the default TF_MPT_MEMORY=float32: a step whose predicted
+    saving is large (35%, not timed for speed) is timed where it computes gradients and the
+    cost model kept at least step_timing.KEPT_SHARE of its weighed nodes float32 (forward
+    values may be held in float32 for the backward pass: what it holds is measured)."""
+    from tf_mpt.rewrite import decision  # pylint: disable=import-outside-toplevel
+    report = _training_report(kept, gradients=gradients)
+    assert _timing.worth_timing(report, _HERE, "auto") is False  # (not for speed)
+    assert 0.05 < _timing.KEPT_SHARE <= 0.22  # (the rows above sit on either side)
+    config = _config.Config.from_env({"TF_MPT_MEMORY": memory, "TF_MPT_TIMING_BUDGET": "5"})
+    assert decision.step_applies(config, _HERE, report) is timed
+    off = _config.Config.from_env({"TF_MPT_MEMORY": memory, "TF_MPT_STEP_TIMING": "off",
+                                   "TF_MPT_TIMING_BUDGET": "5"})
+    assert decision.step_applies(off, _HERE, report) is False
+    assert decision.step_applies(config, _RULES, dataclasses.replace(report, target="rules")) \
+        is False  # (nothing measured for this CPU)
 
 
 @pytest.mark.parametrize("environment, dtype, for_this_cpu", [

@@ -24,10 +24,11 @@
                   3% faster (before any refinement: a lean pick is not refined). Where
                   no lean version was tried and the pick holds more than
                   SMALLER_ABOVE of float32's peak, its lean version without ordered products
-                  (activations saved in half, late casts) is timed beside it and
-                  kept if it holds less (by over 2%) and is not slower (by over 3%): a tie
-                  in time goes to memory (_make_smaller; before the refinement, and a lean
-                  pick is not refined). A traced tf.function's step
+                  (activations saved in half, late casts), and those of the half candidates
+                  within SMALLER_WINDOW of its time, are timed beside it, and the one
+                  holding least of those holding less (by over 2%) and not slower (by over
+                  3%) is kept: a tie in time goes to memory (_make_smaller; before the
+                  refinement, and a lean pick is not refined). A traced tf.function's step
                   timer measures its candidates' peaks the same way
     verdict       graph_timing.Verdict: every time and the pick, in the report
                   (RewriteReport.verdict) and in one INFO line
@@ -59,6 +60,10 @@ _log = logging.getLogger("tf_mpt.rewrite")
 # lean version timed beside it (_make_smaller): mixed precision's "half the memory" where
 # activations dominate, short of the weights and inputs every candidate holds in float32.
 SMALLER_ABOVE = 0.65
+# _make_smaller also makes lean the other half candidates within this share of the pick's
+# time: a colouring a little slower than the pick may hold much less made lean, and run
+# as fast (its half Casts made at each use)
+SMALLER_WINDOW = 0.15
 
 CONTRACTION_OPS = _contractions.NODE_TIMED_OPS | frozenset((
     "Conv3D", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2"))
@@ -208,14 +213,20 @@ def _peaks_after(timer, verdict):
 
 def _make_smaller(verdict, results, config, lean_inputs, timer, deadline, float32_graph):
     """Where no lean version was tried and the pick is a half candidate holding more than
-    SMALLER_ABOVE of float32's peak (TF_MPT_MEMORY=least: any half pick): its lean version
+    SMALLER_ABOVE of float32's peak (TF_MPT_MEMORY=least: any half pick): the lean versions
     without ordered products (lean.lean, with `lean_inputs`, its lists and shapes:
     activations saved in half; a weight's half Cast made at each use; ordered products
-    serve a candidate whose weight gradients hold it over float32's peak, and cost time)
-    timed beside it until `deadline` and kept if it holds over PEAK_SLACK less and is not
-    over MARGIN slower (least: not slower than `float32_graph`, timed in the same rounds).
-    Returns the verdict, with the lean version's record where one was timed; `results` gets
-    its RewriteResult."""
+    serve a candidate whose weight gradients hold it over float32's peak, and cost time) of
+    the pick and of each other half candidate within SMALLER_WINDOW of its time (least: not
+    slower than float32), timed beside the pick until `deadline` in the same rounds. Of
+    those holding over PEAK_SLACK less than the pick and not over MARGIN slower (least: not
+    slower than `float32_graph`, timed in the same rounds), the one holding least (within
+    PEAK_SLACK: the fastest) is kept: a tie in time goes to memory, whichever colouring it
+    was made from (a Keras Transformer's fit step: the op lists' colouring, 5% slower than
+    the cost model's, made lean runs within 2% of it and holds 0.65x float32's peak against
+    0.9x). Returns the verdict, with the kept lean version's record (none kept: the pick's
+    own, else the first timed) where one was timed, the others' medians and peaks in its
+    `lean_others`; `results` gets its RewriteResult."""
     chosen, peaks = verdict.pick, verdict.peaks
     goal = 0.0 if _least(config) else SMALLER_ABOVE
     if verdict.lean_from or chosen in (_timing.FLOAT32, _timing.LEAN) or \
@@ -223,27 +234,65 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, deadline, float3
             _timing.total_peak(peaks, chosen) <= \
             goal * _timing.total_peak(peaks, _timing.FLOAT32):
         return verdict
-    source = results[chosen].graph_def
-    graph, changes = _lean.lean(source, False, *lean_inputs, ordered=False)
+    medians = {name: statistics.median(t) for name, t in verdict.times.items()}
+    window = medians[_timing.FLOAT32] if _least(config) and _timing.FLOAT32 in medians else \
+        medians[chosen] * (1.0 + SMALLER_WINDOW)
+    sources = [chosen] + sorted(
+        (name for name in medians
+         if name not in (chosen, _timing.FLOAT32, _timing.LEAN, _timing.REFINED) and
+         results.get(name) is not None and medians[name] <= window and
+         not _timing.over_float32(peaks, name)),
+        key=medians.get)
+    versions = {}  # {timer key: (source, lean graph, changes)}
+    for source in sources:
+        graph, changes = _lean.lean(results[source].graph_def, False, *lean_inputs,
+                                    ordered=False)
+        if graph is results[source].graph_def or \
+                any(graph == g for _, g, _ in versions.values()):
+            continue
+        versions[_timing.LEAN if not versions else f"{_timing.LEAN} {len(versions)}"] = \
+            (source, graph, changes)
     left = deadline - _timing._clock()  # pylint: disable=protected-access
-    if graph is source or left <= 0:
+    if not versions or left <= 0:
         return verdict
-    timed = {chosen: source, _timing.LEAN: graph}
+    timed = {chosen: results[chosen].graph_def}
+    timed.update((key, graph) for key, (_, graph, _) in versions.items())
     if _least(config):  # (its bound is float32's time, measured in the same rounds)
         timed[_timing.FLOAT32] = float32_graph
     times = timer(timed, config.cost_batch, left)
-    results[_timing.LEAN] = _lean_result(results[chosen], graph)
-    peaks = _peaks_after(timer, verdict)
+    measured = _peaks_after(timer, verdict)
     bound = statistics.median(times[_timing.FLOAT32]) if _least(config) else \
         statistics.median(times[chosen]) * (1.0 + _timing.MARGIN)
-    kept = _timing.LEAN in peaks and \
-        _timing.total_peak(peaks, _timing.LEAN) < \
-        _timing.total_peak(peaks, chosen) * (1.0 - _timing.PEAK_SLACK) and \
-        statistics.median(times[_timing.LEAN]) <= bound
+    smaller = [key for key in versions
+               if key in measured and statistics.median(times[key]) <= bound and
+               _timing.total_peak(measured, key) <
+               _timing.total_peak(measured, chosen) * (1.0 - _timing.PEAK_SLACK)]
+    kept = None
+    if smaller:
+        fewest = min(_timing.total_peak(measured, key) for key in smaller)
+        kept = min((key for key in smaller
+                    if _timing.total_peak(measured, key) <= fewest * (1.0 + _timing.PEAK_SLACK)),
+                   key=lambda key: statistics.median(times[key]))
+    record = kept or next((key for key, (source, _, _) in versions.items()
+                           if source == chosen), next(iter(versions)))
+    source, graph, changes = versions[record]
+    results[_timing.LEAN] = _lean_result(results[source], graph)
+    peaks = {name: peak for name, peak in measured.items() if name not in versions}
+    if record in measured:
+        peaks[_timing.LEAN] = measured[record]
+    stand = getattr(timer, "peaks", None)  # (what a refinement's _peaks_after reads)
+    if isinstance(stand, dict):
+        for key in versions:
+            stand.pop(key, None)
+        if _timing.LEAN in peaks:
+            stand[_timing.LEAN] = peaks[_timing.LEAN]
+    others = {versions[key][0]: (statistics.median(times[key]), measured.get(key))
+              for key in versions if key != record}
     return dataclasses.replace(
-        verdict, times={**verdict.times, _timing.LEAN: times[_timing.LEAN]},
-        pick=_timing.LEAN if kept else chosen, lean_from=chosen, lean_against=chosen,
-        lean_beside=times[chosen], lean_changes=dict(changes), peaks=peaks)
+        verdict, times={**verdict.times, _timing.LEAN: times[record]},
+        pick=_timing.LEAN if kept else chosen, lean_from=source, lean_against=chosen,
+        lean_beside=times[chosen], lean_changes=dict(changes), peaks=peaks,
+        lean_others=others)
 
 
 def _make_lean(verdict, results, graphs, config, lean_inputs, timer, deadline):
@@ -315,10 +364,15 @@ def step_applies(config, target, report):
     """Whether a traced tf.function rewritten with `report` for the resolved `target` has
     its candidates timed (on copies of its variables): where step timing would time it
     (step_timing.worth_timing: decided for this CPU, TF_MPT_STEP_TIMING; with
-    TF_MPT_MEMORY=least, auto acts as always: what a step holds is not predicted) and the
-    budget is not 0."""
-    mode = "always" if _least(config) and config.step_timing == "auto" else \
-        config.step_timing
+    TF_MPT_MEMORY=least, auto acts as always: what a step holds is not predicted; with
+    float32, the default, auto acts as always for a step computing gradients where the cost
+    model kept a share of its nodes float32: step_timing.holds_float32_for_gradients) and
+    the budget is not 0."""
+    mode = config.step_timing
+    if mode == "auto" and (_least(config) or (
+            config.memory == "float32" and
+            _step_timing.holds_float32_for_gradients(report))):
+        mode = "always"
     return config.timing_budget > 0 and _step_timing.worth_timing(report, target, mode)
 
 

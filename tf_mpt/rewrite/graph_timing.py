@@ -102,6 +102,9 @@ class Verdict:
             float32's peak in the first rounds).
         lean_beside: `lean_against`'s times in those rounds.
         lean_changes: {change: count} (lean.lean).
+        lean_others: {candidate: (median seconds, step peak bytes or None)} of the other
+            lean versions timed in the same rounds and not recorded as LEAN (decision.
+            _make_smaller: those of candidates near the pick's time).
     """
     times: dict
     pick: str
@@ -118,6 +121,7 @@ class Verdict:
     lean_against: str = ""
     lean_beside: tuple = ()
     lean_changes: dict = dataclasses.field(default_factory=dict)
+    lean_others: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data, source):
@@ -134,6 +138,8 @@ class Verdict:
             lean_against = str(data.get("lean_against", ""))
             lean_beside = tuple(float(t) for t in data.get("lean_beside", ()))
             lean_changes = {str(k): int(v) for k, v in data.get("lean_changes", {}).items()}
+            lean_others = {str(k): (float(v[0]), None if v[1] is None else int(v[1]))
+                           for k, v in data.get("lean_others", {}).items()}
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
         if pick not in times or not all(times.values()) or (
@@ -141,7 +147,8 @@ class Verdict:
                 pick == LEAN and not (lean_from in times and lean_beside)):
             return None
         return cls(times, pick, predicted, "", {}, source, refined, refined_from, refined_ops,
-                   beside, peaks, lean_from, lean_against, lean_beside, lean_changes)
+                   beside, peaks, lean_from, lean_against, lean_beside, lean_changes,
+                   lean_others)
 
     @property
     def timed(self):
@@ -171,6 +178,9 @@ class Verdict:
             parts.append(f"{LEAN} {self.lean_from} ({changes}) {self.median(LEAN) * 1e3:.3g} ms"
                          f"{self._peak(LEAN)} beside {self.lean_against} "
                          f"{statistics.median(self.lean_beside) * 1e3:.3g} ms")
+        for name, (median, peak) in self.lean_others.items():
+            held = "" if peak is None else f" (peak {peak / 2**20:.1f} MiB)"
+            parts.append(f"{LEAN} {name} {median * 1e3:.3g} ms{held}, not kept")
         base = self.median(FLOAT32)
         speed = (f", {base / self.median(self.pick):.2f}x float32" if base and
                  self.pick not in (FLOAT32, REFINED, LEAN) else "")
@@ -206,7 +216,8 @@ class Verdict:
                 "refined_from": self.refined_from, "refined_ops": dict(self.refined_ops),
                 "beside": list(self.beside), "peaks": dict(self.peaks),
                 "lean_from": self.lean_from, "lean_against": self.lean_against,
-                "lean_beside": list(self.lean_beside), "lean_changes": dict(self.lean_changes)}
+                "lean_beside": list(self.lean_beside), "lean_changes": dict(self.lean_changes),
+                "lean_others": {k: list(v) for k, v in self.lean_others.items()}}
 
 
 def total_peak(peaks, name):

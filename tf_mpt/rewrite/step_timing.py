@@ -36,6 +36,13 @@ from tf_mpt.rewrite import function_bodies as _function_library
 _log = logging.getLogger(__name__)
 
 THIN = 0.3  # auto: time where the predicted saving is below this share of what it adds up
+# auto, memory bounded (TF_MPT_MEMORY=float32): also time a step that computes gradients where
+# the cost model kept at least this share of the nodes it weighed float32 (values the backward
+# pass reads may then be held in float32: what the step holds is measured, not predicted)
+KEPT_SHARE = 0.1
+# the name scopes gradients are built in (tf.GradientTape's, tf.gradients' and a TF1
+# optimizer's): a function with such a node computes gradients
+_GRADIENT_SCOPES = ("gradient_tape", "gradients")
 BUDGET_SECONDS = 20.0  # of timed rounds, after the warm-up runs (TF_MPT_TIMING_BUDGET)
 MAX_COPY_BYTES = 1 << 30  # the variables and inputs a sandbox may copy
 # peaks[RESIDENT] (time_versions, graph_timing.time_candidates): the bytes every candidate
@@ -86,6 +93,23 @@ def worth_timing(report, target, mode):
     if mode == "always":
         return True
     return report.predicted_saving < THIN * report.predicted_changed
+
+
+def holds_float32_for_gradients(report):
+    """Whether a function rewritten with `report` computes gradients (a node in a gradient
+    name scope: _GRADIENT_SCOPES) and the cost model kept float32 at least KEPT_SHARE of the
+    nodes it weighed: a training step whose forward values the backward pass reads may be
+    held in float32, where the op lists' colouring (or a lean version) could hold them in
+    half at nearly the same speed; TF_MPT_STEP_TIMING=auto times it where the peak is
+    bounded (decision.step_applies)."""
+    if report is None or not report.weighed_nodes or not report.weighed_nodes[0]:
+        return False
+    kept = sum(1 for d in report.decisions.values()
+               if not d.converted and d.reason.startswith("cost model:"))
+    if kept < KEPT_SHARE * report.weighed_nodes[0]:
+        return False
+    return any(part.startswith(_GRADIENT_SCOPES)
+               for name in report.decisions for part in name.split("/"))
 
 
 def time_versions(concrete_function, graph_defs, batch, rounds, budget_seconds=BUDGET_SECONDS,
