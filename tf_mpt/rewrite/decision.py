@@ -222,9 +222,9 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, deadline, float3
     those holding over PEAK_SLACK less than the pick and not over MARGIN slower (least: not
     slower than `float32_graph`, timed in the same rounds), the one holding least (within
     PEAK_SLACK: the fastest) is kept: a tie in time goes to memory, whichever colouring it
-    was made from (a Keras Transformer's fit step: the op lists' colouring, 5% slower than
-    the cost model's, made lean runs within 2% of it and holds 0.65x float32's peak against
-    0.9x). Returns the verdict, with the kept lean version's record (none kept: the pick's
+    was made from (a Keras Transformer's fit step: the op lists' colouring, 2-10% slower
+    than the cost model's, made lean has run as fast as the pick, holding 0.57x-0.60x of
+    float32's step peak against its 0.91x). Returns the verdict, with the kept lean version's record (none kept: the pick's
     own, else the first timed) where one was timed, the others' medians and peaks in its
     `lean_others`; `results` gets its RewriteResult."""
     chosen, peaks = verdict.pick, verdict.peaks
