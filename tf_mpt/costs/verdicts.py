@@ -24,11 +24,12 @@ import os
 from tf_mpt import lists as _lists
 from tf_mpt._process import state as _state
 
-VERSION = 6  # of the fingerprint and the verdict record; a change makes old ones unused
+VERSION = 7  # of the fingerprint and the verdict record; a change makes old ones unused
 # (4: lean versions reduce a loss first and order weight gradients' Casts; 5: they make late
 # casts in loops' bodies and order their accumulations: a cached lean pick rebuilt from its
 # changes would not be the graph that was timed; 6: a pick holding over decision.SMALLER_ABOVE
-# has the lean versions of the candidates near its time tried, not only its own)
+# has the lean versions of the candidates near its time tried, not only its own; 7: a pick
+# over float32's peak first tries its weight gradients' products ordered alone)
 
 _recording = []  # the open `recording()` contexts' {fingerprint: verdict dict}
 

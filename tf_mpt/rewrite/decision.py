@@ -296,11 +296,13 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, deadline, float3
 
 
 def _make_lean(verdict, results, graphs, config, lean_inputs, timer, deadline):
-    """Where the first rounds' fastest candidate is over float32's peak: its lean version
-    (lean.lean, with `lean_inputs`, its lists and shapes), then where that is still over its
-    leaner one (weight gradients' products in float32), each timed beside the pick (the
-    fastest within float32's peak) until `deadline` (graph_timing._clock) and kept if within
-    float32's peak and over MARGIN faster; where neither is within float32's peak, the same
+    """Where the first rounds' fastest candidate is over float32's peak: its weight
+    gradients' products ordered (lean.lean's cheapest version, `only_ordered`), then where
+    that is still over its lean version (lean.lean, with `lean_inputs`, its lists and
+    shapes), then its leaner one (weight gradients' products in float32), each timed beside
+    the pick (the fastest within float32's peak) until `deadline` (graph_timing._clock) and
+    kept if within float32's peak and over MARGIN faster; where none is within float32's
+    peak, the same
     for the next fastest candidate over it that is over MARGIN faster than the pick (the
     Keras LSTM's fit step: contractions only's lean versions still hold more than float32,
     the cost model's holds less). Returns the verdict, with the last lean version's record
@@ -317,8 +319,10 @@ def _make_lean(verdict, results, graphs, config, lean_inputs, timer, deadline):
                    statistics.median(verdict.times[name]) < bound),
                   key=lambda name: (name != fastest, statistics.median(verdict.times[name])))
     for source in over:
-        for products_in_float32 in (False, True):
-            graph, changes = _lean.lean(graphs[source], products_in_float32, *lean_inputs)
+        for products_in_float32, only_ordered in ((False, True), (False, False),
+                                                  (True, False)):
+            graph, changes = _lean.lean(graphs[source], products_in_float32, *lean_inputs,
+                                        only_ordered=only_ordered)
             left = deadline - _timing._clock()  # pylint: disable=protected-access
             if left <= 0:
                 return verdict
@@ -344,9 +348,11 @@ def _make_lean(verdict, results, graphs, config, lean_inputs, timer, deadline):
 
 def _lean_again(verdict, results, lean_inputs):
     """The RewriteResult of a verdict's lean pick, made again (a cached verdict)."""
+    changes = verdict.lean_changes
     graph, _ = _lean.lean(results[verdict.lean_from].graph_def,
-                          "float32 products" in verdict.lean_changes, *lean_inputs,
-                          ordered="ordered products" in verdict.lean_changes)
+                          "float32 products" in changes, *lean_inputs,
+                          ordered="ordered products" in changes,
+                          only_ordered=set(changes) == {"ordered products"})
     return _lean_result(results[verdict.lean_from], graph)
 
 
