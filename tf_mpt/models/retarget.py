@@ -34,12 +34,8 @@ HALF_TYPES = ta.HALF_TYPES
 _FLOAT = types_pb2.DT_FLOAT
 
 
-def _is_our_cast(node):
-    return node.op == "Cast" and node.name.endswith(_casts.CAST_SUFFIX)
-
-
 def _our_casts(graph_def):
-    return [n for n in _function_bodies.all_nodes(graph_def) if _is_our_cast(n)]
+    return [n for n in _function_bodies.all_nodes(graph_def) if _casts.is_ours(n)]
 
 
 def mark_source(graph_def, source):
@@ -103,14 +99,14 @@ def _node_to_float(node):
                                                                          values.shape))
     for key in list(node.attr):
         _to_float(node.attr[key])
-    if _is_our_cast(node):
+    if _casts.is_ours(node):
         del node.attr[SOURCE_ATTR]
 
 
 def _remove_our_casts(graph_def):
     """Every tf_mpt Cast of `graph_def` (float32 -> float32 now) bypassed and removed."""
     editor = _editor.Editor(graph_def, _FLOAT)
-    for cast in [n for n in graph_def.node if _is_our_cast(n)]:
+    for cast in [n for n in graph_def.node if _casts.is_ours(n)]:
         data = [t for t in cast.input if not t.startswith("^")]
         editor.bypass(cast.name, data[0])
     editor.finish()
@@ -130,7 +126,7 @@ def to_float32(graph_def):
     _remove_our_casts(out)
     signatures = {f.signature.name: f.signature for f in out.library.function}
     for index, fdef in enumerate(out.library.function):
-        if not any(_is_our_cast(n) or _has_half(n) for n in fdef.node_def):
+        if not any(_casts.is_ours(n) or _has_half(n) for n in fdef.node_def):
             continue
         try:
             body, _ = _function_bodies.function_to_graph_def(fdef, signatures)
