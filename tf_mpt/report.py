@@ -106,6 +106,12 @@ class RewriteReport:
     verdict: typing.Optional[object] = None
     dispatch_kept: typing.Mapping = dataclasses.field(default_factory=dict)
 
+    @property
+    def kept_by_cost_model(self):
+        """How many nodes the cost model kept float32 (their decision's reason says so)."""
+        return sum(1 for d in self.decisions.values()
+                   if not d.converted and d.reason.startswith("cost model:"))
+
     def summary(self):
         """One line: 'Converted 18/40 nodes to bfloat16 using 6 cast(s)', and when the graph
         already computed in half (a Keras model under a mixed policy) how much:
@@ -117,8 +123,7 @@ class RewriteReport:
             line += f" for target {self.target}"
         if self.already_half_nodes:
             line += f"; {self.already_half_nodes} more were {self.dtype} already"
-        by_cost = sum(1 for d in self.decisions.values()
-                      if not d.converted and d.reason.startswith("cost model:"))
+        by_cost = self.kept_by_cost_model
         if by_cost:
             where = "here" if self.target in (None, "here") else "on the target"
             line += (f"; {by_cost} kept float32 by the cost model ({self.dtype} would be slower "

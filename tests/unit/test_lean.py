@@ -731,6 +731,22 @@ def test_a_functional_loops_weight_casts_wait_for_the_iterations_own_values():
         np.testing.assert_allclose(np.asarray(mine), np.asarray(theirs), **SAME)
 
 
+def _lean_kinds():
+    """The kind of a candidate of the Relu training graph: its colouring, and ' lean' where
+    its Casts wait (a lean version)."""
+    bf16 = tf.bfloat16.as_datatype_enum
+
+    def kind(g):
+        if not any(n.op == "MatMul" and n.attr["T"].type == bf16 for n in g.node):
+            return "float32"
+        base = "rules" if any(n.op == "Relu" and n.attr["T"].type == bf16 for n in g.node) \
+            else "products"
+        lean_graph = any(n.op == "Cast" and any(i.startswith("^") for i in n.input)
+                         for n in g.node)
+        return base + (" lean" if lean_graph else "")
+    return kind
+
+
 def test_where_the_fastest_ones_lean_versions_hold_too_much_the_next_ones_are_tried(
         monkeypatch, tmp_path):
     """Graph timing (an injected clock and sandbox): the op lists' colouring is fastest and
@@ -742,16 +758,7 @@ def test_where_the_fastest_ones_lean_versions_hold_too_much_the_next_ones_are_tr
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
     fakes = fake_timing.install(monkeypatch)
-    bf16 = tf.bfloat16.as_datatype_enum
-
-    def kind(g):
-        if not any(n.op == "MatMul" and n.attr["T"].type == bf16 for n in g.node):
-            return "float32"
-        base = "rules" if any(n.op == "Relu" and n.attr["T"].type == bf16 for n in g.node) \
-            else "products"
-        lean_graph = any(n.op == "Cast" and any(i.startswith("^") for i in n.input)
-                         for n in g.node)
-        return base + (" lean" if lean_graph else "")
+    kind = _lean_kinds()
     tried = []
 
     def peak(g):
@@ -770,22 +777,6 @@ def test_where_the_fastest_ones_lean_versions_hold_too_much_the_next_ones_are_tr
     assert verdict.pick == graph_timing.LEAN and kind(result.graph_def) == "products lean", \
         verdict.describe()
     assert verdict.lean_against == graph_timing.FLOAT32
-
-
-def _lean_kinds():
-    """The kind of a candidate of the Relu training graph: its colouring, and ' lean' where
-    its Casts wait (a lean version)."""
-    bf16 = tf.bfloat16.as_datatype_enum
-
-    def kind(g):
-        if not any(n.op == "MatMul" and n.attr["T"].type == bf16 for n in g.node):
-            return "float32"
-        base = "rules" if any(n.op == "Relu" and n.attr["T"].type == bf16 for n in g.node) \
-            else "products"
-        lean_graph = any(n.op == "Cast" and any(i.startswith("^") for i in n.input)
-                         for n in g.node)
-        return base + (" lean" if lean_graph else "")
-    return kind
 
 
 @pytest.mark.parametrize("rules_cost, kept", [(0.63e-3, "rules lean"), (0.72e-3, "products")])

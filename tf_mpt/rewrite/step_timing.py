@@ -104,9 +104,7 @@ def holds_float32_for_gradients(report):
     bounded (decision.step_applies)."""
     if report is None or not report.weighed_nodes or not report.weighed_nodes[0]:
         return False
-    kept = sum(1 for d in report.decisions.values()
-               if not d.converted and d.reason.startswith("cost model:"))
-    if kept < KEPT_SHARE * report.weighed_nodes[0]:
+    if report.kept_by_cost_model < KEPT_SHARE * report.weighed_nodes[0]:
         return False
     return any(part.startswith(_GRADIENT_SCOPES)
                for name in report.decisions for part in name.split("/"))
