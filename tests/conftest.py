@@ -68,6 +68,19 @@ def _no_verdict_from_this_cpus_clock(request, monkeypatch):
     monkeypatch.setattr(dispatch, "_in_child", not_checking)
     # (nor does the automatic path start a child checking them early)
     monkeypatch.setattr(dispatch, "_spawn", lambda dtype, ops, cache: None)
+    # Graph timing's verdicts (a traced step's included) are cached per machine: a test
+    # without a cache directory of its own (TF_MPT_CACHE_DIR) reads and writes them in one of
+    # its own, never one another test or an earlier run left (the same step traced by two
+    # tests would replay the first one's verdict).
+    from tf_mpt.costs import verdicts  # pylint: disable=import-outside-toplevel
+    own = request.getfixturevalue("tmp_path") / "verdicts"
+    shared_path = verdicts._cache_path  # pylint: disable=protected-access
+
+    def cache_path(config, dtype):
+        if config.cache_dir:
+            return shared_path(config, dtype)
+        return str(own / f"verdicts-{dtype}.json")
+    monkeypatch.setattr(verdicts, "_cache_path", cache_path)
 
 
 @pytest.fixture(params=HALF_DTYPES)

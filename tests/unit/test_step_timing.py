@@ -300,6 +300,76 @@ def test_tf_mpt_function_times_the_candidates_and_runs_the_fastest(monkeypatch, 
     np.testing.assert_array_equal(acc.numpy(), np.full((64, WIDTH), 0.25, np.float32))
 
 
+def test_a_steps_verdict_is_cached_for_the_same_step_traced_again(monkeypatch, tmp_path,
+                                                                   caplog):
+    """The same step traced again (another tf_mpt.function of it: its trace's functions named
+    with other counters, as in another process) reads the verdict the first one's timing
+    cached (TF_MPT_CACHE_DIR) and runs the same colouring without timing anything; with
+    TF_MPT_MEMORY=any (another bound) it is timed again."""
+    monkeypatch.setenv("TF_MPT_STEP_TIMING", "always")
+    monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "20")
+    monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
+    seen = []
+
+    def timed(cf, graphs, batch, rounds, budget, peaks=None):
+        seen.append(list(graphs))
+        return {name: (0.1,) * 3 if name == "contractions only" else (0.2,) * 3
+                for name in graphs}
+    monkeypatch.setattr(_timing, "time_versions", timed)
+    monkeypatch.setattr(_timing, "profile_versions", lambda cf, graphs, batch, runs: {
+        name: {} for name in graphs})
+    step, _, _ = _step()
+    spec = tf.TensorSpec([None, WIDTH], tf.float32)
+
+    def relu_types():
+        mixed = tf_mpt.function(step.python_function, dtype="bfloat16",
+                                input_signature=step.input_signature)
+        with caplog.at_level(logging.INFO, logger="tf_mpt"):
+            mixed(tf.ones((64, WIDTH)))
+        graph = mixed.get_concrete_function(spec).graph
+        return {op.get_attr("T") for op in graph.get_operations() if op.type == "Relu"}
+    assert relu_types() == {tf.float32} and len(seen) == 1  # (contractions only)
+    caplog.clear()
+    assert relu_types() == {tf.float32} and len(seen) == 1, seen  # nothing timed again
+    messages = [r.getMessage() for r in caplog.records if "timed tf.function" in r.getMessage()]
+    assert len(messages) == 1 and "graph timing (cached here, " in messages[0] and \
+        messages[0].endswith("picked contractions only, 2.00x float32 over the prediction "
+                             "(cost model)"), messages
+    monkeypatch.setenv("TF_MPT_MEMORY", "any")
+    assert relu_types() == {tf.float32} and len(seen) == 2, seen
+
+
+def test_a_steps_cache_key_names_its_functions_by_their_calls_and_carries_its_shapes():
+    """functions._canonical: two traces of one step (other function names, listed in
+    another order) key alike, their functions f0, f1, ...; a step whose variable is wider
+    (its argument's shape unknown) does not; nor do other functions traced in between (the
+    process's counters, and the order a While's attrs come out of their map, then differ)."""
+    def traced(width, others=0):
+        for k in range(others):
+            @tf.function
+            def other(x, k=k):
+                return tf.map_fn(lambda row: row * 2.0 + k, x)
+            other.get_concrete_function(tf.TensorSpec([None, 3], tf.float32))
+        v = tf.Variable(tf.ones((width, width)))
+
+        @tf.function
+        def step(x):
+            return tf.reduce_sum(tf.map_fn(lambda row: tf.linalg.matvec(v, row), x))
+        cf = step.get_concrete_function(tf.TensorSpec([None, None], tf.float32))
+        cf.kept_variable = v  # (the trace does not own it)
+        return cf
+    first, again, wider = traced(8), traced(8, others=7), traced(16)
+    names = {f.signature.name for f in first.graph.as_graph_def().library.function}
+    assert names and names.isdisjoint(
+        f.signature.name for f in again.graph.as_graph_def().library.function)
+    key = _functions._canonical  # pylint: disable=protected-access
+    assert key(first.graph.as_graph_def(), first) == key(again.graph.as_graph_def(), again)
+    assert key(first.graph.as_graph_def(), first) != key(wider.graph.as_graph_def(), wider)
+    keyed = key(first.graph.as_graph_def(), first)
+    assert sorted(f.signature.name for f in keyed.library.function) == \
+        [f"f{k}" for k in range(len(names))]
+
+
 def test_a_step_runs_its_refinement_where_its_profile_finds_a_slower_half_op(monkeypatch,
                                                                             caplog):
     """The cost model's colouring wins the first rounds; its per-node profile (injected)
@@ -353,3 +423,18 @@ def test_variables_too_big_to_copy_are_not_timed(monkeypatch):
     with pytest.raises(_timing.NotTimed, match=r"copies of its variables would take over "
                                                 r"1 MiB"):
         _timing.time_versions(cf, _versions(cf), 64, graph_timing.rounds)
+
+
+def test_a_nodes_called_functions_come_in_the_order_of_their_attrs_names():
+    """function_bodies.called_functions: the same in every process whatever order a node's
+    attrs were set in (a protobuf map's own order is not: a While's body and cond), so a
+    step's cache key numbers its functions alike."""
+    from tf_mpt.rewrite import function_bodies  # pylint: disable=import-outside-toplevel
+    names = [f"attr{k:02d}" for k in range(12)]
+    for order in (names, names[::-1], names[1::2] + names[::2]):
+        node = tf.compat.v1.NodeDef(name="n", op="While")
+        for name in order:
+            node.attr[name].func.name = f"body_of_{name}"
+        node.attr["list"].list.func.add().name = "body_of_list"
+        assert [f.name for f in function_bodies.called_functions(node)] == \
+            [f"body_of_{name}" for name in names[:12]] + ["body_of_list"]

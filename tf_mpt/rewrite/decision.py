@@ -394,8 +394,9 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
 
     timer: None, graph timing's sandbox (graph_timing.time_candidates), its verdicts cached;
     or `timer(graphs, batch, budget)` timing {candidate: GraphDef} another way (a traced
-    tf.function's, on copies of its variables), nothing cached (a trace's names are its
-    process's); a timer with a `profile(graphs, batch)` attribute ({candidate: {node:
+    tf.function's, on copies of its variables), its verdicts cached where it has a
+    `key_graph(graph_def)` attribute (the graph the cache keys it by: a trace's names are
+    its process's; raising NotTimed where it would not be timed); a timer with a `profile(graphs, batch)` attribute ({candidate: {node:
     seconds}}) can be refined. label: what the INFO line names (a tf.function). shapes: None,
     or a callable returning {node name: output shapes} of `graph_def` (a tf.function's carry
     its variables' shapes): what the lean versions size values by (None: lean.saved_in_half
@@ -422,6 +423,15 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
             if known is None:
                 return predicted
         elif target.kind != "table":
+            known, source = _verdicts.cached(config, dtype).get(key), "cached"
+    elif getattr(timer, "key_graph", None) is not None:
+        try:  # (a traced function's, its names made the same in every process; timed on
+            # this CPU, so this CPU's cache, whatever table stands in for its kernels)
+            key = _verdicts.fingerprint(timer.key_graph(graph_def), ["(a traced function)"],
+                                       dtype, lists, config.cost_batch, config.memory)
+        except Exception:  # pylint: disable=broad-except
+            key = None  # (NotTimed: it is not timed either; else timed, not cached)
+        if key is not None:
             known, source = _verdicts.cached(config, dtype).get(key), "cached"
     # (lean.lean's lists and shapes: which readers may read a value rounded to half, and the
     # sizes of the values; a tf.function's shapes carry its variables')

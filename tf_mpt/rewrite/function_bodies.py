@@ -34,9 +34,11 @@ def all_nodes(graph_def):
 def called_functions(node):
     """The NameAttrLists of a node's function-valued attrs (While body/cond, call targets).
 
-    They are the protos themselves, so a caller may rename them in place.
+    They are the protos themselves, so a caller may rename them in place; in the order of
+    their attrs' names (a map's own order is not the same in every process: a While's
+    `body` and `cond`).
     """
-    for value in node.attr.values():
+    for _, value in sorted(node.attr.items()):
         if value.HasField("func"):
             yield value.func
         yield from value.list.func

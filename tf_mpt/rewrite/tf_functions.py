@@ -148,9 +148,84 @@ def _step_timer(cf, jit_compile):
     def profile(graphs, batch):
         check()
         return _timing.profile_versions(cf, apart(graphs), batch, _graph_timing.PROFILE_RUNS)
+    def key_graph(graph_def):
+        check()  # (a verdict is read only where the function could be timed)
+        return _canonical(graph_def, cf)
     timer.profile = profile
     timer.peaks = peaks
+    timer.key_graph = key_graph
     return timer
+
+
+def _canonical(graph_def, cf):
+    """A copy of `cf`'s traced `graph_def` keyed for the verdict cache (decision.decide): its
+    library functions renamed `f0, f1, ...` in the order the graph's nodes, then theirs,
+    call them (a trace names them with its process's counters), listed in that order, their
+    arguments numbered (_number_arguments), and a Const node holding the
+    shapes and dtypes of its variables and arguments (what the GraphDef alone does not say:
+    a wider layer reads the same ReadVariableOps). The same script's step in another process
+    has the same key."""
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    order, todo = [], [graph_def.node]
+    while todo:
+        for node in todo.pop(0):
+            called = [node.op] + [f.name for f in _function_library.called_functions(node)]
+            for name in called:  # (a node may call a function by its op's name)
+                if name in functions and name not in order:
+                    order.append(name)
+                    todo.append(functions[name].node_def)
+    order += sorted(set(functions) - set(order))  # (only in the gradient registry)
+    renamed = {name: f"f{index}" for index, name in enumerate(order)}
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+
+    def fix(nodes):
+        for node in nodes:
+            if node.op in renamed:
+                node.op = renamed[node.op]
+            for func in _function_library.called_functions(node):
+                if func.name in renamed:
+                    func.name = renamed[func.name]
+    fix(out.node)
+    for fdef in out.library.function:
+        fdef.signature.name = renamed[fdef.signature.name]
+        fix(fdef.node_def)
+        _number_arguments(fdef)
+    listed = sorted(out.library.function, key=lambda f: int(f.signature.name[1:]))
+    out.library.ClearField("function")
+    out.library.function.extend(listed)  # (in the order of their names, not of their traces)
+    for gradient in out.library.gradient:
+        for field in ("function_name", "gradient_func"):
+            if getattr(gradient, field) in renamed:
+                setattr(gradient, field, renamed[getattr(gradient, field)])
+    gradients = sorted(out.library.gradient, key=lambda g: (g.function_name, g.gradient_func))
+    out.library.ClearField("gradient")
+    out.library.gradient.extend(gradients)
+    sizes = sorted(f"{v.dtype.name}{v.shape.as_list()}" for v in cf.variables) + \
+        [f"{t.dtype.name}{t.shape}" for t in cf.inputs]  # (cf.variables: in no set order)
+    marker = out.node.add(name="_tf_mpt_key_shapes", op="Const")
+    marker.attr["value"].tensor.string_val.extend(s.encode() for s in sizes)
+    return out
+
+
+def _number_arguments(fdef):
+    """Renames `fdef`'s arguments a0, a1, ... (in place), references included: a trace names
+    a body's arguments after its own counters (map_while_cond_20___redundant_placeholder0)."""
+    args = {arg.name: f"a{index}" for index, arg in enumerate(fdef.signature.input_arg)}
+
+    def fixed(reference):
+        control = reference.startswith("^")
+        head, sep, rest = reference[control:].partition(":")
+        return ("^" if control else "") + args[head] + sep + rest if head in args else reference
+    for arg in fdef.signature.input_arg:
+        arg.name = args[arg.name]
+    for node in fdef.node_def:
+        for index, reference in enumerate(node.input):
+            node.input[index] = fixed(reference)
+    for key in list(fdef.ret):
+        fdef.ret[key] = fixed(fdef.ret[key])
+    for key in list(fdef.control_ret):
+        fdef.control_ret[key] = fixed(fdef.control_ret[key])
 
 
 def _rename_library(graph_def, suffix):
