@@ -82,7 +82,8 @@ def test_ctrl_c_during_the_rewrite_reaches_the_script_as_keyboard_interrupt():
         print("w", sess.run(w)[0, 0])  # the step ran before the handler, as without tf_mpt
     """, "SIGINT")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == ["interrupted", "w 0.98"]  # 1 - 0.01 * 2: one step
+    assert done.stdout.splitlines() == ["interrupted", "w 0.98"], \
+        done.stderr[-3000:]  # 1 - 0.01 * 2: one step
     assert "could not rewrite" not in done.stderr
 
 

@@ -486,6 +486,29 @@ def test_a_signal_arriving_while_candidates_are_timed_stops_the_timing(monkeypat
     assert handled == [signal.SIGUSR1] and len(calls) == 6
 
 
+def test_deferred_signals_run_on_the_main_thread_only(monkeypatch):
+    """A signal a rewrite deferred runs its handler when a Session call returns on the main
+    thread (where Python runs handlers, and where a KeyboardInterrupt reaches the script),
+    never when a queue runner's or another thread's call returns: there a KeyboardInterrupt
+    would end that thread and the script would never see it."""
+    import threading  # pylint: disable=import-outside-toplevel
+    from tf_mpt._process import state  # pylint: disable=import-outside-toplevel
+    from tf_mpt.automatic.native import rewriter  # pylint: disable=import-outside-toplevel
+    monkeypatch.setattr(state.STATE, "deferred_signals", [signal.SIGUSR1])
+    handled = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: handled.append(
+        threading.current_thread().name))
+    try:
+        worker = threading.Thread(target=rewriter.run_deferred_signals, name="queue runner")
+        worker.start()
+        worker.join()
+        assert handled == [] and state.STATE.deferred_signals == [signal.SIGUSR1]
+        rewriter.run_deferred_signals()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert handled == [threading.main_thread().name] and state.STATE.deferred_signals == []
+
+
 def test_candidates_whose_copies_would_take_too_much_memory_are_not_timed(timed, monkeypatch):
     """Each candidate's sandbox holds copies of the graph's variables: four candidates of a
     graph with 2 x 4 MiB of weights take 32 MiB; under a 16 MiB bound the graph keeps the

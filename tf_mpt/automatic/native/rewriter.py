@@ -299,8 +299,11 @@ def run_deferred_signals():
     """Runs the Python handlers of signals that arrived during a rewrite, as Python would
     have run them when the Session call returned (a handler's exception propagates). Inside
     a rewrite (a sandbox Session's run returning while graph timing runs in the callback):
-    nothing yet, the handlers run when the script's own Session call returns."""
-    if getattr(STATE.local, "rewriting", False):
+    nothing yet, the handlers run when the script's own Session call returns. Only on the
+    main thread, where Python runs signal handlers: another thread's Session call returning
+    (a queue runner's, a hook's) leaves them for the main thread's next call."""
+    if getattr(STATE.local, "rewriting", False) or \
+            threading.current_thread() is not threading.main_thread():
         return
     while STATE.deferred_signals:
         signum = STATE.deferred_signals.pop(0)
