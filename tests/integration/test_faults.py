@@ -20,6 +20,10 @@ TIMEOUT_S = 180
 # A TF1 training graph; the signal is sent from inside tf_mpt's rewrite of the training step.
 _PRELUDE = textwrap.dedent("""
     import os, signal, sys
+    # Ctrl-C raises KeyboardInterrupt, as in a terminal: a child started where SIGINT is
+    # ignored (a CI job launched in the background by a shell without job control) would
+    # otherwise inherit the ignoring, with or without tf_mpt
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import numpy as np
     import tensorflow as tf
     import tf_mpt.rewrite as rewrite
