@@ -212,7 +212,7 @@ def _peaks_after(timer, verdict):
 
 
 def _make_smaller(verdict, results, config, lean_inputs, timer, deadline, float32_graph):
-    """Where no lean version was tried and the pick is a half candidate holding more than
+    """Where no lean version was kept and the pick is a half candidate holding more than
     SMALLER_ABOVE of float32's peak (TF_MPT_MEMORY=least: any half pick): the lean versions
     without ordered products (lean.lean, with `lean_inputs`, its lists and shapes:
     activations saved in half; a weight's half Cast made at each use; ordered products
@@ -226,10 +226,13 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, deadline, float3
     than the cost model's, made lean has run as fast as the pick, holding 0.57x-0.60x of
     float32's step peak against its 0.91x). Returns the verdict, with the kept lean version's record (none kept: the pick's
     own, else the first timed) where one was timed, the others' medians and peaks in its
-    `lean_others`; `results` gets its RewriteResult."""
+    `lean_others`, with the lean version _make_lean timed and did not keep where it tried
+    one (ResNet50's fit step: contractions only's lean version was slower than the op
+    lists' pick, whose own lean version then was not tried); `results` gets its
+    RewriteResult."""
     chosen, peaks = verdict.pick, verdict.peaks
     goal = 0.0 if _least(config) else SMALLER_ABOVE
-    if verdict.lean_from or chosen in (_timing.FLOAT32, _timing.LEAN) or \
+    if chosen in (_timing.FLOAT32, _timing.LEAN) or \
             chosen not in peaks or _timing.FLOAT32 not in peaks or \
             _timing.total_peak(peaks, chosen) <= \
             goal * _timing.total_peak(peaks, _timing.FLOAT32):
@@ -288,6 +291,9 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, deadline, float3
             stand[_timing.LEAN] = peaks[_timing.LEAN]
     others = {versions[key][0]: (statistics.median(times[key]), measured.get(key))
               for key in versions if key != record}
+    if verdict.lean_from and _timing.LEAN in verdict.times:  # (_make_lean's, not kept)
+        others = {verdict.lean_from: (statistics.median(verdict.times[_timing.LEAN]),
+                                      verdict.peaks.get(_timing.LEAN)), **others}
     return dataclasses.replace(
         verdict, times={**verdict.times, _timing.LEAN: times[record]},
         pick=_timing.LEAN if kept else chosen, lean_from=source, lean_against=chosen,

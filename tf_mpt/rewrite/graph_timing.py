@@ -179,7 +179,9 @@ class Verdict:
                          f"{self._peak(LEAN)} beside {self.lean_against} "
                          f"{statistics.median(self.lean_beside) * 1e3:.3g} ms")
         for name, (median, peak) in self.lean_others.items():
-            held = "" if peak is None else f" (peak {peak / 2**20:.1f} MiB)"
+            mark = ": over float32's" if peak is not None and over_float32(
+                {**self.peaks, LEAN: peak}, LEAN) else ""
+            held = "" if peak is None else f" (peak {peak / 2**20:.1f} MiB{mark})"
             parts.append(f"{LEAN} {name} {median * 1e3:.3g} ms{held}, not kept")
         base = self.median(FLOAT32)
         speed = (f", {base / self.median(self.pick):.2f}x float32" if base and
