@@ -329,12 +329,16 @@ def test_a_steps_verdict_is_cached_for_the_same_step_traced_again(monkeypatch, t
         graph = mixed.get_concrete_function(spec).graph
         return {op.get_attr("T") for op in graph.get_operations() if op.type == "Relu"}
     assert relu_types() == {tf.float32} and len(seen) == 1  # (contractions only)
+    first = [r.getMessage() for r in caplog.records if "timed tf.function" in r.getMessage()]
     caplog.clear()
     assert relu_types() == {tf.float32} and len(seen) == 1, seen  # nothing timed again
     messages = [r.getMessage() for r in caplog.records if "timed tf.function" in r.getMessage()]
     assert len(messages) == 1 and "graph timing (cached here, " in messages[0] and \
         messages[0].endswith("picked contractions only, 2.00x float32 over the prediction "
                              "(cost model)"), messages
+    # the same line as when it was timed, candidates in the same order
+    assert len(first) == 1 and messages[0].replace("(cached here, ", "(") == first[0], \
+        (first, messages)
     monkeypatch.setenv("TF_MPT_MEMORY", "any")
     assert relu_types() == {tf.float32} and len(seen) == 2, seen
 

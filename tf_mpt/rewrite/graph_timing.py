@@ -164,8 +164,11 @@ class Verdict:
         rounds = min(len(t) for t in self.times.values())
         where = {"cached": "cached here, ", "table": "from the target's table, "}.get(
             self.source, "")
+        listed = (FLOAT32, COST, RULES, CONTRACTIONS)  # (a cached verdict's come sorted)
         parts = [f"{name} {self.median(name) * 1e3:.3g} ms{self._peak(name)}"
-                 for name in self.times if name not in (REFINED, LEAN)]
+                 for name in sorted(self.times, key=lambda n: (
+                     listed.index(n) if n in listed else len(listed), n))
+                 if name not in (REFINED, LEAN)]
         parts += [f"{name} = {other}" for name, other in self.same_as.items()]
         if REFINED in self.times:
             ops = ", ".join(f"{op} x{n}" for op, n in sorted(self.refined_ops.items()))
