@@ -285,6 +285,26 @@ def test_a_verdict_is_measured_once_then_read_from_the_cache(timed):
     assert again.report.verdict.source == "timed" and len(timed.runs) > runs
 
 
+def test_the_verdict_cache_keeps_the_newest_verdicts_only(tmp_path, monkeypatch):
+    """A script whose graph grows stores a verdict per graph: past verdicts.MAX_CACHED the
+    oldest stored go (a record from before, without a time, first), the newest stay."""
+    from tf_mpt.costs import verdicts  # pylint: disable=import-outside-toplevel
+    monkeypatch.setattr(verdicts, "MAX_CACHED", 3)
+    config = tf_mpt.Config.from_env({"TF_MPT_CACHE_DIR": str(tmp_path)})
+    path = verdicts._cache_path(config, "bfloat16")  # pylint: disable=protected-access
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"old": {"pick": "float32"}}, f)
+    clock = iter(range(100, 200))
+    monkeypatch.setattr(verdicts.time, "time", lambda: next(clock))
+    for k in range(5):
+        verdicts.store(config, "bfloat16", f"graph{k}", {"pick": "rules", "k": k})
+        kept = verdicts.cached(config, "bfloat16")
+        assert len(kept) == min(k + 2, 3), kept
+    assert sorted(kept) == ["graph2", "graph3", "graph4"], kept
+    assert kept["graph4"] == {"pick": "rules", "k": 4, "stored": 104}
+
+
 def test_measure_model_stores_verdicts_that_a_table_target_replays_anywhere(
         timed, tmp_path, monkeypatch, capsys):
     """`tf-mpt measure --model` (its kernel probes replaced by the suite's table) times the

@@ -20,16 +20,22 @@ import contextlib
 import hashlib
 import json
 import os
+import time
 
 from tf_mpt import lists as _lists
 from tf_mpt._process import state as _state
 
-VERSION = 7  # of the fingerprint and the verdict record; a change makes old ones unused
+VERSION = 8  # of the fingerprint and the verdict record; a change makes old ones unused
 # (4: lean versions reduce a loss first and order weight gradients' Casts; 5: they make late
 # casts in loops' bodies and order their accumulations: a cached lean pick rebuilt from its
 # changes would not be the graph that was timed; 6: a pick holding over decision.SMALLER_ABOVE
 # has the lean versions of the candidates near its time tried, not only its own; 7: a pick
-# over float32's peak first tries its weight gradients' products ordered alone)
+# over float32's peak first tries its weight gradients' products ordered alone; 8: a pick
+# whose faster candidate's lean version was not kept has its own lean version tried too)
+# The most verdicts a cache file keeps: a script whose graph grows (a TF1 graph with ops added
+# between runs, a function traced per shape) adds one per graph; past this the oldest stored
+# go, so the file read by every rewrite stays small (a verdict is 2-5 KB).
+MAX_CACHED = 500
 
 _recording = []  # the open `recording()` contexts' {fingerprint: verdict dict}
 
@@ -71,7 +77,13 @@ def store(config, dtype, key, verdict):
         record[key] = verdict
     path = _cache_path(config, dtype)
     data = cached(config, dtype)
-    data[key] = verdict
+    data[key] = dict(verdict, stored=time.time())
+    if len(data) > MAX_CACHED:  # (the oldest go; one without a time is the oldest)
+        def stored(k):
+            value = data[k].get("stored", 0) if isinstance(data[k], dict) else 0
+            return value if isinstance(value, (int, float)) else 0
+        for old in sorted(data, key=stored)[:len(data) - MAX_CACHED]:
+            del data[old]
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         from tf_mpt.costs import op_costs  # pylint: disable=import-outside-toplevel
