@@ -224,8 +224,8 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, deadline, float3
     PEAK_SLACK: the fastest) is kept: a tie in time goes to memory, whichever colouring it
     was made from (a Keras Transformer's fit step: the op lists' colouring, 2-10% slower
     than the cost model's, made lean has run as fast as the pick, holding 0.57x-0.60x of
-    float32's step peak against its 0.91x). Returns the verdict, with the kept lean version's record (none kept: the pick's
-    own, else the first timed) where one was timed, the others' medians and peaks in its
+    float32's step peak against its 0.91x). Returns the verdict, with the kept lean
+    version's record (none kept: the pick's own, else the first timed) where one was timed, the others' medians and peaks in its
     `lean_others`, with the lean version _make_lean timed and did not keep where it tried
     one (ResNet50's fit step: contractions only's lean version was slower than the op
     lists' pick, whose own lean version then was not tried); `results` gets its
@@ -402,11 +402,12 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
     or `timer(graphs, batch, budget)` timing {candidate: GraphDef} another way (a traced
     tf.function's, on copies of its variables), its verdicts cached where it has a
     `key_graph(graph_def)` attribute (the graph the cache keys it by: a trace's names are
-    its process's; raising NotTimed where it would not be timed); a timer with a `profile(graphs, batch)` attribute ({candidate: {node:
-    seconds}}) can be refined. label: what the INFO line names (a tf.function). shapes: None,
-    or a callable returning {node name: output shapes} of `graph_def` (a tf.function's carry
-    its variables' shapes): what the lean versions size values by (None: lean.saved_in_half
-    infers them from the GraphDef)."""
+    its process's; raising NotTimed where it would not be timed); a timer with a
+    `profile(graphs, batch)` attribute ({candidate: {node: seconds}}) can be refined.
+    label: what the INFO line names (a tf.function). shapes: None, or a callable returning
+    {node name: output shapes} of `graph_def` (a tf.function's carry its variables' shapes):
+    what the lean versions size values by (None: lean.saved_in_half infers them from the
+    GraphDef)."""
     dtype = predicted.report.dtype
     predicted_name = _timing.COST if predicted.report.weighed_nodes is not None \
         else _timing.RULES

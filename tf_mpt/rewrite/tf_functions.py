@@ -148,6 +148,7 @@ def _step_timer(cf, jit_compile):
     def profile(graphs, batch):
         check()
         return _timing.profile_versions(cf, apart(graphs), batch, _graph_timing.PROFILE_RUNS)
+
     def key_graph(graph_def):
         check()  # (a verdict is read only where the function could be timed)
         return _canonical(graph_def, cf)
