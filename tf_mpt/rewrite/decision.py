@@ -225,11 +225,11 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, deadline, float3
     was made from (a Keras Transformer's fit step: the op lists' colouring, 2-10% slower
     than the cost model's, made lean has run as fast as the pick, holding 0.57x-0.60x of
     float32's step peak against its 0.91x). Returns the verdict, with the kept lean
-    version's record (none kept: the pick's own, else the first timed) where one was timed, the others' medians and peaks in its
-    `lean_others`, with the lean version _make_lean timed and did not keep where it tried
-    one (ResNet50's fit step: contractions only's lean version was slower than the op
-    lists' pick, whose own lean version then was not tried); `results` gets its
-    RewriteResult."""
+    version's record (none kept: the pick's own, else the first timed) where one was timed,
+    the others' medians and peaks in its `lean_others`, with the lean version _make_lean
+    timed and did not keep where it tried one (ResNet50's fit step: contractions only's lean
+    version was slower than the op lists' pick, whose own lean version then was not tried);
+    `results` gets its RewriteResult."""
     chosen, peaks = verdict.pick, verdict.peaks
     goal = 0.0 if _least(config) else SMALLER_ABOVE
     if chosen in (_timing.FLOAT32, _timing.LEAN) or \
