@@ -176,29 +176,13 @@ def _canonical(graph_def, cf):
                     order.append(name)
                     todo.append(functions[name].node_def)
     order += sorted(set(functions) - set(order))  # (only in the gradient registry)
-    renamed = {name: f"f{index}" for index, name in enumerate(order)}
-    out = type(graph_def)()
-    out.CopyFrom(graph_def)
-
-    def fix(nodes):
-        for node in nodes:
-            if node.op in renamed:
-                node.op = renamed[node.op]
-            for func in _function_library.called_functions(node):
-                if func.name in renamed:
-                    func.name = renamed[func.name]
-    fix(out.node)
+    out = _with_functions_renamed(
+        graph_def, {name: f"f{index}" for index, name in enumerate(order)})
     for fdef in out.library.function:
-        fdef.signature.name = renamed[fdef.signature.name]
-        fix(fdef.node_def)
         _number_arguments(fdef)
     listed = sorted(out.library.function, key=lambda f: int(f.signature.name[1:]))
     out.library.ClearField("function")
     out.library.function.extend(listed)  # (in the order of their names, not of their traces)
-    for gradient in out.library.gradient:
-        for field in ("function_name", "gradient_func"):
-            if getattr(gradient, field) in renamed:
-                setattr(gradient, field, renamed[getattr(gradient, field)])
     gradients = sorted(out.library.gradient, key=lambda g: (g.function_name, g.gradient_func))
     out.library.ClearField("gradient")
     out.library.gradient.extend(gradients)
@@ -239,6 +223,20 @@ def _rename_library(graph_def, suffix):
     renamed = {f.signature.name: f.signature.name + suffix for f in graph_def.library.function}
     if not renamed:
         return graph_def
+    out = _with_functions_renamed(graph_def, renamed)
+    for fdef in out.library.function:
+        if "api_implements" in fdef.attr:
+            # TensorFlow's implementation selector swaps a call for any registered function
+            # with the same `api_implements` (tf_keras's LSTM: standard_lstm on a CPU); the
+            # original float32 functions are registered under the old value
+            fdef.attr["api_implements"].s += suffix.encode()
+    return out
+
+
+def _with_functions_renamed(graph_def, renamed):
+    """A copy of `graph_def` with its library functions renamed by {old name: new name}
+    (every one), references included: calls by op name, function-valued attrs in the graph
+    and in every body, and the gradient registry."""
     out = type(graph_def)()
     out.CopyFrom(graph_def)
 
@@ -254,11 +252,6 @@ def _rename_library(graph_def, suffix):
     for fdef in out.library.function:
         fdef.signature.name = renamed[fdef.signature.name]
         fix(fdef.node_def)
-        if "api_implements" in fdef.attr:
-            # TensorFlow's implementation selector swaps a call for any registered function
-            # with the same `api_implements` (tf_keras's LSTM: standard_lstm on a CPU); the
-            # original float32 functions are registered under the old value
-            fdef.attr["api_implements"].s += suffix.encode()
     for gradient in out.library.gradient:
         for field in ("function_name", "gradient_func"):
             name = getattr(gradient, field)
