@@ -747,14 +747,12 @@ def _lean_kinds():
     return kind
 
 
-def test_where_the_fastest_ones_lean_versions_hold_too_much_the_next_ones_are_tried(
-        monkeypatch, tmp_path):
-    """Graph timing (an injected clock and sandbox): the op lists' colouring is fastest and
-    its lean versions still hold more than float32; the products-only colouring, next
-    fastest and also over float32's peak, has a lean version within it: that one is kept
-    (before: only the fastest's were tried, and float32 ran)."""
+def _timed_relu_graph(monkeypatch, tmp_path, costs, peaks):
+    """The Relu training graph under graph timing's injected clock and sandbox (a 5 s
+    budget, its own verdict cache): each candidate kind (_lean_kinds) runs `costs[kind]`
+    seconds and holds `peaks[kind]` bytes. Returns (kind, the kinds whose peaks were
+    measured in order, a function rewriting the graph for target here)."""
     from support import fake_timing  # pylint: disable=import-outside-toplevel
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
     fakes = fake_timing.install(monkeypatch)
@@ -763,14 +761,31 @@ def test_where_the_fastest_ones_lean_versions_hold_too_much_the_next_ones_are_tr
 
     def peak(g):
         tried.append(kind(g))
-        return {"float32": 10 << 20, "rules": 12 << 20, "rules lean": 11 << 20,
-                "products": 12 << 20, "products lean": 9 << 20}[kind(g)]
-    fakes.cost = lambda g, i: {"float32": 1e-3, "rules": 0.5e-3, "rules lean": 0.52e-3,
-                               "products": 0.6e-3, "products lean": 0.62e-3}[kind(g)]
+        return peaks[kind(g)]
+    fakes.cost = lambda g, i: costs[kind(g)]
     fakes.peak = peak
     graph_def, fetches = _deep_training_graph(lambda z, k: tf.nn.relu(z), depth=5)
-    result = tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", fetches=fetches,
-                                      target="here")
+
+    def rewrite():
+        return tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", fetches=fetches,
+                                        target="here")
+    return kind, tried, rewrite
+
+
+def test_where_the_fastest_ones_lean_versions_hold_too_much_the_next_ones_are_tried(
+        monkeypatch, tmp_path):
+    """Graph timing (an injected clock and sandbox): the op lists' colouring is fastest and
+    its lean versions still hold more than float32; the products-only colouring, next
+    fastest and also over float32's peak, has a lean version within it: that one is kept
+    (before: only the fastest's were tried, and float32 ran)."""
+    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    kind, tried, rewrite = _timed_relu_graph(
+        monkeypatch, tmp_path,
+        costs={"float32": 1e-3, "rules": 0.5e-3, "rules lean": 0.52e-3, "products": 0.6e-3,
+               "products lean": 0.62e-3},
+        peaks={"float32": 10 << 20, "rules": 12 << 20, "rules lean": 11 << 20,
+               "products": 12 << 20, "products lean": 9 << 20})
+    result = rewrite()
     verdict = result.report.verdict
     assert "rules lean" in tried and "products lean" in tried, tried
     assert tried.index("rules lean") < tried.index("products lean")
@@ -788,26 +803,13 @@ def test_a_tie_in_time_goes_to_another_colourings_lean_version(
     in time goes to memory, whichever colouring the lean version comes from). With the op
     lists' colouring 20% slower (over decision.SMALLER_WINDOW) its lean version is not
     tried, and the pick stays."""
-    from support import fake_timing  # pylint: disable=import-outside-toplevel
     from tf_mpt.rewrite import decision, graph_timing  # pylint: disable=import-outside-toplevel
-    monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
-    monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
-    fakes = fake_timing.install(monkeypatch)
-    kind = _lean_kinds()
-    tried = []
-
-    def peak(g):
-        tried.append(kind(g))
-        return {"float32": 10 << 20, "rules": 8 << 20, "rules lean": 5 << 20,
-                "products": 9 << 20, "products lean": 6 << 20}[kind(g)]
-    fakes.cost = lambda g, i: {"float32": 1e-3, "rules": rules_cost, "rules lean": 0.605e-3,
-                               "products": 0.6e-3, "products lean": 0.65e-3}[kind(g)]
-    fakes.peak = peak
-    graph_def, fetches = _deep_training_graph(lambda z, k: tf.nn.relu(z), depth=5)
-
-    def rewrite():
-        return tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", fetches=fetches,
-                                        target="here")
+    kind, tried, rewrite = _timed_relu_graph(
+        monkeypatch, tmp_path,
+        costs={"float32": 1e-3, "rules": rules_cost, "rules lean": 0.605e-3,
+               "products": 0.6e-3, "products lean": 0.65e-3},
+        peaks={"float32": 10 << 20, "rules": 8 << 20, "rules lean": 5 << 20,
+               "products": 9 << 20, "products lean": 6 << 20})
     result = rewrite()
     verdict = result.report.verdict
     assert 1.05 < 1.0 + decision.SMALLER_WINDOW < 1.2
@@ -848,26 +850,13 @@ def test_after_the_fastest_ones_lean_version_is_not_kept_the_picks_own_is_tried(
     it, is slower than the pick (the op lists' colouring, 0.8x float32's peak). The pick's own
     lean version, as fast and at 0.5x, is then timed and kept (before: nothing more was tried
     once one lean version had been); the line lists the other as not kept."""
-    from support import fake_timing  # pylint: disable=import-outside-toplevel
     from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
-    monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
-    monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
-    fakes = fake_timing.install(monkeypatch)
-    kind = _lean_kinds()
-    tried = []
-
-    def peak(g):
-        tried.append(kind(g))
-        return {"float32": 10 << 20, "rules": 8 << 20, "rules lean": 5 << 20,
-                "products": 12 << 20, "products lean": 9 << 20}[kind(g)]
-    fakes.cost = lambda g, i: {"float32": 1e-3, "rules": 0.6e-3, "rules lean": 0.605e-3,
-                               "products": 0.55e-3, "products lean": 0.65e-3}[kind(g)]
-    fakes.peak = peak
-    graph_def, fetches = _deep_training_graph(lambda z, k: tf.nn.relu(z), depth=5)
-
-    def rewrite():
-        return tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", fetches=fetches,
-                                        target="here")
+    kind, tried, rewrite = _timed_relu_graph(
+        monkeypatch, tmp_path,
+        costs={"float32": 1e-3, "rules": 0.6e-3, "rules lean": 0.605e-3, "products": 0.55e-3,
+               "products lean": 0.65e-3},
+        peaks={"float32": 10 << 20, "rules": 8 << 20, "rules lean": 5 << 20,
+               "products": 12 << 20, "products lean": 9 << 20})
     result = rewrite()
     verdict = result.report.verdict
     assert tried.index("products lean") < tried.index("rules lean"), tried
