@@ -1,6 +1,8 @@
 """Shared fixtures (the named tolerances are in support/tolerances.py)."""
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The cost model's kernel times: tables (bfloat16, float16) measured on an AMD Zen 4 (native
@@ -23,9 +25,15 @@ from support.tolerances import HALF_DTYPES  # noqa: E402
 
 
 MEASURES_THIS_CPU = "measures_this_cpu"
+RUN_CACHE = "TFMPT_TESTS_RUN_CACHE"  # (not TF_MPT_*: no variable of tf_mpt's own)
 
 
 def pytest_configure(config):
+    if not hasattr(config, "workerinput") and RUN_CACHE not in os.environ:
+        # child scripts' cache (tests/support/helpers.child_env): one per run, new and empty as
+        # on a fresh machine, so no verdict or table an earlier run left decides what they do
+        os.environ[RUN_CACHE] = tempfile.mkdtemp(prefix="tf_mpt-tests-cache-")
+        config.tf_mpt_run_cache = os.environ[RUN_CACHE]
     config.addinivalue_line(
         "markers", f"{MEASURES_THIS_CPU}: the test times kernels on this machine (its verdict "
         "must hold whichever way this CPU's clock goes)")
@@ -38,6 +46,20 @@ def _no_verdict_from_this_cpus_clock(request, monkeypatch):
     would decide by this CPU's clock and pass on one CPU kind and fail on another (the AMX
     kind keeps float32 what Zen 4 converts). Measuring fails the test at once, on every
     machine; a test about measuring itself carries @pytest.mark.measures_this_cpu."""
+    # Graph timing's verdicts (a traced step's included) are cached per machine: a test
+    # without a cache directory of its own (TF_MPT_CACHE_DIR), one that measures this CPU
+    # included, reads and writes them in one of its own, never one another test or an earlier
+    # run left (the same step traced by two tests, or by the default run and then the CPU-flag
+    # runs of .ci/run, would replay the first one's verdict).
+    from tf_mpt.costs import verdicts  # pylint: disable=import-outside-toplevel
+    own = request.getfixturevalue("tmp_path") / "verdicts"
+    shared_path = verdicts._cache_path  # pylint: disable=protected-access
+
+    def cache_path(config, dtype):
+        if config.cache_dir:
+            return shared_path(config, dtype)
+        return str(own / f"verdicts-{dtype}.json")
+    monkeypatch.setattr(verdicts, "_cache_path", cache_path)
     if request.node.get_closest_marker(MEASURES_THIS_CPU):
         return
     from tf_mpt.costs import op_costs  # pylint: disable=import-outside-toplevel
@@ -68,19 +90,6 @@ def _no_verdict_from_this_cpus_clock(request, monkeypatch):
     monkeypatch.setattr(dispatch, "_in_child", not_checking)
     # (nor does the automatic path start a child checking them early)
     monkeypatch.setattr(dispatch, "_spawn", lambda dtype, ops, cache: None)
-    # Graph timing's verdicts (a traced step's included) are cached per machine: a test
-    # without a cache directory of its own (TF_MPT_CACHE_DIR) reads and writes them in one of
-    # its own, never one another test or an earlier run left (the same step traced by two
-    # tests would replay the first one's verdict).
-    from tf_mpt.costs import verdicts  # pylint: disable=import-outside-toplevel
-    own = request.getfixturevalue("tmp_path") / "verdicts"
-    shared_path = verdicts._cache_path  # pylint: disable=protected-access
-
-    def cache_path(config, dtype):
-        if config.cache_dir:
-            return shared_path(config, dtype)
-        return str(own / f"verdicts-{dtype}.json")
-    monkeypatch.setattr(verdicts, "_cache_path", cache_path)
 
 
 @pytest.fixture(params=HALF_DTYPES)
@@ -103,3 +112,6 @@ def pytest_sessionfinish(session, exitstatus):
     passed = len(reporter.stats.get("passed", ())) if reporter else 0
     if exitstatus == 0 and passed == 0:
         session.exitstatus = 1
+    run_cache = getattr(session.config, "tf_mpt_run_cache", None)
+    if run_cache:
+        shutil.rmtree(run_cache, ignore_errors=True)
