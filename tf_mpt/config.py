@@ -113,11 +113,15 @@ ENV_VARS = (
      "runs the fastest (the cost model's unless another is over 3% faster). A function with "
      "an op that acts outside its variables (printing, summaries, queues, iterators, "
      "collectives, Python calls) is not timed."),
-    (TF_MPT_TIMING_BUDGET, "30", "Seconds a rewrite for this CPU (target here; a traced "
-     "tf.function where TF_MPT_STEP_TIMING times it) may spend timing the graph itself: its candidate colourings (float32, the op lists', the cost "
+    (TF_MPT_TIMING_BUDGET, "30", "Seconds of timed runs a rewrite for this CPU (target "
+     "here; a traced tf.function where TF_MPT_STEP_TIMING times it) may spend timing the "
+     "graph itself: its candidate colourings (float32, the op lists', the cost "
      "model's, contractions only) run on made-up inputs of its placeholders' shapes, each in "
      "a Session of its own with random copies of its variables, and the fastest is kept "
-     "(the prediction unless another is over 3% faster). 0: never (the prediction decides). "
+     "(the prediction unless another is over 3% faster). The first rounds spend up to 60% "
+     "of it, a lean or refined version what is left; setting a candidate up (its import, "
+     "a warm-up run: seconds for a graph of thousands of nodes) is not counted. "
+     "0: never (the prediction decides). "
      "`tf-mpt convert` / `inspect --no-timing` is 0, and 0 turns step timing off too. A graph whose fetches need ops with "
      "effects outside their own state (files, queues, iterators, Python calls) is not timed."),
     (TF_MPT_MEMORY, "float32", "What graph timing allows a timed graph to hold. float32: "

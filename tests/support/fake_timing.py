@@ -17,7 +17,8 @@ class Fakes:
     """What the fake sandboxes read and record.
 
     cost(GraphDef, run index) -> seconds per run; profile(GraphDef) -> {node name: seconds}
-    (the refinement's per-node profile; none by default); peak(GraphDef) -> step peak bytes.
+    (the refinement's per-node profile; none by default); peak(GraphDef) -> step peak bytes;
+    setup(GraphDef) -> seconds making its sandbox takes (its import, its copies: 0 by default).
     runs: the GraphDef of every run; made: (GraphDef, inputs, fetches) of every sandbox."""
 
     def __init__(self):
@@ -25,6 +26,7 @@ class Fakes:
         self.cost = lambda graph_def, index: 1e-3
         self.profile = lambda graph_def: {}
         self.peak = lambda graph_def: 0
+        self.setup = lambda graph_def: 0.0
 
 
 def install(monkeypatch, check=None):
@@ -37,6 +39,7 @@ def install(monkeypatch, check=None):
             if check is not None:
                 check(inputs, fetches)
             self.graph_def, self.index = graph_def, 0
+            fakes.clock.now += fakes.setup(graph_def)
             fakes.made.append((graph_def, dict(inputs), list(fetches)))
 
         def run(self):

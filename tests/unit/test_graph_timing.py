@@ -20,6 +20,7 @@ import tensorflow as tf
 
 import tf_mpt
 from tf_mpt import cli
+from tf_mpt import config as _config
 from tf_mpt.rewrite import decision
 from tf_mpt.rewrite import graph_timing
 from tf_mpt.rewrite import lean
@@ -173,13 +174,34 @@ def test_a_clear_winner_stops_early_and_a_close_race_runs_every_round(timed):
     assert {len(t) for t in verdict.times.values()} == {graph_timing.MAX_ROUNDS}
 
 
+def test_the_first_rounds_spend_their_share_of_the_budget_and_leave_the_rest(timed):
+    """A close race of 0.1 s runs against a 5 s budget: the first rounds stop once they have
+    spent FIRST_SHARE of it, never before, leaving the rest to the later stages (a lean
+    version, a smaller one, a refinement); before, they spent all of it."""
+    timed(lambda g, i: 0.1 * (1.0 + (0.3 if i % 2 else -0.3) - 0.01 * _half(g, "MatMul")))
+    verdict = _rewrite(_mlp()).report.verdict
+    rounds = {len(t) for t in verdict.times.values()}
+    assert len(rounds) == 1 and rounds.pop() < graph_timing.MAX_ROUNDS, verdict.times
+    spent = sum(sum(t) for t in verdict.times.values())
+    one_round = max(sum(t[k] for t in verdict.times.values())
+                    for k in range(len(verdict.times[graph_timing.FLOAT32])))
+    share = decision.FIRST_SHARE * 5
+    assert share < spent <= share + one_round, (spent, share, one_round)
+    # (as the variable's documentation says)
+    documented = dict((name, doc) for name, _, doc in _config.ENV_VARS)
+    assert f"first rounds spend up to {decision.FIRST_SHARE:.0%}" in \
+        documented["TF_MPT_TIMING_BUDGET"]
+
+
 def test_a_graph_too_slow_for_the_budget_keeps_the_prediction_and_says_why(timed):
-    timed(lambda g, i: 2.0)  # 3 or 4 candidates a round, 2 s each, against 5 s
+    timed(lambda g, i: 2.0)  # 3 or 4 candidates a round, 2 s each, against the first rounds'
+    # share of 5 s
     graph_def = _mlp()
     result = _rewrite(graph_def)
     verdict = result.report.verdict
     assert not verdict.timed and verdict.pick == verdict.predicted == graph_timing.COST
-    assert "do not fit in the 5 s budget (TF_MPT_TIMING_BUDGET)" in verdict.why
+    assert f"do not fit in the {decision.FIRST_SHARE * 5:.0f} s the rounds may spend of the " \
+        "budget (TF_MPT_TIMING_BUDGET)" in verdict.why
     assert "graph not timed (one round of the" in result.report.summary()
     no_timing = tf_mpt.Config.from_env(dict(os.environ, TF_MPT_TIMING_BUDGET="0"))
     assert result.graph_def == _rewrite(graph_def, config=no_timing).graph_def

@@ -8,7 +8,12 @@
     measurement   graph_timing.time_candidates: each candidate run on made-up inputs in a
                   sandbox; candidates whose graphs are equal are timed once. A traced
                   tf.function (step_applies: TF_MPT_STEP_TIMING) has the same candidates,
-                  timed on copies of its variables (step_timing.time_versions)
+                  timed on copies of its variables (step_timing.time_versions), in one
+                  sandbox kept open across the stages below (a candidate timed again is not
+                  imported or set up again)
+    budget        TF_MPT_TIMING_BUDGET counts timed runs (_Budget), each stage's set-up
+                  apart: the first rounds spend up to FIRST_SHARE of it, the stages below
+                  what is left
     refinement    (graph timing) where a half candidate wins with a third of the budget left:
                   one per-node profile of it and of float32 (graph_timing.profile_candidates);
                   the op types whose half nodes ran slower than their float32 nodes (by over
@@ -22,7 +27,7 @@
                   (lean.lean; then, if still over, its leaner one) is timed beside the
                   fastest within float32's peak and kept if it is within that peak and over
                   3% faster (before any refinement: a lean pick is not refined). Where
-                  no lean version was tried and the pick holds more than
+                  no lean version was kept and the pick holds more than
                   SMALLER_ABOVE of float32's peak, its lean version without ordered products
                   (activations saved in half, late casts), and those of the half candidates
                   within SMALLER_WINDOW of its time, are timed beside it, and the one
@@ -64,9 +69,31 @@ SMALLER_ABOVE = 0.65
 # time: a colouring a little slower than the pick may hold much less made lean, and run
 # as fast (its half Casts made at each use)
 SMALLER_WINDOW = 0.15
+# The budget (TF_MPT_TIMING_BUDGET) counts timed runs, each stage's own set-up apart (a
+# sandbox, a new candidate's import and warm-up run, the traced runs of its peak): the first
+# rounds may spend this share of it, the later stages (a lean version, a smaller one, a
+# refinement) what is left. ResNet50's fit step spends ~40 s setting up its four candidates
+# and ~2.2 s per round: a budget that counted set-up left its lean version no time at all.
+FIRST_SHARE = 0.6
 
 CONTRACTION_OPS = _contractions.NODE_TIMED_OPS | frozenset((
     "Conv3D", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2"))
+
+
+class _Budget:
+    """Seconds of timed runs left of `seconds`: what each stage's rounds spent (the sum of
+    their candidates' timed runs) taken off."""
+
+    def __init__(self, seconds):
+        self.seconds, self.spent = seconds, 0.0
+
+    def spend(self, times):
+        """`times` ({candidate: (seconds per run, ...)}, a stage's) spent; returns them."""
+        self.spent += sum(sum(t) for t in times.values())
+        return times
+
+    def left(self):
+        return self.seconds - self.spent
 
 
 def timed_here(config, target):
@@ -135,10 +162,11 @@ def _keeping_float32(graph_def, names, candidate, rewrite, lists):
                         result.modified)
 
 
-def _refine(graph_def, verdict, results, graphs, rewrite, lists, config, timer, left):
+def _refine(graph_def, verdict, results, graphs, rewrite, lists, config, timer, budget):
     """The refinement of the pick (`verdict.pick`, a half candidate): the op types whose half
     nodes its per-node profile shows slower than their float32 nodes (graph_timing.
-    slower_ops) kept float32, that candidate timed beside the pick within `left` seconds,
+    slower_ops) kept float32, that candidate timed beside the pick within what is left of
+    `budget`,
     and kept if over MARGIN faster. Returns the verdict, with the refinement's record where
     one was timed; `results` gets the refined RewriteResult."""
     chosen = verdict.pick
@@ -153,8 +181,8 @@ def _refine(graph_def, verdict, results, graphs, rewrite, lists, config, timer, 
     refined = _keeping_float32(graph_def, keep, chosen, rewrite, lists)
     if refined.graph_def == graphs[chosen]:
         return verdict
-    times = timer({chosen: graphs[chosen], _timing.REFINED: refined.graph_def},
-                  config.cost_batch, left)
+    times = budget.spend(timer({chosen: graphs[chosen], _timing.REFINED: refined.graph_def},
+                               config.cost_batch, budget.left()))
     results[_timing.REFINED] = refined
     peaks = _peaks_after(timer, verdict)
     faster = statistics.median(times[_timing.REFINED]) < \
@@ -211,14 +239,15 @@ def _peaks_after(timer, verdict):
     return peaks
 
 
-def _make_smaller(verdict, results, config, lean_inputs, timer, deadline, float32_graph):
+def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_graph):
     """Where no lean version was kept and the pick is a half candidate holding more than
     SMALLER_ABOVE of float32's peak (TF_MPT_MEMORY=least: any half pick): the lean versions
     without ordered products (lean.lean, with `lean_inputs`, its lists and shapes:
     activations saved in half; a weight's half Cast made at each use; ordered products
     serve a candidate whose weight gradients hold it over float32's peak, and cost time) of
     the pick and of each other half candidate within SMALLER_WINDOW of its time (least: not
-    slower than float32), timed beside the pick until `deadline` in the same rounds. Of
+    slower than float32), timed beside the pick in the same rounds within what is left of
+    `budget` (a _Budget). Of
     those holding over PEAK_SLACK less than the pick and not over MARGIN slower (least: not
     slower than `float32_graph`, timed in the same rounds), the one holding least (within
     PEAK_SLACK: the fastest) is kept: a tie in time goes to memory, whichever colouring it
@@ -255,14 +284,14 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, deadline, float3
             continue
         versions[_timing.LEAN if not versions else f"{_timing.LEAN} {len(versions)}"] = \
             (source, graph, changes)
-    left = deadline - _timing._clock()  # pylint: disable=protected-access
+    left = budget.left()
     if not versions or left <= 0:
         return verdict
     timed = {chosen: results[chosen].graph_def}
     timed.update((key, graph) for key, (_, graph, _) in versions.items())
     if _least(config):  # (its bound is float32's time, measured in the same rounds)
         timed[_timing.FLOAT32] = float32_graph
-    times = timer(timed, config.cost_batch, left)
+    times = budget.spend(timer(timed, config.cost_batch, left))
     measured = _peaks_after(timer, verdict)
     bound = statistics.median(times[_timing.FLOAT32]) if _least(config) else \
         statistics.median(times[chosen]) * (1.0 + _timing.MARGIN)
@@ -301,12 +330,12 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, deadline, float3
         lean_others=others)
 
 
-def _make_lean(verdict, results, graphs, config, lean_inputs, timer, deadline):
+def _make_lean(verdict, results, graphs, config, lean_inputs, timer, budget):
     """Where the first rounds' fastest candidate is over float32's peak: its weight
     gradients' products ordered (lean.lean's cheapest version, `only_ordered`), then where
     that is still over its lean version (lean.lean, with `lean_inputs`, its lists and
     shapes), then its leaner one (weight gradients' products in float32), each timed beside
-    the pick (the fastest within float32's peak) until `deadline` (graph_timing._clock) and
+    the pick (the fastest within float32's peak) within what is left of `budget` and
     kept if within float32's peak and over MARGIN faster; where none is within float32's
     peak, the same
     for the next fastest candidate over it that is over MARGIN faster than the pick (the
@@ -329,14 +358,14 @@ def _make_lean(verdict, results, graphs, config, lean_inputs, timer, deadline):
                                                   (True, False)):
             graph, changes = _lean.lean(graphs[source], products_in_float32, *lean_inputs,
                                         only_ordered=only_ordered)
-            left = deadline - _timing._clock()  # pylint: disable=protected-access
+            left = budget.left()
             if left <= 0:
                 return verdict
             if graph is graphs[source] or any(graph == t for t in tried):
                 continue
             tried.append(graph)
-            times = timer({against: graphs[against], _timing.LEAN: graph}, config.cost_batch,
-                          left)
+            times = budget.spend(timer({against: graphs[against], _timing.LEAN: graph},
+                                       config.cost_batch, left))
             results[_timing.LEAN] = _lean_result(results[source], graph)
             peaks = _peaks_after(timer, verdict)
             within = not _timing.over_float32(peaks, _timing.LEAN)
@@ -360,6 +389,17 @@ def _lean_again(verdict, results, lean_inputs):
                           ordered="ordered products" in changes,
                           only_ordered=set(changes) == {"ordered products"})
     return _lean_result(results[verdict.lean_from], graph)
+
+
+def _close(timer):
+    """Ends a timer's sandbox where it keeps one open across stages (a traced function's)."""
+    close = getattr(timer, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception as error:  # pylint: disable=broad-except
+            _log.info("graph timing could not close its sandbox (%s: %s)",
+                      type(error).__name__, error)
 
 
 def applies(config, target, dtype):
@@ -471,38 +511,35 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
         if verdict is None:
             if len(graphs) == 1:
                 raise _timing.NotTimed("every candidate is the float32 graph")
-            started = _timing._clock()  # pylint: disable=protected-access
-            times = timer(graphs, config.cost_batch, config.timing_budget)
+            budget = _Budget(config.timing_budget)
+            times = budget.spend(timer(graphs, config.cost_batch,
+                                       FIRST_SHARE * config.timing_budget))
             measured = dict(getattr(timer, "peaks", {}))
             chosen = _timing.pick(times, same_as.get(predicted_name, predicted_name),
                                   _bounded(config, measured), _least(config))
             verdict = _timing.Verdict(times, chosen, predicted_name, "", same_as,
                                       peaks=measured)
-            left = config.timing_budget - (
-                _timing._clock() - started)  # pylint: disable=protected-access
-            if _bounded(config, measured) and left > 0:
+            if _bounded(config, measured) and budget.left() > 0:
                 try:
                     verdict = _make_lean(verdict, results, graphs, config, lean_inputs, timer,
-                                         started + config.timing_budget)
+                                         budget)
                 except Exception as error:  # pylint: disable=broad-except
                     _log.info("graph timing did not time a lean candidate (%s: %s)",
                               type(error).__name__, error)
                 try:  # (before the refinement, which would leave it no budget)
                     verdict = _make_smaller(verdict, results, config, lean_inputs, timer,
-                                            started + config.timing_budget, graph_def)
+                                            budget, graph_def)
                 except Exception as error:  # pylint: disable=broad-except
                     _log.info("graph timing did not time a smaller candidate (%s: %s)",
                               type(error).__name__, error)
                 chosen = verdict.pick
-                left = config.timing_budget - (
-                    _timing._clock() - started)  # pylint: disable=protected-access
             if getattr(timer, "profile", None) and chosen not in (_timing.FLOAT32,
                                                                   _timing.LEAN) and \
                     not _least(config) and \
-                    left >= _timing.REFINE_SHARE * config.timing_budget:
+                    budget.left() >= _timing.REFINE_SHARE * config.timing_budget:
                 try:
                     verdict = _refine(graph_def, verdict, results, graphs, rewrite, lists,
-                                      config, timer, left)
+                                      config, timer, budget)
                 except Exception as error:  # pylint: disable=broad-except
                     # (the first rounds' pick stands; NotTimed: a run failed or was stopped)
                     _log.info("graph timing did not refine %s (%s: %s)", chosen,
@@ -522,6 +559,8 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                          "keeps the predicted one", type(error).__name__, error)
         verdict = _timing.Verdict({}, predicted_name, predicted_name,
                                   f"timing failed: {type(error).__name__}: {error}")
+    finally:
+        _close(timer)
     if label is None:
         _log.info("%s", verdict.describe())
     elif verdict.timed:

@@ -596,7 +596,8 @@ def rounds(runners, budget_seconds, clock=None):
             if index + 1 < MIN_ROUNDS and spent * MIN_ROUNDS / (index + 1) > budget_seconds:
                 raise NotTimed(f"one round of the {len(order)} candidates takes "
                                f"{spent / (index + 1):.1f} s: {MIN_ROUNDS} rounds do not fit "
-                               f"in the {budget_seconds:.0f} s budget (TF_MPT_TIMING_BUDGET)")
+                               f"in the {budget_seconds:.0f} s the rounds may spend of the "
+                               "budget (TF_MPT_TIMING_BUDGET)")
             if spent > budget_seconds or clear_winner(times):
                 break
             if _state.STATE.deferred_signals:  # (a rewrite inside Session.run defers them)

@@ -111,21 +111,22 @@ def holds_float32_for_gradients(report):
 
 
 def time_versions(concrete_function, graph_defs, batch, rounds, budget_seconds=BUDGET_SECONDS,
-                  peaks=None):
+                  peaks=None, sandbox=None):
     """Times each of {candidate: GraphDef} (`concrete_function`'s graph and its rewrites: the
     same inputs, outputs and captures; library functions named apart) in one sandbox
     Session, with `rounds` (graph_timing.rounds, which reads this module's limits). Returns
     {candidate: (seconds per run, ...)}; raises NotTimed when that cannot be done safely.
     `peaks`, a dict: filled with {candidate: the step peak in bytes of one traced run after
-    the rounds} (step_peak_bytes) and peaks[RESIDENT] (the copies' bytes)."""
-    def use(runners, traced_run, resident):
+    the rounds} (step_peak_bytes) and peaks[RESIDENT] (the copies' bytes). `sandbox`: a
+    Sandbox of the function kept open across calls (None: one for this call only)."""
+    def use(runners, traced_run, resident, _):
         times = rounds(runners, budget_seconds)
         if peaks is not None:
             for name in runners:
                 peaks[name] = step_peak_bytes(traced_run(name))
             peaks[RESIDENT] = resident
         return times
-    return _in_sandbox(concrete_function, graph_defs, batch, use)
+    return _in_sandbox(concrete_function, graph_defs, batch, use, sandbox)
 
 
 def traced_runs(concrete_function, graph_defs, batch, warmup=3):
@@ -133,7 +134,7 @@ def traced_runs(concrete_function, graph_defs, batch, warmup=3):
     {candidate: GraphDef} (as time_versions takes them) in one sandbox Session, each traced
     run after `warmup` untraced ones: where a step's bytes go (benchmarks/memory_profile.py
     reads its allocation records). Raises NotTimed where the sandbox cannot be made."""
-    def use(runners, traced_run, resident):
+    def use(runners, traced_run, resident, _):
         found = {}
         for name, run in runners.items():
             for _ in range(warmup):
@@ -161,17 +162,17 @@ def step_peak_bytes(metadata):
     return peak
 
 
-def profile_versions(concrete_function, graph_defs, batch, runs):
+def profile_versions(concrete_function, graph_defs, batch, runs, sandbox=None):
     """{candidate: {node name: seconds}}: per node of each of {candidate: GraphDef} (as
     time_versions), the fastest of `runs` traced runs after a warm-up run."""
-    def profile(runners, traced_run, _):
+    def profile(runners, traced_run, _, prefixes):
         found = {}
-        for index, (name, run) in enumerate(runners.items()):
+        for name, run in runners.items():
             run()
             metadatas = [traced_run(name) for _ in range(runs)]
-            found[name] = fastest_node_seconds(metadatas, f"candidate_{index}/")
+            found[name] = fastest_node_seconds(metadatas, prefixes[name])
         return found
-    return _in_sandbox(concrete_function, graph_defs, batch, profile)
+    return _in_sandbox(concrete_function, graph_defs, batch, profile, sandbox)
 
 
 def fastest_node_seconds(metadatas, prefix=""):
@@ -192,38 +193,85 @@ def fastest_node_seconds(metadatas, prefix=""):
     return best
 
 
-def _in_sandbox(cf, graph_defs, batch, use):
+class Sandbox:
+    """The sandbox of one function, kept open across a decision's stages (its first rounds,
+    a lean version's, a refinement's): its copies made and its Session set up once, at the
+    first call; each candidate GraphDef (the same object timed again) imported once, under
+    a name scope of its own, and its executor built once. close() ends it."""
+
+    def __init__(self, cf, batch):
+        self._cf, self._batch = cf, batch
+        self._graph = self._session = None
+        self._imported = []  # [(GraphDef, fetches, name scope)]: the object itself is held
+
+    def runs(self, graph_defs):
+        """({candidate: fetches}, {candidate: its name scope + '/'}, the Session, the copies'
+        bytes), importing the GraphDefs not yet imported."""
+        with tf.init_scope():  # values are read eagerly, also while an outer function traces
+            if self._graph is None:
+                self._graph, self._input_map, init, self._resident = _sandbox(
+                    self._cf, self._batch)
+                # bypass: the automatic path leaves this Session as TensorFlow makes it (its
+                # TF1 rewrite would otherwise convert the float32 version too)
+                with _state.bypass():
+                    self._session = tf.compat.v1.Session(graph=self._graph)
+                    try:
+                        self._session.run(init[0], feed_dict=init[1],
+                                          options=tf.compat.v1.RunOptions(
+                                              timeout_in_ms=_RUN_TIMEOUT_MS))
+                    except tf.errors.OpError as error:
+                        raise NotTimed(f"its copies could not be set up "
+                                       f"({type(error).__name__})") from None
+            fetches, prefixes = {}, {}
+            for name, graph_def in graph_defs.items():
+                found = next((entry for entry in self._imported if entry[0] is graph_def),
+                             None)
+                if found is None:
+                    scope = f"candidate_{len(self._imported)}"
+                    found = (graph_def, _import(self._graph, self._cf, graph_def,
+                                                self._input_map, scope), scope)
+                    self._imported.append(found)
+                fetches[name], prefixes[name] = found[1], found[2] + "/"
+        return fetches, prefixes, self._session, self._resident
+
+    def close(self):
+        if self._session is not None:
+            self._session.close()
+        self._graph = self._session = None
+        self._imported = []
+
+
+def _in_sandbox(cf, graph_defs, batch, use, sandbox=None):
     """use({candidate: run()}, traced_run(candidate) -> RunMetadata of one FULL_TRACE run,
-    resident bytes: the copies') in the sandbox Session of `cf`'s {candidate: GraphDef}; NotTimed where that
-    cannot be done safely."""
+    resident bytes: the copies', {candidate: its name scope + '/'}) in the sandbox Session
+    of `cf`'s {candidate: GraphDef} (`sandbox`, a Sandbox kept open, or one made and closed
+    here); NotTimed where that cannot be done safely."""
     unsafe = set().union(*(_unsafe_ops(g) for g in graph_defs.values()))
     if unsafe:
         raise NotTimed(f"it runs op(s) with effects outside its variables: "
                        f"{', '.join(sorted(unsafe)[:5])}")
-    with tf.init_scope():  # values are read eagerly, also while an outer function traces
-        graph, fetches, init, resident = _sandbox(cf, graph_defs, batch)
-    # bypass: the automatic path leaves this Session as TensorFlow makes it (its TF1 rewrite
-    # would otherwise convert the float32 version too)
-    with _state.bypass(), tf.compat.v1.Session(graph=graph) as session:
-        options = tf.compat.v1.RunOptions(timeout_in_ms=_RUN_TIMEOUT_MS)
-        traced = tf.compat.v1.RunOptions(timeout_in_ms=_RUN_TIMEOUT_MS,
-                                         trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-        try:
-            session.run(init, options=options)
-        except tf.errors.OpError as error:
-            raise NotTimed(f"its copies could not be set up ({type(error).__name__})") \
-                from None
+    own = sandbox is None
+    sandbox = Sandbox(cf, batch) if own else sandbox
+    try:
+        fetches, prefixes, session, resident = sandbox.runs(graph_defs)
+        with _state.bypass():
+            options = tf.compat.v1.RunOptions(timeout_in_ms=_RUN_TIMEOUT_MS)
+            traced = tf.compat.v1.RunOptions(timeout_in_ms=_RUN_TIMEOUT_MS,
+                                             trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
 
-        def traced_run(name):
-            metadata = tf.compat.v1.RunMetadata()
-            session.run(fetches[name], options=traced, run_metadata=metadata)
-            return metadata
-        try:
-            return use({name: functools.partial(session.run, f, options=options)
-                        for name, f in fetches.items()}, traced_run, resident)
-        except tf.errors.OpError as error:
-            raise NotTimed(f"a run on made-up inputs failed ({type(error).__name__})") \
-                from None
+            def traced_run(name):
+                metadata = tf.compat.v1.RunMetadata()
+                session.run(fetches[name], options=traced, run_metadata=metadata)
+                return metadata
+            try:
+                return use({name: functools.partial(session.run, f, options=options)
+                            for name, f in fetches.items()}, traced_run, resident, prefixes)
+            except tf.errors.OpError as error:
+                raise NotTimed(f"a run on made-up inputs failed ({type(error).__name__})") \
+                    from None
+    finally:
+        if own:
+            sandbox.close()
 
 
 def _unsafe_ops(graph_def):
@@ -249,10 +297,11 @@ def unsafe_ops(nodes, library, also_safe=frozenset(), also_safe_prefixes=()):
     return found
 
 
-def _sandbox(cf, graph_defs, batch):
-    """(graph, {candidate: fetches}, initializer, bytes copied) of the sandbox: each of {candidate:
-    GraphDef} imported reading and updating the same copies. Called eagerly: the captures'
-    values are read before the graph is built."""
+def _sandbox(cf, batch):
+    """(graph, input map, (initializer, its feeds), bytes copied) of the sandbox: copies of
+    `cf`'s variables (their current values) and of its other captures, and made-up inputs of
+    its argument shapes, that each candidate imported (_import) reads and updates. Called
+    eagerly: the captures' values are read before the graph is built."""
     captured = list(cf.captured_inputs)
     n_args = len(cf.inputs) - len(captured)
     owners = {id(v.handle): v for v in cf.graph.variables}
@@ -281,27 +330,35 @@ def _sandbox(cf, graph_defs, batch):
         else:
             values.append((placeholder.name, tensor.numpy(), "constant"))
     graph = tf.Graph()
-    made, input_map = [], {}
+    made, input_map, feeds = [], {}, {}
     with graph.as_default():
         for name, value, kind in values:
             if kind == "constant":
                 input_map[name] = tf.constant(value)
                 continue
-            variable = tf.Variable(value, trainable=False, name=kind)
+            # (fed at the initializer's run, not held in the graph as a constant: ResNet50's
+            # copies and slots, ~300 MB, took ~6 s to set up as constants)
+            initial = tf.compat.v1.placeholder(value.dtype, value.shape)
+            feeds[initial] = value
+            variable = tf.Variable(initial, trainable=False, name=kind)
             made.append(variable)
             input_map[name] = variable.value() if kind == "input" else variable.handle
-        outputs = [t.name for t in cf.outputs]
-        controls = [op.name for op in cf.graph.control_outputs]
-        fetches = {}
-        try:
-            for index, (name, graph_def) in enumerate(graph_defs.items()):
-                fetches[name] = tf.graph_util.import_graph_def(
-                    graph_def, input_map=input_map, return_elements=outputs + controls,
-                    name=f"candidate_{index}")
-        except (ValueError, TypeError, tf.errors.OpError) as error:
-            raise NotTimed(f"its graphs did not import side by side ({error})") from None
         init = tf.compat.v1.variables_initializer(made)
-    return graph, fetches, init, copied
+    return graph, input_map, (init, feeds), copied
+
+
+def _import(graph, cf, graph_def, input_map, scope):
+    """The fetches (`cf`'s outputs and control outputs) of `graph_def` imported into the
+    sandbox's `graph` under `scope`, reading and updating the copies of `input_map`."""
+    outputs = [t.name for t in cf.outputs]
+    controls = [op.name for op in cf.graph.control_outputs]
+    try:
+        with graph.as_default():
+            return tf.graph_util.import_graph_def(
+                graph_def, input_map=input_map, return_elements=outputs + controls,
+                name=scope)
+    except (ValueError, TypeError, tf.errors.OpError) as error:
+        raise NotTimed(f"its graphs did not import side by side ({error})") from None
 
 
 def _made_up(placeholder, batch, rng):

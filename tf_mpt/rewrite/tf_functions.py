@@ -125,7 +125,8 @@ def _step_timer(cf, jit_compile):
     its variables, each half candidate's library functions named apart (the eager context
     holds the float32 ones under their names); its `profile` attribute, the per-node profile
     the refinement reads (step_timing.profile_versions); its `peaks`, each candidate's step
-    peak as timed (the memory criterion's)."""
+    peak as timed (the memory criterion's). One sandbox serves every call until `close()`
+    (decide's stages: a candidate timed again is not imported or set up again)."""
     def check():
         if jit_compile:
             raise _timing.NotTimed("XLA compiles it (jit_compile), which the timing would not")
@@ -133,28 +134,51 @@ def _step_timer(cf, jit_compile):
             raise _timing.NotTimed("it runs under a tf.distribute strategy, on devices the "
                                    "timing would not use")
 
+    named_apart = {}  # {id(GraphDef): (the GraphDef, its copy named apart)}, held for reuse
+
     def apart(graphs):
-        return {name: graph if name == _graph_timing.FLOAT32 else
-                _rename_library(graph, f"_tf_mpt_t{index}")
-                for index, (name, graph) in enumerate(graphs.items())}
+        out = {}
+        for name, graph in graphs.items():
+            if name == _graph_timing.FLOAT32:
+                out[name] = graph
+                continue
+            if id(graph) not in named_apart:
+                named_apart[id(graph)] = (graph, _rename_library(
+                    graph, f"_tf_mpt_t{len(named_apart) + 1}"))
+            out[name] = named_apart[id(graph)][1]
+        return out
 
     peaks = {}  # {candidate: step peak bytes}, filled as candidates are timed
+    sandboxes = []  # the sandbox, once made
+
+    def sandbox(batch):
+        if not sandboxes:
+            sandboxes.append(_timing.Sandbox(cf, batch))
+        return sandboxes[0]
 
     def timer(graphs, batch, budget):
         check()
         return _timing.time_versions(cf, apart(graphs), batch, _graph_timing.rounds, budget,
-                                     peaks)
+                                     peaks, sandbox=sandbox(batch))
 
     def profile(graphs, batch):
         check()
-        return _timing.profile_versions(cf, apart(graphs), batch, _graph_timing.PROFILE_RUNS)
+        return _timing.profile_versions(cf, apart(graphs), batch, _graph_timing.PROFILE_RUNS,
+                                        sandbox=sandbox(batch))
 
     def key_graph(graph_def):
         check()  # (a verdict is read only where the function could be timed)
         return _canonical(graph_def, cf)
+
+    def close():
+        for made in sandboxes:
+            made.close()
+        sandboxes.clear()
+        named_apart.clear()
     timer.profile = profile
     timer.peaks = peaks
     timer.key_graph = key_graph
+    timer.close = close
     return timer
 
 
