@@ -183,7 +183,8 @@ def test_each_version_is_timed_on_copies_and_the_scripts_variables_stay_as_they_
     np.testing.assert_array_equal(w.numpy(), np.eye(WIDTH, dtype=np.float32) * 0.5)
 
 
-def test_a_step_timers_sandbox_serves_every_stage_importing_each_candidate_once(monkeypatch):
+def test_a_step_timers_sandbox_serves_every_stage_importing_each_candidate_once(monkeypatch,
+                                                                              caplog):
     """decision.decide's stages (the first rounds, a lean version's, a refinement's profile)
     time one function in one sandbox: its copies made once and a candidate timed again not
     imported again (ResNet50's fit step spent ~10 s setting up each); close() ends it. The
@@ -199,10 +200,16 @@ def test_a_step_timers_sandbox_serves_every_stage_importing_each_candidate_once(
     monkeypatch.setattr(_timing, "_sandbox", lambda *a: made.append(a) or sandbox(*a))
     monkeypatch.setattr(_timing, "_import", lambda *a: imported.append(a[2]) or import_(*a))
     timer = _functions._step_timer(cf, False)  # pylint: disable=protected-access
-    first = timer(versions, 64, 0.5)
-    second = timer({"mixed": versions["mixed"], "lean": other}, 64, 0.5)
-    profiles = timer.profile(versions, 64)
+    with caplog.at_level(logging.DEBUG, logger="tf_mpt"):
+        first = timer(versions, 64, 0.5)
+        second = timer({"mixed": versions["mixed"], "lean": other}, 64, 0.5)
+        profiles = timer.profile(versions, 64)
     timer.close()
+    # (at DEBUG, each set-up's time: the copies once, each import, each warm-up run)
+    said = [r.getMessage() for r in caplog.records]
+    assert sum(" set up in " in m for m in said) == 1, said
+    assert sum(" imported in " in m for m in said) == 3, said
+    assert sum("'s warm-up run took " in m for m in said) == 4, said
     assert set(first) == set(profiles) == {"float32", "mixed"} and \
         set(second) == {"mixed", "lean"}
     assert len(made) == 1 and len(imported) == 3, (len(made), len(imported))

@@ -27,6 +27,7 @@ the report says why.
 """
 
 import dataclasses
+import logging
 import statistics
 import time
 
@@ -59,6 +60,7 @@ PEAK_SLACK = 0.02
 RESIDENT = _step_timing.RESIDENT
 
 NotTimed = _step_timing.NotTimed
+_log = logging.getLogger("tf_mpt.rewrite")
 _MADE_UP_DTYPES = frozenset((
     types_pb2.DT_FLOAT, types_pb2.DT_HALF, types_pb2.DT_BFLOAT16, types_pb2.DT_DOUBLE,
     types_pb2.DT_INT32, types_pb2.DT_INT64, types_pb2.DT_INT8, types_pb2.DT_UINT8,
@@ -582,8 +584,10 @@ def rounds(runners, budget_seconds, clock=None):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     clock = clock or _clock
     try:
-        for run in runners.values():
+        for name, run in runners.items():
+            began = clock()
             run()
+            _log.debug("graph timing: %s's warm-up run took %.2f s", name, clock() - began)
         times = {name: [] for name in runners}
         order, start = list(runners), clock()
         for index in range(MAX_ROUNDS):

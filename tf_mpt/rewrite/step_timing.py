@@ -25,6 +25,7 @@ is not timed, nor one whose captures are not plain variables or tensors.
 
 import functools
 import logging
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -208,6 +209,7 @@ class Sandbox:
         """({candidate: fetches}, {candidate: its name scope + '/'}, the Session, the copies'
         bytes), importing the GraphDefs not yet imported."""
         with tf.init_scope():  # values are read eagerly, also while an outer function traces
+            began = time.perf_counter()
             if self._graph is None:
                 self._graph, self._input_map, init, self._resident = _sandbox(
                     self._cf, self._batch)
@@ -222,15 +224,21 @@ class Sandbox:
                     except tf.errors.OpError as error:
                         raise NotTimed(f"its copies could not be set up "
                                        f"({type(error).__name__})") from None
+                _log.debug("step timing: copies of %s set up in %.1f s (%.0f MiB)",
+                           self._cf.name, time.perf_counter() - began,
+                           self._resident / 2**20)
             fetches, prefixes = {}, {}
             for name, graph_def in graph_defs.items():
                 found = next((entry for entry in self._imported if entry[0] is graph_def),
                              None)
                 if found is None:
                     scope = f"candidate_{len(self._imported)}"
+                    began = time.perf_counter()
                     found = (graph_def, _import(self._graph, self._cf, graph_def,
                                                 self._input_map, scope), scope)
                     self._imported.append(found)
+                    _log.debug("step timing: %s (%s) imported in %.1f s", name, scope,
+                               time.perf_counter() - began)
                 fetches[name], prefixes[name] = found[1], found[2] + "/"
         return fetches, prefixes, self._session, self._resident
 
