@@ -155,7 +155,8 @@ ENV_VARS = (
      "the lists allow goes half. A table standing in for this CPU (TF_MPT_OP_COSTS) "
      "supplies the ratios instead."),
     (TF_MPT_CACHE_DIR, "(~/.cache/tf_mpt)", "Directory for the compiled Grappler optimizer "
-     "(one file per TensorFlow version and compiler, with its SHA-256 beside it; "
+     "(one file per TensorFlow version, compiler and environment, with its SHA-256 beside "
+     "it; a new build removes those neither written nor read for 30 days; "
      "$XDG_CACHE_HOME/tf_mpt when that is set). Used only if it is yours and not writable by "
      "others; otherwise, or if it cannot be written, the optimizer is built in a private "
      "temporary directory for the process, with one warning."),

@@ -4,6 +4,7 @@ tests/integration/test_session_patterns.py)."""
 
 import os
 import stat
+import time
 
 import pytest
 
@@ -223,3 +224,31 @@ def test_a_private_build_that_fails_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(_native.NativeUnavailable, match="failed \\(exit 3\\)"):
         _native._built_library(str(cache))
     assert _private_builds(temporary) == []
+
+
+def test_a_new_build_removes_the_users_builds_unused_for_a_month(tmp_path, monkeypatch):
+    """Each environment (TensorFlow, compiler, venv) builds its own library into the cache;
+    one unused (neither written nor read) for _UNUSED_DAYS days is removed with its checksum
+    when another is built. Recent ones, the lock files and other files stay."""
+    monkeypatch.setenv("CXX", _building_compiler(tmp_path))
+    path = _native.library_path(str(tmp_path / "cache"))
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o700)
+    old = time.time() - (_native._UNUSED_DAYS + 1) * 86400  # pylint: disable=protected-access
+    made = {}
+    for name in ("session_rewrite-2.20.0-aaaa.so", "session_rewrite-2.20.0-bbbb.so",
+                 "session_rewrite-2.20.0-aaaa.so.sha256", "session_rewrite-2.20.0-aaaa.so.lock",
+                 "verdicts-bfloat16-cccc.json"):
+        made[name] = os.path.join(directory, name)
+        with open(made[name], "w") as handle:
+            handle.write("x")
+        os.utime(made[name], (old, old))
+    recent = time.time() - 86400
+    os.utime(made["session_rewrite-2.20.0-bbbb.so"], (recent, old))  # (read yesterday)
+    _native._build(path)  # pylint: disable=protected-access
+    assert _native._valid(path) == (True, None)  # pylint: disable=protected-access
+    left = set(os.listdir(directory))
+    assert "session_rewrite-2.20.0-aaaa.so" not in left
+    assert "session_rewrite-2.20.0-aaaa.so.sha256" not in left
+    assert {"session_rewrite-2.20.0-bbbb.so", "session_rewrite-2.20.0-aaaa.so.lock",
+            "verdicts-bfloat16-cccc.json", os.path.basename(path)} <= left, left

@@ -53,6 +53,11 @@ PROTOCOL_VERSION = 1
 _BUILD_TIMEOUT_SECONDS = 600
 _PARTIAL_PREFIX = ".tf_mpt-build-"
 _CHECKSUM_SUFFIX = ".sha256"
+# Builds for other TensorFlow versions, compilers or environments (a venv's include path is
+# in the key) unused this long are removed when a new one is built: each venv that ran
+# tf_mpt left one (~30 KB), and nothing else ever removed them. A removed one that is still
+# wanted is built again (seconds).
+_UNUSED_DAYS = 30
 
 SINK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
 REWRITER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
@@ -206,6 +211,28 @@ def _remove_stale_partials(directory):
             continue
 
 
+def _remove_unused_builds(directory, keep):
+    """This user's other libraries in `directory` (and their checksums) neither written nor
+    read for _UNUSED_DAYS days; `keep` (the one being built) stays. Their lock files stay
+    too: a process may hold one."""
+    cutoff = time.time() - _UNUSED_DAYS * 86400
+    for name in os.listdir(directory):
+        full = os.path.join(directory, name)
+        if not (name.startswith("session_rewrite-") and name.endswith(".so")) or \
+                full == keep:
+            continue
+        try:
+            status = os.lstat(full)
+            if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid() or \
+                    max(status.st_mtime, status.st_atime) >= cutoff:
+                continue
+            os.remove(full)
+            if os.path.lexists(full + _CHECKSUM_SUFFIX):
+                os.remove(full + _CHECKSUM_SUFFIX)
+        except OSError:
+            continue
+
+
 def _run_compiler(command):
     """Runs the compiler in its own process group; kills the group if this is interrupted
     (KeyboardInterrupt, SystemExit) or the build times out."""
@@ -275,6 +302,7 @@ def _build(path):
             os.replace(partial, path)
             _write_durably(path + _CHECKSUM_SUFFIX, digest.encode("ascii"))
             _fsync_directory(directory)
+            _remove_unused_builds(directory, path)
         finally:
             if os.path.exists(partial):
                 os.remove(partial)
