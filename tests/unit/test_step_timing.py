@@ -225,6 +225,32 @@ def test_a_step_timers_sandbox_serves_every_stage_importing_each_candidate_once(
     assert len(made) == 2
 
 
+def test_a_sandbox_whose_copies_fail_to_set_up_starts_again_at_its_next_use(monkeypatch):
+    """The copies' initializer fails (a planted failing op): NotTimed, and the kept-open
+    sandbox is left empty, so the next stage makes it again instead of running candidates on
+    copies never set up."""
+    step, _, _ = _step()
+    cf = step.get_concrete_function()
+    versions = _versions(cf)
+    made = _timing._sandbox  # pylint: disable=protected-access
+
+    def failing(*args):
+        graph, input_map, (init, feeds), copied = made(*args)
+        with graph.as_default():
+            planted = tf.raw_ops.Assert(
+                condition=tf.compat.v1.placeholder_with_default(False, []),
+                data=[tf.constant("planted")])
+        return graph, input_map, (planted, feeds), copied  # (the copies never set)
+    monkeypatch.setattr(_timing, "_sandbox", failing)
+    sandbox = _timing.Sandbox(cf, 64)
+    with pytest.raises(_timing.NotTimed, match="its copies could not be set up"):
+        _timing.time_versions(cf, versions, 64, graph_timing.rounds, 0.5, sandbox=sandbox)
+    monkeypatch.setattr(_timing, "_sandbox", made)
+    times = _timing.time_versions(cf, versions, 64, graph_timing.rounds, 0.5, sandbox=sandbox)
+    sandbox.close()
+    assert set(times) == {"float32", "mixed"}
+
+
 def test_each_versions_traced_run_carries_its_allocations_by_dtype():
     """step_timing.traced_runs (benchmarks/memory_profile.py's Keras rows): one traced run per
     version after its warm-up runs; the float32 version's allocation records include its

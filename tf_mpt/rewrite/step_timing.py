@@ -222,6 +222,7 @@ class Sandbox:
                                           options=tf.compat.v1.RunOptions(
                                               timeout_in_ms=_RUN_TIMEOUT_MS))
                     except tf.errors.OpError as error:
+                        self.close()  # (a later call starts again, not from half a set-up)
                         raise NotTimed(f"its copies could not be set up "
                                        f"({type(error).__name__})") from None
                 _log.debug("step timing: copies of %s set up in %.1f s (%.0f MiB)",
