@@ -242,7 +242,7 @@ def test_a_sandbox_whose_copies_fail_to_set_up_starts_again_at_its_next_use(monk
                 data=[tf.constant("planted")])
         return graph, input_map, (planted, feeds), copied  # (the copies never set)
     monkeypatch.setattr(_timing, "_sandbox", failing)
-    sandbox = _timing.Sandbox(cf, 64)
+    sandbox = _timing.Sandbox(cf)
     with pytest.raises(_timing.NotTimed, match="its copies could not be set up"):
         _timing.time_versions(cf, versions, 64, graph_timing.rounds, 0.5, sandbox=sandbox)
     monkeypatch.setattr(_timing, "_sandbox", made)

@@ -197,37 +197,21 @@ def fastest_node_seconds(metadatas, prefix=""):
 class Sandbox:
     """The sandbox of one function, kept open across a decision's stages (its first rounds,
     a lean version's, a refinement's): its copies made and its Session set up once, at the
-    first call; each candidate GraphDef (the same object timed again) imported once, under
-    a name scope of its own, and its executor built once. close() ends it."""
+    first call (at that call's batch); each candidate GraphDef (the same object timed again)
+    imported once, under a name scope of its own, and its executor built once. close() ends
+    it; the next call sets it up again."""
 
-    def __init__(self, cf, batch):
-        self._cf, self._batch = cf, batch
+    def __init__(self, cf):
+        self._cf = cf
         self._graph = self._session = None
         self._imported = []  # [(GraphDef, fetches, name scope)]: the object itself is held
 
-    def runs(self, graph_defs):
+    def runs(self, graph_defs, batch):
         """({candidate: fetches}, {candidate: its name scope + '/'}, the Session, the copies'
         bytes), importing the GraphDefs not yet imported."""
         with tf.init_scope():  # values are read eagerly, also while an outer function traces
-            began = time.perf_counter()
             if self._graph is None:
-                self._graph, self._input_map, init, self._resident = _sandbox(
-                    self._cf, self._batch)
-                # bypass: the automatic path leaves this Session as TensorFlow makes it (its
-                # TF1 rewrite would otherwise convert the float32 version too)
-                with _state.bypass():
-                    self._session = tf.compat.v1.Session(graph=self._graph)
-                    try:
-                        self._session.run(init[0], feed_dict=init[1],
-                                          options=tf.compat.v1.RunOptions(
-                                              timeout_in_ms=_RUN_TIMEOUT_MS))
-                    except tf.errors.OpError as error:
-                        self.close()  # (a later call starts again, not from half a set-up)
-                        raise NotTimed(f"its copies could not be set up "
-                                       f"({type(error).__name__})") from None
-                _log.debug("step timing: copies of %s set up in %.1f s (%.0f MiB)",
-                           self._cf.name, time.perf_counter() - began,
-                           self._resident / 2**20)
+                self._set_up(batch)
             fetches, prefixes = {}, {}
             for name, graph_def in graph_defs.items():
                 found = next((entry for entry in self._imported if entry[0] is graph_def),
@@ -242,6 +226,23 @@ class Sandbox:
                                time.perf_counter() - began)
                 fetches[name], prefixes[name] = found[1], found[2] + "/"
         return fetches, prefixes, self._session, self._resident
+
+    def _set_up(self, batch):
+        began = time.perf_counter()
+        self._graph, self._input_map, (init, feeds), self._resident = _sandbox(self._cf, batch)
+        # bypass: the automatic path leaves this Session as TensorFlow makes it (its TF1
+        # rewrite would otherwise convert the float32 version too)
+        with _state.bypass():
+            self._session = tf.compat.v1.Session(graph=self._graph)
+            try:
+                self._session.run(init, feed_dict=feeds, options=tf.compat.v1.RunOptions(
+                    timeout_in_ms=_RUN_TIMEOUT_MS))
+            except tf.errors.OpError as error:
+                self.close()  # (a later call starts again, not from half a set-up)
+                raise NotTimed(f"its copies could not be set up ({type(error).__name__})") \
+                    from None
+        _log.debug("step timing: copies of %s set up in %.1f s (%.0f MiB)", self._cf.name,
+                   time.perf_counter() - began, self._resident / 2**20)
 
     def close(self):
         if self._session is not None:
@@ -260,9 +261,9 @@ def _in_sandbox(cf, graph_defs, batch, use, sandbox=None):
         raise NotTimed(f"it runs op(s) with effects outside its variables: "
                        f"{', '.join(sorted(unsafe)[:5])}")
     own = sandbox is None
-    sandbox = Sandbox(cf, batch) if own else sandbox
+    sandbox = Sandbox(cf) if own else sandbox
     try:
-        fetches, prefixes, session, resident = sandbox.runs(graph_defs)
+        fetches, prefixes, session, resident = sandbox.runs(graph_defs, batch)
         with _state.bypass():
             options = tf.compat.v1.RunOptions(timeout_in_ms=_RUN_TIMEOUT_MS)
             traced = tf.compat.v1.RunOptions(timeout_in_ms=_RUN_TIMEOUT_MS,

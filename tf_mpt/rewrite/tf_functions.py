@@ -149,31 +149,24 @@ def _step_timer(cf, jit_compile):
         return out
 
     peaks = {}  # {candidate: step peak bytes}, filled as candidates are timed
-    sandboxes = []  # the sandbox, once made
-
-    def sandbox(batch):
-        if not sandboxes:
-            sandboxes.append(_timing.Sandbox(cf, batch))
-        return sandboxes[0]
+    sandbox = _timing.Sandbox(cf)  # (set up at its first use)
 
     def timer(graphs, batch, budget):
         check()
         return _timing.time_versions(cf, apart(graphs), batch, _graph_timing.rounds, budget,
-                                     peaks, sandbox=sandbox(batch))
+                                     peaks, sandbox=sandbox)
 
     def profile(graphs, batch):
         check()
         return _timing.profile_versions(cf, apart(graphs), batch, _graph_timing.PROFILE_RUNS,
-                                        sandbox=sandbox(batch))
+                                        sandbox=sandbox)
 
     def key_graph(graph_def):
         check()  # (a verdict is read only where the function could be timed)
         return _canonical(graph_def, cf)
 
     def close():
-        for made in sandboxes:
-            made.close()
-        sandboxes.clear()
+        sandbox.close()
         named_apart.clear()
     timer.profile = profile
     timer.peaks = peaks
