@@ -21,11 +21,11 @@ os.environ.setdefault("TF_MPT_TIMING_BUDGET", "0")
 
 import pytest  # noqa: E402
 
+from support.helpers import RUN_CACHE  # noqa: E402
 from support.tolerances import HALF_DTYPES  # noqa: E402
 
 
 MEASURES_THIS_CPU = "measures_this_cpu"
-RUN_CACHE = "TFMPT_TESTS_RUN_CACHE"  # (not TF_MPT_*: no variable of tf_mpt's own)
 
 
 def pytest_configure(config):

@@ -117,15 +117,20 @@ def executed_ops(call):
     return ran
 
 
+# The run's own cache directory for child scripts (made by conftest.pytest_configure, removed at
+# the run's end); not TF_MPT_*: no variable of tf_mpt's own
+RUN_CACHE = "TFMPT_TESTS_RUN_CACHE"
+
+
 def child_env(keep=()):
     """os.environ for a child script: no TF_MPT_* variable (but those named in `keep`), and
     the dispatch check off (TF_MPT_DISPATCH_CHECK=0): a child's half ops never depend on
     how this machine's kernels run (the check itself: tests/unit/test_dispatch_check.py).
-    Without a TF_MPT_CACHE_DIR kept, the cache is the run's own (conftest.RUN_CACHE), never
+    Without a TF_MPT_CACHE_DIR kept, the cache is the run's own (RUN_CACHE), never
     the user's: no verdict an earlier run timed decides what a child does."""
     import os  # pylint: disable=import-outside-toplevel
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_") or k in keep}
     env["TF_MPT_DISPATCH_CHECK"] = "0"
-    if "TF_MPT_CACHE_DIR" not in env and os.environ.get("TFMPT_TESTS_RUN_CACHE"):
-        env["TF_MPT_CACHE_DIR"] = os.environ["TFMPT_TESTS_RUN_CACHE"]
+    if "TF_MPT_CACHE_DIR" not in env and os.environ.get(RUN_CACHE):
+        env["TF_MPT_CACHE_DIR"] = os.environ[RUN_CACHE]
     return env
