@@ -72,8 +72,9 @@ SMALLER_WINDOW = 0.15
 # The budget (TF_MPT_TIMING_BUDGET) counts timed runs, each stage's own set-up apart (a
 # sandbox, a new candidate's import and warm-up run, the traced runs of its peak): the first
 # rounds may spend this share of it, the later stages (a lean version, a smaller one, a
-# refinement) what is left. ResNet50's fit step spends ~40 s setting up its four candidates
-# and ~2.2 s per round: a budget that counted set-up left its lean version no time at all.
+# refinement) what is left. ResNet50's fit step spent ~36 s setting up its four candidates
+# (~23 s now) and ~2.2 s per round: a budget that counted set-up left its lean version no
+# time at all.
 FIRST_SHARE = 0.6
 
 CONTRACTION_OPS = _contractions.NODE_TIMED_OPS | frozenset((
@@ -166,9 +167,8 @@ def _refine(graph_def, verdict, results, graphs, rewrite, lists, config, timer, 
     """The refinement of the pick (`verdict.pick`, a half candidate): the op types whose half
     nodes its per-node profile shows slower than their float32 nodes (graph_timing.
     slower_ops) kept float32, that candidate timed beside the pick within what is left of
-    `budget`,
-    and kept if over MARGIN faster. Returns the verdict, with the refinement's record where
-    one was timed; `results` gets the refined RewriteResult."""
+    `budget`, and kept if over MARGIN faster. Returns the verdict, with the refinement's
+    record where one was timed; `results` gets the refined RewriteResult."""
     chosen = verdict.pick
     half_nodes = {name: d.op for name, d in results[chosen].report.decisions.items()
                   if d.converted}
@@ -247,15 +247,14 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
     serve a candidate whose weight gradients hold it over float32's peak, and cost time) of
     the pick and of each other half candidate within SMALLER_WINDOW of its time (least: not
     slower than float32), timed beside the pick in the same rounds within what is left of
-    `budget` (a _Budget). Of
-    those holding over PEAK_SLACK less than the pick and not over MARGIN slower (least: not
-    slower than `float32_graph`, timed in the same rounds), the one holding least (within
-    PEAK_SLACK: the fastest) is kept: a tie in time goes to memory, whichever colouring it
-    was made from (a Keras Transformer's fit step: the op lists' colouring, 2-10% slower
-    than the cost model's, made lean has run as fast as the pick, holding 0.57x-0.60x of
-    float32's step peak against its 0.91x). Returns the verdict, with the kept lean
-    version's record (none kept: the pick's own, else the first timed) where one was timed,
-    the others' medians and peaks in its `lean_others`, with the lean version _make_lean
+    `budget` (a _Budget). Of those holding over PEAK_SLACK less than the pick and not over
+    MARGIN slower (least: not slower than `float32_graph`, timed in the same rounds), the
+    one holding least (within PEAK_SLACK: the fastest) is kept: a tie in time goes to
+    memory, whichever colouring it was made from (a Keras Transformer's fit step: the op lists'
+    colouring, 2-10% slower than the cost model's, made lean has run as fast as the pick,
+    holding 0.57x-0.60x of float32's step peak against its 0.91x). Returns the verdict, with the
+    kept lean version's record (none kept: the pick's own, else the first timed) where one was
+    timed, the others' medians and peaks in its `lean_others`, with the lean version _make_lean
     timed and did not keep where it tried one (ResNet50's fit step: contractions only's lean
     version was slower than the op lists' pick, whose own lean version then was not tried);
     `results` gets its RewriteResult."""
