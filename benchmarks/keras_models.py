@@ -6,7 +6,7 @@ tf_mpt setting the policy (TF_MPT_KERAS=policy).
                                       [--min-seconds 2] [--dtype bfloat16]
                                       [--keras keras|tf_keras]
                                       [--step-timing auto|always|off]
-                                      [--memory float32|least|any]
+                                      [--memory float32|least|any] [--batch-scale 1]
 
 Models (random data, weights=None): ResNet50, MobileNetV2, EfficientNetB0, DenseNet121
 (keras.applications, 128x128x3, batch 16, 10 classes), a Transformer encoder
@@ -33,7 +33,12 @@ Memory (issue "memory"): over the timed fit phase, each child reads the peak byt
 TensorFlow's CPU allocator (reset at the phase's start: weights, optimizer slots,
 activations, gradients) and its peak resident set size over the phase minus its resident size
 at the phase's start (VmHWM, as benchmarks/train_speed.py reads it); a table gives their
-medians over the rounds per way, with the ratio to float32's.
+medians over the rounds per way, with the ratio to float32's. A second table sets those
+tensors beside the bytes every way holds across steps in float32 (the model's and its
+optimizer's variables: weights, Adam's two slots): its floor is what a step reaches with
+every other byte of float32's peak in half, and "the rest" is each way's peak less those
+bytes against float32's. --batch-scale K runs each model at K times its batch, where
+activations dominate more.
 
 --step-timing sets TF_MPT_STEP_TIMING for the tf_mpt ways (default: tf_mpt's default, auto):
 `always` times every traced step's candidates (and measures their peaks), where auto times
@@ -80,16 +85,16 @@ def _env(way, dtype, keras_module, step_timing=None, memory=None):
 
 # --- the child process ------------------------------------------------------------------------
 
-def _build(keras, name, rng):
-    """(model, x, y, batch) of `name`."""
+def _build(keras, name, rng, scale=1):
+    """(model, x, y, batch) of `name`, its batch `scale` times its own."""
     import numpy as np  # pylint: disable=import-outside-toplevel
     if name in APPLICATIONS:
-        batch = 16
+        batch = 16 * scale
         model = getattr(keras.applications, APPLICATIONS[name])(
             weights=None, input_shape=(128, 128, 3), classes=10)
         x = rng.rand(batch * 4, 128, 128, 3).astype(np.float32)
     elif name == "transformer":
-        batch, length = 32, 128
+        batch, length = 32 * scale, 128
         tokens = keras.Input((length,), dtype="int32")
         h = keras.layers.Embedding(8000, 256)(tokens)
         for _ in range(2):
@@ -101,7 +106,7 @@ def _build(keras, name, rng):
         model = keras.Model(tokens, out)
         x = rng.randint(1, 8000, size=(batch * 4, length)).astype(np.int32)
     else:  # lstm
-        batch, length = 32, 64
+        batch, length = 32 * scale, 64
         tokens = keras.Input((length,), dtype="int32")
         h = keras.layers.LSTM(256)(keras.layers.Embedding(8000, 128)(tokens))
         model = keras.Model(tokens, keras.layers.Dense(10)(h))
@@ -110,9 +115,10 @@ def _build(keras, name, rng):
     return model, x, y, batch
 
 
-def compiled_model(name, way, dtype, keras_module):
+def compiled_model(name, way, dtype, keras_module, scale=1):
     """(keras module, compiled model, x, y, batch) of `name` as `way` runs it (the policy
-    way sets Keras's mixed `dtype` policy first); in a child process (imports TensorFlow)."""
+    way sets Keras's mixed `dtype` policy first), its batch `scale` times its own; in a child
+    process (imports TensorFlow)."""
     import numpy as np  # pylint: disable=import-outside-toplevel
     if keras_module == "tf_keras":
         import tf_keras as keras  # pylint: disable=import-outside-toplevel
@@ -121,17 +127,26 @@ def compiled_model(name, way, dtype, keras_module):
     keras.utils.set_random_seed(0)
     if way == "policy":
         keras.mixed_precision.set_global_policy(f"mixed_{dtype}")
-    model, x, y, batch = _build(keras, name, np.random.RandomState(0))
+    model, x, y, batch = _build(keras, name, np.random.RandomState(0), scale)
     model.compile(optimizer=keras.optimizers.Adam(1e-4),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return keras, model, x, y, batch
 
 
-def _child(name, way, steps, min_seconds, dtype, keras_module):
+def _held_mib(model):
+    """The MiB of the model's and its optimizer's variables (weights, batch norms' moving
+    statistics, Adam's slots): held across steps, float32 in every way."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    found = {id(v): v for v in list(model.variables) + list(model.optimizer.variables)}
+    return sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size
+               for v in found.values()) / (1 << 20)
+
+
+def _child(name, way, steps, min_seconds, dtype, keras_module, scale):
     import time  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    keras, model, x, y, batch = compiled_model(name, way, dtype, keras_module)
+    keras, model, x, y, batch = compiled_model(name, way, dtype, keras_module, scale)
     times = {phase: [] for phase in PHASES}
 
     class Timer(keras.callbacks.Callback):
@@ -169,6 +184,7 @@ def _child(name, way, steps, min_seconds, dtype, keras_module):
                     memory["fit_rss"] = train_speed._peak_rss_mib() - rss  # pylint: disable=protected-access
                     memory["fit_tensors"] = (tf.config.experimental.get_memory_info(
                         train_speed.CPU_DEVICE)["peak"] / train_speed.MIB if tracked else None)
+                    memory["held"] = _held_mib(model)
             elif phase == "evaluate":
                 model.evaluate(fx, fy, batch_size=batch, verbose=0, callbacks=timer)
             else:
@@ -232,7 +248,7 @@ class _Rewrites(logging.Handler):
 def _measure(name, way, args):
     command = [sys.executable, __file__, "--child", name, way, "--steps", str(args.steps),
                "--min-seconds", str(args.min_seconds), "--dtype", args.dtype,
-               "--keras", args.keras]
+               "--keras", args.keras, "--batch-scale", str(args.batch_scale)]
     done = subprocess.run(command, env=_env(way, args.dtype, args.keras, args.step_timing,
                                             args.memory),
                           cwd=ROOT, capture_output=True, text=True, timeout=3600, check=False)
@@ -244,6 +260,31 @@ def _measure(name, way, args):
 def _median_of(runs, way, key):
     values = [r[way][key] for r in runs if r[way].get(key) is not None]
     return statistics.median(values) if values else None
+
+
+def _print_held(memories):
+    """What the variables put out of reach: the bytes held across steps (float32 in every
+    way), the lowest share of float32's peak a step reaches with every other byte in half,
+    and each way's bytes over the held ones against float32's."""
+    print("\nheld across steps = the model's and its optimizer's variables (weights, moving "
+          "statistics, Adam's slots: float32 in every way); floor = (held + half of float32's "
+          "other bytes at its peak) / float32's peak, what halving every other byte reaches; the "
+          "rest = (peak - held) over float32's (MiB, medians over the rounds):")
+    print("| model | held across steps | float32 tensors | floor | " +
+          " | ".join(f"{w} (the rest)" for w in WAYS[1:]) + " |")
+    print("|---|---:|---:|---:|" + "---:|" * len(WAYS[1:]))
+    for name, runs in memories:
+        held, base = _median_of(runs, "float32", "held"), _median_of(runs, "float32",
+                                                                      "fit_tensors")
+        if held is None or not base or base <= held:
+            continue
+        cells = []
+        for way in WAYS[1:]:
+            value = _median_of(runs, way, "fit_tensors")
+            cells.append("n/a" if value is None else
+                         f"{value / base:.2f}x ({(value - held) / (base - held):.2f}x)")
+        print(f"| {name} | {held:.1f} | {base:.1f} | {(held + (base - held) / 2) / base:.2f}x"
+              f" | " + " | ".join(cells) + " |")
 
 
 def main():
@@ -260,15 +301,19 @@ def main():
                         help="TF_MPT_STEP_TIMING for the tf_mpt ways (default: its default)")
     parser.add_argument("--memory", choices=("float32", "least", "any"),
                         help="TF_MPT_MEMORY for the tf_mpt ways (default: its default)")
+    parser.add_argument("--batch-scale", type=int, default=1,
+                        help="each model's batch this many times its own (activations "
+                             "dominate more)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _child(args.child[0], args.child[1], args.steps, args.min_seconds, args.dtype,
-               args.keras)
+               args.keras, args.batch_scale)
         return
     native = _cpu.has_native_bfloat16(_cpu.cpu_flags())
     print("; ".join(_cpu.facts()[:2]) + f"; {args.keras}, {args.dtype}, {args.rounds} "
-          f"rounds of at least {args.steps} steps and {args.min_seconds:g} s per phase")
+          f"rounds of at least {args.steps} steps and {args.min_seconds:g} s per phase" +
+          (f"; batches {args.batch_scale}x their own" if args.batch_scale != 1 else ""))
     if args.dtype == "bfloat16" and not native:
         print("(no native bfloat16 here: these speed-ups say nothing about Zen 4 / AMX)")
     print("| model | phase | float32 ms/step | noise | policy | tf_mpt | tf_mpt policy |")
@@ -318,6 +363,7 @@ def main():
                     cells.append("n/a" if value is None else f"{value:.1f}" + (
                         f" ({value / base:.2f}x)" if way != "float32" and base else ""))
             print(f"| {name} | " + " | ".join(cells) + " |")
+        _print_held(memories)
     if picks:
         print("\ntf_mpt's step timing (the default way: each traced step it timed, each "
               "candidate's sandbox ms per run (a candidate equal to another is timed once; "
