@@ -3,6 +3,8 @@ value made at each use after the use's other input; weight gradients' products o
 structure is checked exactly, and the lean graph computes the same numbers as the graph it
 came from (the same ops, only control edges and Cast copies added)."""
 
+import collections
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -895,3 +897,58 @@ def test_a_stages_set_up_is_not_spent_from_the_budget(monkeypatch, tmp_path):
     assert "rules lean" in tried, (tried, verdict.describe())
     assert verdict.pick == graph_timing.LEAN and kind(result.graph_def) == "rules lean", \
         verdict.describe()
+
+
+@pytest.mark.parametrize("half_peak, lean_peak, memory, kept", [
+    (12, 9, "float32", "lean"), (9, 9, "float32", "prediction"),
+    (12, 11, "float32", "float32"), (12, 9, "any", "prediction"),
+    (12, 9, "least", "lean")])
+def test_a_graph_too_slow_to_time_keeps_within_float32s_peak(
+        monkeypatch, tmp_path, half_peak, lean_peak, memory, kept):
+    """Graph timing (an injected clock and sandbox): each run takes 2 s, so three rounds do
+    not fit in the budget (ResNet50's fit step at batch 64: 7.2 s a round, and the cost
+    model's colouring then ran untimed at 1.13x float32's peak tensors). Its peaks are
+    measured instead, one traced run each: the prediction where within float32's; else its
+    first lean version within float32's (ordered products alone first); else float32. With
+    TF_MPT_MEMORY=any nothing is measured and the prediction runs, as before."""
+    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    monkeypatch.setenv("TF_MPT_MEMORY", memory)
+    half_kinds = ("rules", "products")
+    kind, tried, rewrite = _timed_relu_graph(
+        monkeypatch, tmp_path,
+        costs=collections.defaultdict(lambda: 2.0),
+        peaks={"float32": 10 << 20,
+               **{k: half_peak << 20 for k in half_kinds},
+               **{f"{k} lean": lean_peak << 20 for k in half_kinds}})
+    result = rewrite()
+    verdict = result.report.verdict
+    line = verdict.describe()
+    assert not verdict.timed and "do not fit" in verdict.why, line
+    predicted = verdict.same_as.get(verdict.predicted, verdict.predicted)
+    if memory == "any":
+        assert tried == [] and verdict.pick == verdict.predicted, (tried, line)
+        assert line.endswith(f"kept the prediction ({verdict.predicted})"), line
+        return
+    assert tried[0] == "float32" and tried[1] in half_kinds, tried
+    assert verdict.peaks["float32"] == 10 << 20 and \
+        verdict.peaks[predicted] == half_peak << 20, verdict.peaks
+    assert "its peaks measured instead (one traced run each): float32 (peak 10.0 MiB)" in \
+        line, line
+    if kept == "prediction":
+        assert len(tried) == 2 and verdict.pick == verdict.predicted, (tried, line)
+        assert kind(result.graph_def) == tried[1], line
+        assert f"kept the prediction ({verdict.predicted}), within float32's peak (its " \
+            "speed not measured)" in line, line
+    elif kept == "lean":
+        assert tried[2:] == [f"{tried[1]} lean"], tried  # (the first lean version is within)
+        assert verdict.pick == graph_timing.LEAN and verdict.lean_from == predicted, line
+        assert set(verdict.lean_changes) == {"ordered products"}, verdict.lean_changes
+        assert kind(result.graph_def) == f"{tried[1]} lean", line
+        assert f"kept lean {predicted}, within float32's peak" in line, line
+    else:  # every lean version measured over float32's peak
+        assert len(tried) >= 4 and set(tried[2:]) == {f"{tried[1]} lean"}, tried
+        assert verdict.pick == graph_timing.FLOAT32 and kind(result.graph_def) == "float32"
+        assert "kept float32, the only one within float32's peak" in line, line
+        assert result.report.converted_nodes == 0
+        reasons = {d.reason for d in result.report.decisions.values()}
+        assert any("too slow to time" in r and "TF_MPT_MEMORY" in r for r in reasons), reasons

@@ -492,6 +492,29 @@ def test_a_step_too_slow_for_the_budget_stops_after_one_round():
     assert not acc.numpy().any()
 
 
+def test_a_step_too_slow_to_time_has_its_peaks_measured_on_its_copies():
+    """A step whose rounds do not fit (TooSlow, a NotTimed) has each candidate's peak
+    measured instead by its timer's peaks_only (decision's memory check): one first run and
+    one traced run each, in the same sandbox, on the copies; the float32 step holds its two
+    float32 products' 64 x WIDTH outputs at least. The script's variables stay as they were."""
+    step, _, acc = _step()
+    cf = step.get_concrete_function()
+    versions = _versions(cf)
+    timer = _functions._step_timer(cf, False)  # pylint: disable=protected-access
+    try:
+        with pytest.raises(_timing.TooSlow, match="do not fit"):
+            timer(versions, 64, 0.0)
+        assert timer.peaks == {}
+        runs = timer.peaks_only(versions, 64)
+    finally:
+        timer.close()
+    assert set(runs) == {"float32", "mixed"} and all(len(t) == 1 for t in runs.values())
+    assert set(timer.peaks) == {"float32", "mixed", _timing.RESIDENT}, timer.peaks
+    assert timer.peaks["float32"] >= 64 * WIDTH * 4 and timer.peaks["mixed"] > 0, timer.peaks
+    assert timer.peaks[_timing.RESIDENT] >= (WIDTH * WIDTH + 64 * WIDTH) * 4, timer.peaks
+    assert not acc.numpy().any()
+
+
 def test_variables_too_big_to_copy_are_not_timed(monkeypatch):
     """w [512x512] float32 alone is 1 MiB: above a 1 MiB bound with the input and acc."""
     monkeypatch.setattr(_timing, "MAX_COPY_BYTES", 1 << 20)

@@ -35,6 +35,13 @@
                   3%) is kept: a tie in time goes to memory (_make_smaller; before the
                   refinement, and a lean pick is not refined). A traced tf.function's step
                   timer measures its candidates' peaks the same way
+    too slow      where the first rounds do not fit in the budget (TooSlow) and the peak is
+                  bounded (TF_MPT_MEMORY=float32 or least): the peaks of float32 and of the
+                  prediction are measured instead, one traced run each after a first run; the
+                  prediction runs where within float32's, else its first lean version within
+                  it (_make_lean's order), else float32 (_within_float32_untimed: ResNet50's
+                  fit step at batch 64, 7.2 s a round, ran the cost model's colouring untimed
+                  at 1.13x float32's peak tensors)
     verdict       graph_timing.Verdict: every time and the pick, in the report
                   (RewriteReport.verdict) and in one INFO line
 
@@ -109,16 +116,16 @@ def contractions_only(lists):
     return _lists.OpLists(allow=lists.allow & CONTRACTION_OPS, deny=lists.deny)
 
 
-def float32_result(graph_def, predicted):
+def float32_result(graph_def, predicted,
+                   reason="graph timing: the graph ran faster in float32"):
     """The RewriteResult of keeping the graph float32, its report the prediction's with
-    nothing converted."""
+    nothing converted, each node's decision giving `reason`."""
     unchanged = graph_pb2.GraphDef()
     unchanged.CopyFrom(graph_def)
     decisions = {}
     for name, d in predicted.report.decisions.items():
         if d.converted:
-            d = dataclasses.replace(d, colour="fp32", converted=False,
-                                    reason="graph timing: the graph ran faster in float32")
+            d = dataclasses.replace(d, colour="fp32", converted=False, reason=reason)
         decisions[name] = d
     report = dataclasses.replace(predicted.report, converted_nodes=0, casts_added=0,
                                  cast_names=(), decisions=decisions, predicted_saving=0.0,
@@ -380,6 +387,57 @@ def _make_lean(verdict, results, graphs, config, lean_inputs, timer, budget):
     return verdict
 
 
+_FLOAT32_HELD_LESS = ("graph timing: too slow to time; its half colouring and their lean "
+                      "versions measured over float32's peak (TF_MPT_MEMORY)")
+
+
+def _within_float32_untimed(verdict, graphs, results, same_as, config, lean_inputs, timer):
+    """The memory check of a graph too slow to time (`verdict`: not timed, keeping the
+    prediction) under TF_MPT_MEMORY=float32 or least: the peaks of float32 and of the
+    prediction, one traced run each after a first run (the timer's `peaks_only`). Where the
+    prediction's is over float32's (by over PEAK_SLACK), its lean versions in _make_lean's
+    order (ordered products alone, lean, leaner) are measured and the first within float32's
+    peak is kept; where none is, float32 is. Their speed is not measured. Returns the
+    verdict, its peaks (and its lean version's record where one was measured) set; `results`
+    gets a kept lean version's RewriteResult. Where the check fails, `verdict` as it was."""
+    measure = getattr(timer, "peaks_only", None)
+    source = same_as.get(verdict.predicted, verdict.predicted)
+    if measure is None or source == _timing.FLOAT32 or source not in graphs:
+        return verdict
+    try:
+        measure({_timing.FLOAT32: graphs[_timing.FLOAT32], source: graphs[source]},
+                config.cost_batch)
+        peaks = {name: peak for name, peak in timer.peaks.items()
+                 if name in (_timing.FLOAT32, source, _timing.RESIDENT)}
+        if _timing.FLOAT32 not in peaks or source not in peaks:
+            return verdict
+        if not _timing.over_float32(peaks, source):
+            return dataclasses.replace(verdict, peaks=peaks)
+        tried = []
+        for products_in_float32, only_ordered in ((False, True), (False, False),
+                                                  (True, False)):
+            graph, changes = _lean.lean(graphs[source], products_in_float32, *lean_inputs,
+                                        only_ordered=only_ordered)
+            if graph is graphs[source] or any(graph == t for t in tried):
+                continue
+            tried.append(graph)
+            measure({_timing.LEAN: graph}, config.cost_batch)
+            if _timing.LEAN not in timer.peaks:
+                break
+            peaks[_timing.LEAN] = timer.peaks[_timing.LEAN]
+            verdict = dataclasses.replace(verdict, peaks=dict(peaks), lean_from=source,
+                                          lean_changes=dict(changes))
+            if not _timing.over_float32(peaks, _timing.LEAN):
+                results[_timing.LEAN] = _lean_result(results[source], graph)
+                return dataclasses.replace(verdict, pick=_timing.LEAN)
+        return dataclasses.replace(verdict, pick=_timing.FLOAT32, peaks=dict(peaks))
+    except Exception as error:  # pylint: disable=broad-except
+        _log.info("graph timing could not measure the peaks of a graph too slow to time "
+                  "(%s: %s); it keeps the prediction", type(error).__name__, error)
+        return dataclasses.replace(verdict, pick=verdict.predicted, peaks={}, lean_from="",
+                                   lean_changes={})
+
+
 def _lean_again(verdict, results, lean_inputs):
     """The RewriteResult of a verdict's lean pick, made again (a cached verdict)."""
     changes = verdict.lean_changes
@@ -463,6 +521,8 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
         def timer(graphs, batch, budget):
             return _timing.time_candidates(graphs, names, batch, budget, peaks)
         timer.profile = lambda graphs, batch: _timing.profile_candidates(graphs, names, batch)
+        timer.peaks_only = lambda graphs, batch: _timing.time_candidates(
+            graphs, names, batch, 0.0, peaks, runs=_timing.first_runs)
         timer.peaks = peaks
         if target.kind == "table" and not _verdicts.measuring_for_a_table():
             known, source = _verdicts.in_table(target.table, dtype).get(key), "table"
@@ -484,6 +544,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
     lean_inputs = (lists, _ShapeTable(shapes) if shapes is not None else None)
     results = {_timing.FLOAT32: None, predicted_name: predicted}
     same_as = {}  # candidate -> the candidate whose graph it equals
+    graphs = {}
     try:
         for name in (_timing.RULES, _timing.CONTRACTIONS):
             if name != predicted_name:
@@ -552,6 +613,9 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
             results[_timing.LEAN] = _lean_again(verdict, results, lean_inputs)
     except _timing.NotTimed as error:
         verdict = _timing.Verdict({}, predicted_name, predicted_name, str(error))
+        if isinstance(error, _timing.TooSlow) and _bounded(config, {}) is not None:
+            verdict = _within_float32_untimed(verdict, graphs, results, same_as, config,
+                                              lean_inputs, timer)
     except Exception as error:  # pylint: disable=broad-except
         _state.warn_once(("graph_timing", type(error).__name__),
                          "tf_mpt could not time a graph's candidate colourings (%s: %s); it "
@@ -569,7 +633,8 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
     if verdict.pick in (predicted_name, same_as.get(predicted_name)):
         kept = predicted  # (the prediction's graph, whatever else equals it)
     elif verdict.pick == _timing.FLOAT32:
-        kept = float32_result(graph_def, predicted)
+        kept = float32_result(graph_def, predicted, _FLOAT32_HELD_LESS if not verdict.timed
+                              else "graph timing: the graph ran faster in float32")
     else:
         kept = results[verdict.pick]
     # the target decided for, and what its prediction weighed, whichever candidate is kept

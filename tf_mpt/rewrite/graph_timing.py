@@ -60,6 +60,7 @@ PEAK_SLACK = 0.02
 RESIDENT = _step_timing.RESIDENT
 
 NotTimed = _step_timing.NotTimed
+TooSlow = _step_timing.TooSlow
 _log = logging.getLogger("tf_mpt.rewrite")
 _MADE_UP_DTYPES = frozenset((
     types_pb2.DT_FLOAT, types_pb2.DT_HALF, types_pb2.DT_BFLOAT16, types_pb2.DT_DOUBLE,
@@ -162,7 +163,7 @@ class Verdict:
     def describe(self):
         """One line: each candidate's median time and the pick."""
         if not self.timed:
-            return f"graph not timed ({self.why}): kept the prediction ({self.predicted})"
+            return self._describe_untimed()
         rounds = min(len(t) for t in self.times.values())
         where = {"cached": "cached here, ", "table": "from the target's table, "}.get(
             self.source, "")
@@ -206,6 +207,26 @@ class Verdict:
         return (f"graph timing ({where}median of {rounds} rounds): {', '.join(parts)}; picked "
                 f"{self.pick}{speed}" + ("" if self.pick == predicted else
                                          f" over the prediction ({self.predicted})") + held)
+
+    def _describe_untimed(self):
+        """The line of a verdict not timed: why, and where its peaks were measured instead
+        (decision's memory check of a graph too slow to time), what they were and what was
+        kept."""
+        text = f"graph not timed ({self.why})"
+        if not any(name in self.peaks for name in (FLOAT32, self.predicted)):
+            return f"{text}: kept the prediction ({self.predicted})"
+        parts = [f"{name}{self._peak(name)}" for name in (FLOAT32, self.predicted)
+                 if name in self.peaks]
+        if LEAN in self.peaks:
+            changes = ", ".join(f"{change} x{n}" for change, n in
+                                sorted(self.lean_changes.items()) if n)
+            parts.append(f"{LEAN} {self.lean_from} ({changes}){self._peak(LEAN)}")
+        kept = {FLOAT32: "float32", LEAN: f"{LEAN} {self.lean_from}"}.get(
+            self.pick, f"the prediction ({self.predicted})")
+        return (f"{text}; its peaks measured instead (one traced run each): "
+                f"{', '.join(parts)}; kept {kept}, "
+                + ("the only one within float32's peak" if self.pick == FLOAT32 else
+                   "within float32's peak") + " (its speed not measured)")
 
     def _peak(self, name):
         """' (peak 12.3 MiB)' where `name`'s step peak was measured, ' (peak 12.3 MiB: over
@@ -496,15 +517,17 @@ def _initializer(graph, node, rng):
 _clock = time.perf_counter
 
 
-def time_candidates(graph_defs, fetches, batch, budget_seconds, peaks=None):
+def time_candidates(graph_defs, fetches, batch, budget_seconds, peaks=None, runs=None):
     """Times each of {candidate: GraphDef} (one graph's colourings: the same inputs and
     fetches) on this CPU. Returns {candidate: (seconds per run, ...)}; raises NotTimed where
     that cannot be done safely. `peaks`, a dict: filled with {candidate: the step peak in
-    bytes of one traced run after the rounds} (step_peak_bytes) and peaks[RESIDENT]."""
+    bytes of one traced run after the rounds} (step_peak_bytes) and peaks[RESIDENT]. `runs`:
+    what runs them in place of `rounds` (first_runs: for their peaks alone)."""
     clock = _clock
+    runs = runs or rounds
 
     def use(boxes, resident):
-        times = rounds({name: box.run for name, box in boxes.items()}, budget_seconds, clock)
+        times = runs({name: box.run for name, box in boxes.items()}, budget_seconds, clock)
         if peaks is not None:
             peaks.update((name, box.peak()) for name, box in boxes.items())
             peaks[RESIDENT] = resident
@@ -598,7 +621,7 @@ def rounds(runners, budget_seconds, clock=None):
             order = order[1:] + order[:1]
             spent = clock() - start
             if index + 1 < MIN_ROUNDS and spent * MIN_ROUNDS / (index + 1) > budget_seconds:
-                raise NotTimed(f"one round of the {len(order)} candidates takes "
+                raise TooSlow(f"one round of the {len(order)} candidates takes "
                                f"{spent / (index + 1):.1f} s: {MIN_ROUNDS} rounds do not fit "
                                f"in the {budget_seconds:.0f} s the rounds may spend of the "
                                "budget (TF_MPT_TIMING_BUDGET)")
@@ -610,6 +633,25 @@ def rounds(runners, budget_seconds, clock=None):
     except tf.errors.OpError as error:
         raise NotTimed(f"a run on made-up inputs failed ({_first_line(error)})") from None
     return {name: tuple(t) for name, t in times.items()}
+
+
+def first_runs(runners, budget_seconds=0.0, clock=None):
+    """Runs each of {candidate: run()} once (its first run: Grappler, kernel set-up) and
+    returns {candidate: (its seconds,)}: no timing (a first run says little of the speed),
+    what a traced run's peak needs before it (decision's memory check of a graph too slow
+    to time). NotTimed where a run fails."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    del budget_seconds  # (one run each, whatever the budget)
+    clock = clock or _clock
+    found = {}
+    try:
+        for name, run in runners.items():
+            began = clock()
+            run()
+            found[name] = (clock() - began,)
+    except tf.errors.OpError as error:
+        raise NotTimed(f"a run on made-up inputs failed ({_first_line(error)})") from None
+    return found
 
 
 def _first_line(error):

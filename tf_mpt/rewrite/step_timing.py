@@ -81,6 +81,11 @@ class NotTimed(Exception):
     """The function cannot be timed safely; the message says why."""
 
 
+class TooSlow(NotTimed):
+    """Its rounds do not fit in the budget: it runs, but too slowly to time (its peaks can
+    still be measured, one traced run each: decision's memory check)."""
+
+
 def worth_timing(report, target, mode):
     """Whether a function rewritten with `report` for `target` (a resolved
     tf_mpt.targets.Target) is timed under TF_MPT_STEP_TIMING=`mode`: never with 'off', nor

@@ -125,7 +125,8 @@ def _step_timer(cf, jit_compile):
     its variables, each half candidate's library functions named apart (the eager context
     holds the float32 ones under their names); its `profile` attribute, the per-node profile
     the refinement reads (step_timing.profile_versions); its `peaks`, each candidate's step
-    peak as timed (the memory criterion's). One sandbox serves every call until `close()`
+    peak as timed (the memory criterion's); its `peaks_only`, the peaks of a step too slow
+    to time (one first run and one traced run each). One sandbox serves every call until `close()`
     (decide's stages: a candidate timed again is not imported or set up again)."""
     def check():
         if jit_compile:
@@ -161,6 +162,11 @@ def _step_timer(cf, jit_compile):
         return _timing.profile_versions(cf, apart(graphs), batch, _graph_timing.PROFILE_RUNS,
                                         sandbox=sandbox)
 
+    def peaks_only(graphs, batch):
+        check()
+        return _timing.time_versions(cf, apart(graphs), batch, _graph_timing.first_runs, 0.0,
+                                     peaks, sandbox=sandbox)
+
     def key_graph(graph_def):
         check()  # (a verdict is read only where the function could be timed)
         return _canonical(graph_def, cf)
@@ -169,6 +175,7 @@ def _step_timer(cf, jit_compile):
         sandbox.close()
         named_apart.clear()
     timer.profile = profile
+    timer.peaks_only = peaks_only
     timer.peaks = peaks
     timer.key_graph = key_graph
     timer.close = close
