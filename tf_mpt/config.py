@@ -120,7 +120,10 @@ ENV_VARS = (
      "a Session of its own with random copies of its variables, and the fastest is kept "
      "(the prediction unless another is over 3% faster). The first rounds spend up to 60% "
      "of it, a lean or refined version what is left; setting a candidate up (its import, "
-     "a warm-up run: seconds for a graph of thousands of nodes) is not counted. "
+     "a warm-up run: seconds for a graph of thousands of nodes) is not counted. Where 3 "
+     "rounds of every candidate would not fit, a candidate over 20% slower than the fastest "
+     "in every round so far runs no more rounds; where the others' still do not fit, the "
+     "graph is not timed (see TF_MPT_MEMORY). "
      "0: never (the prediction decides). "
      "`tf-mpt convert` / `inspect --no-timing` is 0, and 0 turns step timing off too. A graph whose fetches need ops with "
      "effects outside their own state (files, queues, iterators, Python calls) is not timed."),

@@ -35,7 +35,10 @@
                   3%) is kept: a tie in time goes to memory (_make_smaller; before the
                   refinement, and a lean pick is not refined). A traced tf.function's step
                   timer measures its candidates' peaks the same way
-    too slow      where the first rounds do not fit in the budget (TooSlow) and the peak is
+    too slow      where the first rounds of every candidate would not fit in the budget, a
+                  candidate over DROP_SLOWER slower than the fastest runs no more rounds
+                  (graph_timing.rounds); where the others' still do not fit (TooSlow) and
+                  the peak is
                   bounded (TF_MPT_MEMORY=float32 or least): the peaks of float32 and of the
                   prediction are measured instead, one traced run each after a first run; the
                   prediction runs where within float32's, else its first lean version within
