@@ -38,13 +38,12 @@
     too slow      where the first rounds of every candidate would not fit in the budget, a
                   candidate over DROP_SLOWER slower than the fastest runs no more rounds
                   (graph_timing.rounds); where the others' still do not fit (TooSlow) and
-                  the peak is
-                  bounded (TF_MPT_MEMORY=float32 or least): the peaks of float32 and of the
-                  prediction are measured instead, one traced run each after a first run; the
-                  prediction runs where within float32's, else its first lean version within
-                  it (_make_lean's order), else float32 (_within_float32_untimed: ResNet50's
-                  fit step at batch 64, 7.2 s a round, ran the cost model's colouring untimed
-                  at 1.13x float32's peak tensors)
+                  the peak is bounded (TF_MPT_MEMORY=float32 or least): the peaks of float32
+                  and of the prediction are measured instead, one traced run each after a
+                  first run; the prediction runs where within float32's, else its first lean
+                  version within it (_make_lean's order), else float32
+                  (_within_float32_untimed: ResNet50's fit step at batch 64, 7.2 s a round,
+                  ran the cost model's colouring untimed at 1.13x float32's peak tensors)
     verdict       graph_timing.Verdict: every time and the pick, in the report
                   (RewriteReport.verdict) and in one INFO line
 
