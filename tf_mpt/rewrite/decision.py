@@ -338,6 +338,21 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
         lean_others=others)
 
 
+def _lean_versions(graph_def, lean_inputs, tried):
+    """(lean GraphDef, {change: count}) of each of `graph_def`'s lean versions in turn, from
+    the cheapest: its weight gradients' products ordered alone (lean.lean's `only_ordered`),
+    its lean version, its leaner one (weight gradients' products in float32); a version that
+    changes nothing, or equals one in `tried` (a list, which each version yielded joins), is
+    skipped."""
+    for products_in_float32, only_ordered in ((False, True), (False, False), (True, False)):
+        graph, changes = _lean.lean(graph_def, products_in_float32, *lean_inputs,
+                                    only_ordered=only_ordered)
+        if graph is graph_def or any(graph == t for t in tried):
+            continue
+        tried.append(graph)
+        yield graph, changes
+
+
 def _make_lean(verdict, results, graphs, config, lean_inputs, timer, budget):
     """Where the first rounds' fastest candidate is over float32's peak: its weight
     gradients' products ordered (lean.lean's cheapest version, `only_ordered`), then where
@@ -362,16 +377,10 @@ def _make_lean(verdict, results, graphs, config, lean_inputs, timer, budget):
                    statistics.median(verdict.times[name]) < bound),
                   key=lambda name: (name != fastest, statistics.median(verdict.times[name])))
     for source in over:
-        for products_in_float32, only_ordered in ((False, True), (False, False),
-                                                  (True, False)):
-            graph, changes = _lean.lean(graphs[source], products_in_float32, *lean_inputs,
-                                        only_ordered=only_ordered)
+        for graph, changes in _lean_versions(graphs[source], lean_inputs, tried):
             left = budget.left()
             if left <= 0:
                 return verdict
-            if graph is graphs[source] or any(graph == t for t in tried):
-                continue
-            tried.append(graph)
             times = budget.spend(timer({against: graphs[against], _timing.LEAN: graph},
                                        config.cost_batch, left))
             results[_timing.LEAN] = _lean_result(results[source], graph)
@@ -415,14 +424,7 @@ def _within_float32_untimed(verdict, graphs, results, same_as, config, lean_inpu
             return verdict
         if not _timing.over_float32(peaks, source):
             return dataclasses.replace(verdict, peaks=peaks)
-        tried = []
-        for products_in_float32, only_ordered in ((False, True), (False, False),
-                                                  (True, False)):
-            graph, changes = _lean.lean(graphs[source], products_in_float32, *lean_inputs,
-                                        only_ordered=only_ordered)
-            if graph is graphs[source] or any(graph == t for t in tried):
-                continue
-            tried.append(graph)
+        for graph, changes in _lean_versions(graphs[source], lean_inputs, []):
             measure({_timing.LEAN: graph}, config.cost_batch)
             if _timing.LEAN not in timer.peaks:
                 break

@@ -620,10 +620,7 @@ def rounds(runners, budget_seconds, clock=None):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     clock = clock or _clock
     try:
-        for name, run in runners.items():
-            began = clock()
-            run()
-            _log.debug("graph timing: %s's warm-up run took %.2f s", name, clock() - began)
+        first_runs(runners, clock=clock)  # (the warm-up)
         times = {name: [] for name in runners}
         order, start = list(runners), clock()
         for index in range(MAX_ROUNDS):
@@ -658,9 +655,9 @@ def rounds(runners, budget_seconds, clock=None):
 
 def first_runs(runners, budget_seconds=0.0, clock=None):
     """Runs each of {candidate: run()} once (its first run: Grappler, kernel set-up) and
-    returns {candidate: (its seconds,)}: no timing (a first run says little of the speed),
-    what a traced run's peak needs before it (decision's memory check of a graph too slow
-    to time). NotTimed where a run fails."""
+    returns {candidate: (its seconds,)}: no timing (a first run says little of the speed);
+    `rounds`' warm-up, and what a traced run's peak needs before it (decision's memory check
+    of a graph too slow to time). NotTimed where a run fails."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     del budget_seconds  # (one run each, whatever the budget)
     clock = clock or _clock
@@ -670,6 +667,7 @@ def first_runs(runners, budget_seconds=0.0, clock=None):
             began = clock()
             run()
             found[name] = (clock() - began,)
+            _log.debug("graph timing: %s's warm-up run took %.2f s", name, found[name][0])
     except tf.errors.OpError as error:
         raise NotTimed(f"a run on made-up inputs failed ({_first_line(error)})") from None
     return found

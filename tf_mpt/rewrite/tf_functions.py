@@ -126,8 +126,8 @@ def _step_timer(cf, jit_compile):
     holds the float32 ones under their names); its `profile` attribute, the per-node profile
     the refinement reads (step_timing.profile_versions); its `peaks`, each candidate's step
     peak as timed (the memory criterion's); its `peaks_only`, the peaks of a step too slow
-    to time (one first run and one traced run each). One sandbox serves every call until `close()`
-    (decide's stages: a candidate timed again is not imported or set up again)."""
+    to time (one first run and one traced run each). One sandbox serves every call until
+    `close()` (decide's stages: a candidate timed again is not imported or set up again)."""
     def check():
         if jit_compile:
             raise _timing.NotTimed("XLA compiles it (jit_compile), which the timing would not")
