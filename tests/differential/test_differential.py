@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, Phase, settings
 # pytest puts tests/ on sys.path (tests/conftest.py, rootdir-relative "prepend" import mode),
 # the way the other tests import `helpers`; tests/differential is the package `differential`.
 from differential import harness, programs
+from support import half_ops
 
 # Drawing is deterministic (derandomize): every run draws the same candidates. No shrinking
 # (the programs are run after drawing, outside hypothesis) and no example database.
@@ -203,6 +204,17 @@ def test_the_observer_counts_the_half_ops_a_run_executed():
     assert harness.judge(_HALF_PROGRAM, "bfloat16", runs["float32"], runs["bfloat16"]).real_half
     assert not harness.judge(_HALF_PROGRAM, "bfloat16", runs["float32"],
                              runs["float32"]).real_half
+
+
+def test_the_observer_reads_onednns_renames_as_the_op_they_run():
+    """oneDNN's layout pass renames the ops it takes, and which differs from CPU to CPU (a
+    float16 Conv2D is _MklNativeConv2D only where the CPU has avx512_fp16): the counts name
+    the op the program's graph has."""
+    assert [half_ops.op_type(name) for name in (
+        "Conv2D", "_MklNativeConv2D", "_MklConv2D", "_MklNativeConv2DBackpropFilter",
+        "_MklFusedMatMul", "_MklNativeFusedConv2D", "_FusedMatMul", "Relu")] == [
+        "Conv2D", "Conv2D", "Conv2D", "Conv2DBackpropFilter", "_FusedMatMul",
+        "_FusedConv2D", "_FusedMatMul", "Relu"]
 
 
 # ---------------------------------------------------------------------------------------------

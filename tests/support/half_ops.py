@@ -14,11 +14,12 @@ program imports it. Two ways a program runs graphs are seen:
     tf.function      the eager context's run metadata: the partition graphs of every
                      function call (Keras's fit / evaluate / predict steps included)
 
-At exit (of a process that imported TensorFlow) one line goes to stderr, `COUNT_LINE_PREFIX {json}`: "half_ops" (distinct executed
-nodes whose type attr T is float16 or bfloat16), "float_ops" (whose T is float32),
-"half_types" ({op type: count}). A float32 run prints half_ops 0; so does a mixed run that
-converted nothing. Nothing of the program changes: its RunOptions are copied, a
-run_metadata it passes is still filled.
+At exit (of a process that imported TensorFlow) one line goes to stderr,
+`COUNT_LINE_PREFIX {json}`: "half_ops" (distinct executed nodes whose type attr T is float16 or
+bfloat16), "float_ops" (whose T is float32), "half_types" ({op type: count}, oneDNN's renames
+read as the op they run: op_type). A float32 run prints half_ops 0; so does a mixed run that
+converted nothing. Nothing of the program changes: its RunOptions are copied, a run_metadata
+it passes is still filled.
 """
 
 import atexit
@@ -58,11 +59,23 @@ def half_ops(stderr):
     return counts["half_ops"]
 
 
+def op_type(executed):
+    """The op type a partition graph's node `executed` runs, as the program's graph names it:
+    oneDNN's layout pass renames the ops it takes (Conv2D to _MklNativeConv2D or _MklConv2D,
+    _FusedMatMul to _MklFusedMatMul), and which it takes differs from CPU to CPU (float16
+    Conv2D only where the CPU has avx512_fp16)."""
+    for prefix in ("_MklNative", "_Mkl"):
+        if executed.startswith(prefix):
+            rest = executed[len(prefix):]
+            return "_" + rest if rest.startswith("Fused") else rest
+    return executed
+
+
 def _record(graphs, kind):
     for graph in graphs:
         for node in graph.node:
             if "T" in node.attr and node.attr["T"].type in _kinds:
-                _seen[(kind, node.name)] = (node.op, _kinds[node.attr["T"].type])
+                _seen[(kind, node.name)] = (op_type(node.op), _kinds[node.attr["T"].type])
 
 
 def _observe(tf):
