@@ -29,8 +29,9 @@
                   3% faster (before any refinement: a lean pick is not refined). Where
                   no lean version was kept and the pick holds more than
                   SMALLER_ABOVE of float32's peak, its lean version without ordered products
-                  (activations saved in half, late casts), and those of the half candidates
-                  within SMALLER_WINDOW of its time, are timed beside it, and the one
+                  (activations saved in half, late casts), those of the half candidates
+                  within SMALLER_WINDOW of its time, and its own from its half copies alone
+                  (no new Cast down: lean.FROM_COPIES) are timed beside it, and the one
                   holding least of those holding less (by over 2%) and not slower (by over
                   3%) is kept: a tie in time goes to memory (_make_smaller; before the
                   refinement, and a lean pick is not refined). A traced tf.function's step
@@ -255,8 +256,10 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
     activations saved in half; a weight's half Cast made at each use; ordered products
     serve a candidate whose weight gradients hold it over float32's peak, and cost time) of
     the pick and of each other half candidate within SMALLER_WINDOW of its time (least: not
-    slower than float32), timed beside the pick in the same rounds within what is left of
-    `budget` (a _Budget). Of those holding over PEAK_SLACK less than the pick and not over
+    slower than float32), then the pick's saved in half from its half copies alone (no new
+    Cast down, lean.FROM_COPIES: a Keras Transformer's fit step on Sapphire Rapids, whose
+    lean version cost a Cast down and up per Gelu intermediate), timed beside the pick in
+    the same rounds within what is left of `budget` (a _Budget). Of those holding over PEAK_SLACK less than the pick and not over
     MARGIN slower (least: not slower than `float32_graph`, timed in the same rounds), the
     one holding least (within PEAK_SLACK: the fastest) is kept: a tie in time goes to
     memory, whichever colouring it was made from (a Keras Transformer's fit step: the op lists'
@@ -284,9 +287,11 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
          not _timing.over_float32(peaks, name)),
         key=medians.get)
     versions = {}  # {timer key: (source, lean graph, changes)}
-    for source in sources:
+    # each source's lean version, then the pick's from its half copies alone (no new Cast
+    # down: where the others cost more than MARGIN, it may hold less at the pick's speed)
+    for source, new_copies in [(source, True) for source in sources] + [(chosen, False)]:
         graph, changes = _lean.lean(results[source].graph_def, False, *lean_inputs,
-                                    ordered=False)
+                                    ordered=False, new_copies=new_copies)
         if graph is results[source].graph_def or \
                 any(graph == g for _, g, _ in versions.values()):
             continue
@@ -326,7 +331,8 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
             stand.pop(key, None)
         if _timing.LEAN in peaks:
             stand[_timing.LEAN] = peaks[_timing.LEAN]
-    others = {versions[key][0]: (statistics.median(times[key]), measured.get(key))
+    others = {_lean_label(*versions[key][::2]): (statistics.median(times[key]),
+                                                 measured.get(key))
               for key in versions if key != record}
     if verdict.lean_from and _timing.LEAN in verdict.times:  # (_make_lean's, not kept)
         others = {verdict.lean_from: (statistics.median(verdict.times[_timing.LEAN]),
@@ -336,6 +342,12 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
         pick=_timing.LEAN if kept else chosen, lean_from=source, lean_against=chosen,
         lean_beside=times[chosen], lean_changes=dict(changes), peaks=peaks,
         lean_others=others)
+
+
+def _lean_label(source, changes):
+    """How a lean version not kept is named in a verdict's lean_others: its source, and
+    whether it was saved in half from half copies alone (_lean.FROM_COPIES)."""
+    return f"{source} ({_lean.FROM_COPIES})" if _lean.FROM_COPIES in changes else source
 
 
 def _lean_versions(graph_def, lean_inputs, tried):
@@ -448,7 +460,8 @@ def _lean_again(verdict, results, lean_inputs):
     graph, _ = _lean.lean(results[verdict.lean_from].graph_def,
                           "float32 products" in changes, *lean_inputs,
                           ordered="ordered products" in changes,
-                          only_ordered=set(changes) == {"ordered products"})
+                          only_ordered=set(changes) == {"ordered products"},
+                          new_copies=_lean.FROM_COPIES not in changes)
     return _lean_result(results[verdict.lean_from], graph)
 
 
