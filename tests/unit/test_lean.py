@@ -496,6 +496,14 @@ def test_a_loss_is_reduced_before_the_backward_pass_reads_its_difference():
     assert lean.reduced_first(small) == (small, 0)
 
 
+def _new_half_copy_of_the_loss_gradient(graph_def):
+    """Whether the Relu training graph's loss gradient has a half Cast: the products-only
+    candidate's lean version saves it in half through a new Cast down; made from its half
+    copies alone (lean.FROM_COPIES) it does not."""
+    return any(n.op == "Cast" and n.attr["DstT"].type == tf.bfloat16.as_datatype_enum and
+               n.input[0] == "gradients/loss_grad/truediv" for n in graph_def.node)
+
+
 def _relu_kinds():
     """The kind of a candidate of the Relu training graph, by its structure."""
     bf16 = tf.bfloat16.as_datatype_enum
@@ -507,11 +515,7 @@ def _relu_kinds():
             return "rules"
         if not _waiting_casts_to_float32(g):
             return "products"
-        # the lean version saves the loss's gradient in half through a new Cast down; made
-        # from its half copies alone (lean.FROM_COPIES) it does not
-        new_copy = any(n.op == "Cast" and n.attr["DstT"].type == bf16 and
-                       n.input[0] == "gradients/loss_grad/truediv" for n in g.node)
-        return "saved" if new_copy else "saved from copies"
+        return "saved" if _new_half_copy_of_the_loss_gradient(g) else "saved from copies"
     return kind
 
 
@@ -775,11 +779,8 @@ def _lean_kinds():
             else "products"
         lean_graph = any(n.op == "Cast" and any(i.startswith("^") for i in n.input)
                          for n in g.node)
-        # the products' lean version saves the loss's gradient in half through a new Cast
-        # down; made from its half copies alone (lean.FROM_COPIES) it does not
-        from_copies = base == "products" and _waiting_casts_to_float32(g) and not any(
-            n.op == "Cast" and n.attr["DstT"].type == bf16 and
-            n.input[0] == "gradients/loss_grad/truediv" for n in g.node)
+        from_copies = base == "products" and _waiting_casts_to_float32(g) and \
+            not _new_half_copy_of_the_loss_gradient(g)
         return base + (" lean" if lean_graph else "") + (" from copies" if from_copies else "")
     return kind
 

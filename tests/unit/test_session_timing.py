@@ -21,6 +21,7 @@ import tensorflow as tf
 import tf_mpt
 from tf_mpt.automatic import switch as _autoenable
 from support import fake_timing as _fake_timing
+from support import half_ops
 from support.helpers import tf1
 from support.tolerances import FINAL_LOSS_RTOL
 
@@ -86,8 +87,8 @@ def _ran(sess, fetches, feed):
     ran = {}
     for graph in metadata.partition_graphs:
         for node in graph.node:
-            if "T" in node.attr:  # (oneDNN's kernels named as the op: _MklMatMul: MatMul)
-                op = node.op.replace("_MklNative", "").replace("_Mkl", "").replace("_Fused", "")
+            if "T" in node.attr:  # (oneDNN's kernels named as the op, a fusion as its product)
+                op = half_ops.op_type(node.op).replace("_Fused", "")
                 ran.setdefault(op, set()).add(tf.as_dtype(node.attr["T"].type))
     return result, ran
 

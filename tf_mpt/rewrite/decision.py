@@ -259,17 +259,18 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
     slower than float32), then the pick's saved in half from its half copies alone (no new
     Cast down, lean.FROM_COPIES: a Keras Transformer's fit step on Sapphire Rapids, whose
     lean version cost a Cast down and up per Gelu intermediate), timed beside the pick in
-    the same rounds within what is left of `budget` (a _Budget). Of those holding over PEAK_SLACK less than the pick and not over
-    MARGIN slower (least: not slower than `float32_graph`, timed in the same rounds), the
-    one holding least (within PEAK_SLACK: the fastest) is kept: a tie in time goes to
-    memory, whichever colouring it was made from (a Keras Transformer's fit step: the op lists'
-    colouring, 2-10% slower than the cost model's, made lean has run as fast as the pick,
-    holding 0.57x-0.60x of float32's step peak against its 0.91x). Returns the verdict, with the
-    kept lean version's record (none kept: the pick's own, else the first timed) where one was
-    timed, the others' medians and peaks in its `lean_others`, with the lean version _make_lean
-    timed and did not keep where it tried one (ResNet50's fit step: contractions only's lean
-    version was slower than the op lists' pick, whose own lean version then was not tried);
-    `results` gets its RewriteResult."""
+    the same rounds within what is left of `budget` (a _Budget). Of those holding over
+    PEAK_SLACK less than the pick and not over MARGIN slower (least: not slower than
+    `float32_graph`, timed in the same rounds), the one holding least (within PEAK_SLACK:
+    the fastest) is kept: a tie in time goes to memory, whichever colouring it was made from
+    (a Keras Transformer's fit step: the op lists' colouring, 2-10% slower than the cost
+    model's, made lean has run as fast as the pick, holding 0.57x-0.60x of float32's step
+    peak against its 0.91x). Returns the verdict, with the kept lean version's record (none
+    kept: the pick's own, else the first timed) where one was timed, the others' medians and
+    peaks in its `lean_others`, with the lean version _make_lean timed and did not keep
+    where it tried one (ResNet50's fit step: contractions only's lean version was slower
+    than the op lists' pick, whose own lean version then was not tried); `results` gets its
+    RewriteResult."""
     chosen, peaks = verdict.pick, verdict.peaks
     goal = 0.0 if _least(config) else SMALLER_ABOVE
     if chosen in (_timing.FLOAT32, _timing.LEAN) or \
@@ -331,8 +332,8 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
             stand.pop(key, None)
         if _timing.LEAN in peaks:
             stand[_timing.LEAN] = peaks[_timing.LEAN]
-    others = {_lean_label(*versions[key][::2]): (statistics.median(times[key]),
-                                                 measured.get(key))
+    others = {_lean_label(versions[key][0], versions[key][2]):
+              (statistics.median(times[key]), measured.get(key))
               for key in versions if key != record}
     if verdict.lean_from and _timing.LEAN in verdict.times:  # (_make_lean's, not kept)
         others = {verdict.lean_from: (statistics.median(verdict.times[_timing.LEAN]),
