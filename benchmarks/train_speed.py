@@ -43,7 +43,11 @@ Before them, one tf_mpt child per model runs unmeasured in the table: tf_mpt's f
 the machine decides by graph timing (its sandboxes hold copies of the variables and inputs)
 and caches its verdicts; its figures are given apart ("first run").
 The peak varies from run to run, so there are `memory_repeats` children per (model, variant),
-the variants interleaved, and the table shows medians. Each child builds the float32 graph and
+the variants interleaved, and the table shows medians; beside a half variant's median ratio,
+the ratio of the highest peaks (what decides whether a batch fits). A step's peak takes one of
+a few values by the order its kernels run in: the MLP's float32 step holds 93.1 or 102.0-102.4
+MiB in children of one build (Sapphire Rapids), so a median of few children reads +-10% there
+however the graph is coloured. Each child builds the float32 graph and
 its feeds, takes that point as the baseline, then prepares the variant (tf_mpt: the rewrite;
 Grappler: its pass runs at the Session's first step), opens the Session, initialises and runs
 MEMORY_STEPS training steps. Two numbers per variant:
@@ -159,7 +163,7 @@ class Settings:
 FULL = Settings(warmup=3, rounds=9, steps=5, conv_batch=64, conv_side=32, mlp_batch=256,
                 mlp_hidden=2048, tf_batch=32, tf_seq=128, tf_model=256, tf_heads=4,
                 lstm_seq=32, lstm_batch=64, lstm_hidden=512, small_batch=32,
-                small_width=64, small_depth=16, memory_repeats=3,
+                small_width=64, small_depth=16, memory_repeats=5,
                 accuracy_epochs=6)
 QUICK = Settings(warmup=2, rounds=5, steps=3, conv_batch=32, conv_side=32, mlp_batch=128,
                  mlp_hidden=1024, tf_batch=8, tf_seq=64, tf_model=128, tf_heads=4,
@@ -691,8 +695,10 @@ def memory_table(rows):
     for r in rows:
         rss, tensors = zip(*(_memory_cells(r[v]) for v in VARIANTS))
         base = r[VARIANTS[0]].get("tensors")
+        highest = r[VARIANTS[0]].get("tensors_range", (0, 0))[1]
         tensors = [cell if k == 0 or not base or "tensors" not in r[v] else
-                   f"{cell} ({r[v]['tensors'] / base:.2f}x)"
+                   f"{cell} ({r[v]['tensors'] / base:.2f}x; highest "
+                   f"{r[v]['tensors_range'][1] / highest:.2f}x)"
                    for k, (v, cell) in enumerate(zip(VARIANTS, tensors))]
         lines.append(f"| {r['model']} | {' | '.join(rss)} | {' | '.join(tensors)} |")
     return "\n".join(lines)
@@ -844,7 +850,8 @@ def memory_section(args, settings):
           f"{MEMORY_STEPS} training steps each; medians over the children. RSS = the process's "
           "peak resident set size from the point where the float32 graph is built to the end, "
           "minus its resident size at that point; tensors = peak in use by TensorFlow's CPU "
-          "allocator over the same span.", flush=True)
+          "allocator over the same span; (Nx; highest Mx): the medians' ratio to float32's, "
+          "and the highest child's to float32's highest.", flush=True)
     rows = []
     for name in args.models.split(","):
         start = time.perf_counter()
