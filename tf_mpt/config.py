@@ -147,7 +147,7 @@ ENV_VARS = (
      "A graph too slow to time (3 rounds do not fit in the budget) has its peaks measured "
      "instead, one traced run each, under float32 and least: the prediction runs where within "
      "float32's peak, else its first lean version within it, else float32 (speed not "
-     "measured). "
+     "measured; the check is cached, and read again under the same TF_MPT_TIMING_BUDGET). "
      "least: memory first (bigger batches), never slower than "
      "float32: the candidate holding least among those whose median time is not above "
      "float32's; every half pick's lean version is timed beside it and float32 and kept if "

@@ -814,6 +814,7 @@ def _timed_relu_graph(monkeypatch, tmp_path, costs, peaks, setup_seconds=0.0):
     def rewrite():
         return tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", fetches=fetches,
                                         target="here")
+    rewrite.fakes = fakes
     return kind, tried, rewrite
 
 
@@ -977,6 +978,43 @@ def test_a_stages_set_up_is_not_spent_from_the_budget(monkeypatch, tmp_path):
     assert "rules lean" in tried, (tried, verdict.describe())
     assert verdict.pick == graph_timing.LEAN and kind(result.graph_def) == "rules lean", \
         verdict.describe()
+
+
+@pytest.mark.parametrize("half_peak, lean_peak, kept", [
+    (12, 9, "lean"), (9, 9, "prediction"), (12, 11, "float32")])
+def test_a_graph_too_slow_to_time_has_its_check_cached(
+        monkeypatch, tmp_path, half_peak, lean_peak, kept):
+    """Graph timing (an injected clock and sandbox, 2 s a run): the memory check of a graph
+    too slow to time is cached beside its budget. The next process (a rewrite of the same
+    graph) runs nothing, measures nothing and keeps the same graph, its line saying the
+    peaks are cached; under another TF_MPT_TIMING_BUDGET the graph is tried again (before:
+    every process ran its first runs and traced runs again)."""
+    half_kinds = ("rules", "products")
+    kind, tried, rewrite = _timed_relu_graph(
+        monkeypatch, tmp_path,
+        costs=collections.defaultdict(lambda: 2.0),
+        peaks={"float32": 10 << 20,
+               **{k: half_peak << 20 for k in half_kinds},
+               **{f"{k} lean": lean_peak << 20 for k in half_kinds}})
+    first = rewrite()
+    runs, measured = len(rewrite.fakes.runs), len(tried)
+    assert runs > 0 and measured >= 2, (runs, tried)
+    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    expected = {"lean": graph_timing.LEAN, "prediction": first.report.verdict.predicted,
+                "float32": graph_timing.FLOAT32}[kept]
+    assert first.report.verdict.pick == expected, first.report.verdict.describe()
+    again = rewrite()
+    verdict = again.report.verdict
+    assert len(rewrite.fakes.runs) == runs and len(tried) == measured, tried
+    assert verdict.source == "cached" and not verdict.timed, verdict.describe()
+    assert verdict.pick == expected and verdict.peaks == first.report.verdict.peaks
+    assert again.graph_def == first.graph_def, verdict.describe()
+    assert again.report.converted_nodes == first.report.converted_nodes
+    assert "cached here: its peaks measured instead" in verdict.describe(), verdict.describe()
+    monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "6")
+    third = rewrite()
+    assert len(rewrite.fakes.runs) > runs and len(tried) > measured, tried
+    assert third.report.verdict.source == "timed" and third.graph_def == first.graph_def
 
 
 @pytest.mark.parametrize("half_peak, lean_peak, memory, kept", [

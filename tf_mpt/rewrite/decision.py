@@ -44,7 +44,9 @@
                   first run; the prediction runs where within float32's, else its first lean
                   version within it (_make_lean's order), else float32
                   (_within_float32_untimed: ResNet50's fit step at batch 64, 7.2 s a round,
-                  ran the cost model's colouring untimed at 1.13x float32's peak tensors)
+                  ran the cost model's colouring untimed at 1.13x float32's peak tensors);
+                  that check is cached beside the budget (CHECKED_BUDGET) and read again
+                  under the same budget only
     verdict       graph_timing.Verdict: every time and the pick, in the report
                   (RewriteReport.verdict) and in one INFO line
 
@@ -411,6 +413,10 @@ def _make_lean(verdict, results, graphs, config, lean_inputs, timer, budget):
     return verdict
 
 
+# The key beside a stored verdict of a graph too slow to time (its peaks measured instead):
+# the budget it was too slow for. Read again only under that budget (another is timed again).
+CHECKED_BUDGET = "checked_budget"
+
 _FLOAT32_HELD_LESS = ("graph timing: too slow to time; its half colouring and their lean "
                       "versions measured over float32's peak (TF_MPT_MEMORY)")
 
@@ -579,7 +585,15 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
         verdict = None
         if known is not None:
             verdict = _timing.Verdict.from_dict(known, source)
-            if verdict is None or not set(graphs) <= set(verdict.times):
+            if verdict is not None and not verdict.timed:
+                # (a graph too slow to time, its peaks measured instead: the record stands
+                # for the budget it was too slow for, and for its candidates)
+                ok = known.get(CHECKED_BUDGET) == config.timing_budget and \
+                    verdict.predicted == predicted_name and \
+                    set(verdict.peaks) - {_timing.RESIDENT, _timing.LEAN} <= set(graphs) and \
+                    (not verdict.lean_from or verdict.lean_from in graphs)
+                verdict = dataclasses.replace(verdict, same_as=same_as) if ok else None
+            elif verdict is None or not set(graphs) <= set(verdict.times):
                 # a record this version cannot apply, or one that did not time every
                 # candidate there is now (the prediction changed: a table measured since):
                 # timed again
@@ -634,6 +648,9 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
         if isinstance(error, _timing.TooSlow) and _bounded(config, {}) is not None:
             verdict = _within_float32_untimed(verdict, graphs, results, same_as, config,
                                               lean_inputs, timer)
+            if key is not None and verdict.peaks:
+                _verdicts.store(config, dtype, key,
+                                {**verdict.to_dict(), CHECKED_BUDGET: config.timing_budget})
     except Exception as error:  # pylint: disable=broad-except
         _state.warn_once(("graph_timing", type(error).__name__),
                          "tf_mpt could not time a graph's candidate colourings (%s: %s); it "

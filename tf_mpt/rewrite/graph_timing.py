@@ -149,8 +149,17 @@ class Verdict:
             lean_changes = {str(k): int(v) for k, v in data.get("lean_changes", {}).items()}
             lean_others = {str(k): (float(v[0]), None if v[1] is None else int(v[1]))
                            for k, v in data.get("lean_others", {}).items()}
+            why = str(data.get("why", ""))
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
+        if not times:  # (a graph too slow to time, its peaks measured instead: decision's
+            # memory check; the prediction, float32 or a lean version of the prediction)
+            if not why or FLOAT32 not in peaks or not set(peaks) - {FLOAT32, RESIDENT} or \
+                    pick not in (predicted, FLOAT32, LEAN) or (
+                    pick == LEAN and not (lean_from and LEAN in peaks and lean_changes)):
+                return None
+            return cls({}, pick, predicted, why, {}, source, peaks=peaks, lean_from=lean_from,
+                       lean_changes=lean_changes)
         if pick not in times or not all(times.values()) or (
                 pick == REFINED and not (refined and refined_from in times and beside)) or (
                 pick == LEAN and not (lean_from in times and lean_beside)):
@@ -234,7 +243,8 @@ class Verdict:
             parts.append(f"{LEAN} {self.lean_from} ({changes}){self._peak(LEAN)}")
         kept = {FLOAT32: "float32", LEAN: f"{LEAN} {self.lean_from}"}.get(
             self.pick, f"the prediction ({self.predicted})")
-        return (f"{text}; its peaks measured instead (one traced run each): "
+        where = "cached here: " if self.source == "cached" else ""
+        return (f"{text}; {where}its peaks measured instead (one traced run each): "
                 f"{', '.join(parts)}; kept {kept}, "
                 + ("the only one within float32's peak" if self.pick == FLOAT32 else
                    "within float32's peak") + " (its speed not measured)")
