@@ -9,6 +9,7 @@ runs the real sandbox (@pytest.mark.measures_this_cpu) and asserts only what hol
 way this machine's clock goes.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -741,3 +742,36 @@ def test_memory_first_picks_the_candidate_holding_least_not_slower_than_float32(
     peaks[graph_timing.COST] = 103
     assert graph_timing.pick(times, graph_timing.COST, peaks, least=True) == \
         graph_timing.FLOAT32
+
+
+def test_an_untimed_verdict_reads_back_only_whole():
+    """The memory check of a graph too slow to time is cached: its verdict (no times, its
+    peaks) reads back as written, marked cached. A record missing what its pick needs (why
+    it was not timed, float32's peak, a lean pick's changes) or with a pick the check never
+    makes reads as None, so the graph is tried again."""
+    mib = 2 ** 20
+    written = graph_timing.Verdict(
+        {}, graph_timing.LEAN, graph_timing.COST, "one round takes 7.2 s",
+        peaks={graph_timing.FLOAT32: 10 * mib, graph_timing.COST: 12 * mib,
+               graph_timing.LEAN: 8 * mib},
+        lean_from=graph_timing.COST, lean_changes={"late casts": 3})
+    data = json.loads(json.dumps(written.to_dict()))
+    read = graph_timing.Verdict.from_dict(data, "cached")
+    assert read == dataclasses.replace(written, source="cached")
+    assert "cached here: its peaks measured instead" in read.describe(), read.describe()
+    broken = [dict(data, why=""), dict(data, lean_changes={}), dict(data, pick="refined"),
+              dict(data, peaks={graph_timing.COST: 12 * mib, graph_timing.LEAN: 8 * mib}),
+              dict(data, peaks={graph_timing.FLOAT32: 10 * mib})]
+    for record in broken:
+        assert graph_timing.Verdict.from_dict(record, "cached") is None, record
+    kept_float32 = dict(data, pick=graph_timing.FLOAT32, lean_from="", lean_changes={})
+    assert graph_timing.Verdict.from_dict(kept_float32, "cached").pick == graph_timing.FLOAT32
+
+
+def test_a_sub_second_budget_reads_as_itself_in_why_a_graph_was_not_timed(timed, monkeypatch):
+    """TF_MPT_TIMING_BUDGET=0.05: the reason names the rounds' share as 0.03 s (before: 0 s)."""
+    timed(lambda g, i: 2.0)
+    monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "0.05")
+    verdict = _rewrite(_mlp()).report.verdict
+    assert f"do not fit in the {decision.FIRST_SHARE * 0.05:.3g} s the rounds" in verdict.why
+    assert "do not fit in the 0.03 s" in verdict.why, verdict.why

@@ -647,7 +647,7 @@ def rounds(runners, budget_seconds, clock=None):
                         spent + left * _round_seconds(times, racing) > budget_seconds:
                     raise TooSlow(f"one round of the {len(order)} candidates takes "
                                   f"{_round_seconds(times, order):.1f} s: {MIN_ROUNDS} rounds "
-                                  f"do not fit in the {budget_seconds:.0f} s the rounds may "
+                                  f"do not fit in the {budget_seconds:.3g} s the rounds may "
                                   "spend of the budget (TF_MPT_TIMING_BUDGET)")
                 _log.debug("graph timing: %s over %.0f%% slower than the fastest, run no more "
                            "rounds", ", ".join(n for n in order if n not in racing),
