@@ -840,6 +840,54 @@ def test_where_the_fastest_ones_lean_versions_hold_too_much_the_next_ones_are_tr
     assert verdict.lean_against == graph_timing.FLOAT32
 
 
+def test_a_slow_lean_version_within_float32s_peak_does_not_end_the_search(
+        monkeypatch, tmp_path):
+    """Graph timing (an injected clock and sandbox), as the MLP's training step measured on
+    Sapphire Rapids: both half colourings are over float32's peak, the products-only
+    colouring fastest. Its first lean version within float32's peak runs at 1.05x float32's
+    speed; the op lists' colouring, 2x float32's speed, has a lean version within it at
+    1.9x: that one is kept (before: the first within ended the search, and the step ran at
+    1.05x)."""
+    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    kind, tried, rewrite = _timed_relu_graph(
+        monkeypatch, tmp_path,
+        costs={"float32": 1e-3, "rules": 0.5e-3, "rules lean": 0.52e-3, "products": 0.48e-3,
+               "products lean": 0.95e-3},
+        peaks={"float32": 10 << 20, "rules": 12 << 20, "rules lean": 9 << 20,
+               "products": 12 << 20, "products lean": 9 << 20})
+    result = rewrite()
+    verdict = result.report.verdict
+    assert tried.index("products lean") < tried.index("rules lean"), tried
+    assert verdict.pick == graph_timing.LEAN and kind(result.graph_def) == "rules lean", \
+        verdict.describe()
+    rules = verdict.same_as.get("rules", "rules")
+    assert verdict.lean_from == rules and verdict.lean_against == graph_timing.FLOAT32
+    assert verdict.median(graph_timing.LEAN) == pytest.approx(0.52e-3), verdict.describe()
+    again = rewrite()
+    assert again.report.verdict.source == "cached" and again.graph_def == result.graph_def
+
+
+@pytest.mark.parametrize("slower, kept", [(0.95, "products lean"), (0.5, "products lean")])
+def test_a_next_colouring_no_faster_than_the_kept_lean_version_is_not_made_lean(
+        monkeypatch, tmp_path, slower, kept):
+    """Graph timing (an injected clock and sandbox): the products-only colouring's lean
+    version is kept at 2x float32's speed. The op lists' colouring, over float32's peak and
+    no faster than that kept version in the first rounds, has no lean version made (its
+    would be no faster): the kept one stays, whatever its lean version would run at."""
+    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    kind, tried, rewrite = _timed_relu_graph(
+        monkeypatch, tmp_path,
+        costs={"float32": 1e-3, "rules": 0.51e-3, "rules lean": slower * 1e-3,
+               "products": 0.45e-3, "products lean": 0.5e-3},
+        peaks={"float32": 10 << 20, "rules": 12 << 20, "rules lean": 9 << 20,
+               "products": 12 << 20, "products lean": 9 << 20})
+    result = rewrite()
+    verdict = result.report.verdict
+    assert "rules lean" not in tried, tried
+    assert verdict.pick == graph_timing.LEAN and kind(result.graph_def) == kept, \
+        verdict.describe()
+
+
 @pytest.mark.parametrize("rules_cost, kept", [(0.63e-3, "rules lean"), (0.72e-3, "products")])
 def test_a_tie_in_time_goes_to_another_colourings_lean_version(
         monkeypatch, tmp_path, rules_cost, kept):
