@@ -69,6 +69,10 @@ class RewriteReport:
             (per iteration: its trip count is not known).
         predicted_changed: the seconds per run of faster kernels and of Casts that prediction
             adds up (its size: a saving small beside it is uncertain).
+        predicted_elementwise: the seconds per run of half kernels faster than float32 in
+            that prediction from ops other than matrix products and convolutions
+            (element-wise ops, reductions: each costed from its op's line, a kernel probed
+            alone at a few sizes): the share of the prediction that rests on such probes.
         weighed_nodes: with the cost model on, (nodes it could size, nodes with a float type):
             a node is sized when every output's static shape is known (from the graph's
             `_output_shapes`, TensorFlow's shape inference or a traced graph; an unknown
@@ -100,6 +104,7 @@ class RewriteReport:
     target: typing.Optional[str] = None  # the target decided for: 'rules', 'here' or a table
     predicted_saving: float = 0.0
     predicted_changed: float = 0.0
+    predicted_elementwise: float = 0.0
     weighed_nodes: typing.Optional[tuple] = None
     unweighed_nodes: tuple = ()
     unweighed_why: typing.Optional[str] = None
@@ -166,6 +171,7 @@ class RewriteReport:
             "target": self.target,
             "predicted_saving": self.predicted_saving,
             "predicted_changed": self.predicted_changed,
+            "predicted_elementwise": self.predicted_elementwise,
             "weighed_nodes": (list(self.weighed_nodes) if self.weighed_nodes is not None
                               else None),
             "unweighed_nodes": list(self.unweighed_nodes),

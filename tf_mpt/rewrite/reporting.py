@@ -51,6 +51,7 @@ def build_report(paint, cast_names, explain):
                          already_half_nodes=already_half,
                          predicted_saving=paint.cost_prediction[0],
                          predicted_changed=paint.cost_prediction[1],
+                         predicted_elementwise=paint.cost_prediction[2],
                          weighed_nodes=weighed, unweighed_nodes=unweighed,
                          unweighed_why=unweighed_why)
 
@@ -78,11 +79,13 @@ def merge_function_reports(report, function_reports):
     already_half = report.already_half_nodes
     cast_names = list(report.cast_names)
     saving, changed = report.predicted_saving, report.predicted_changed
+    elementwise = report.predicted_elementwise
     weighed, why = report.weighed_nodes, report.unweighed_why
     unweighed = list(report.unweighed_nodes)
     for function, sub in function_reports.items():
         saving += sub.predicted_saving
         changed += sub.predicted_changed
+        elementwise += sub.predicted_elementwise
         if sub.weighed_nodes is not None:
             weighed = tuple(a + b for a, b in zip(weighed or (0, 0), sub.weighed_nodes))
             why = why or (sub.unweighed_why and f"function {function}: {sub.unweighed_why}")
@@ -101,6 +104,7 @@ def merge_function_reports(report, function_reports):
                                casts_added=casts, cast_names=tuple(cast_names),
                                decisions=decisions, functions=tuple(function_reports),
                                predicted_saving=saving, predicted_changed=changed,
+                               predicted_elementwise=elementwise,
                                weighed_nodes=weighed, unweighed_nodes=tuple(unweighed),
                                unweighed_why=why)
 

@@ -34,6 +34,7 @@ import collections
 import dataclasses
 import math
 
+from tf_mpt.costs import contractions as _contractions
 from tf_mpt.rewrite.paint import cost as _cost
 from tf_mpt.rewrite.paint import shapes as _shapes
 
@@ -287,6 +288,10 @@ class RegionChoice:
         float32_time: its weighed kernels' time in float32.
         rules_over_float32: what R saves over F.
         casts: {'best', 'rules', 'float32'}: the time of the Casts each colouring needs.
+        elementwise: {'best', 'rules'}: what the half kernels faster than float32 that
+            each colouring runs save, among ops other than matrix products and
+            convolutions (element-wise ops, reductions: each costed from its op's line, a
+            kernel probed alone at a few sizes); the float32 colouring runs none.
     """
     region: list
     over_rules: float
@@ -296,18 +301,20 @@ class RegionChoice:
     float32_time: float
     rules_over_float32: float
     casts: dict
+    elementwise: dict = dataclasses.field(default_factory=dict)
 
     def prediction(self, colouring):
-        """(seconds saved over F, seconds of kernel savings and Casts in that sum) when the
-        region takes `colouring` ('best', 'rules' or 'float32'); (0, 0) where that is
-        unknown (an allow op pinned half because its size is: float32 would cost 'infinity')."""
+        """(seconds saved over F, seconds of kernel savings and Casts in that sum, seconds of
+        kernel savings in it from ops other than contractions: elementwise) when the region
+        takes `colouring` ('best', 'rules' or 'float32'); (0, 0, 0) where that is unknown (an
+        allow op pinned half because its size is: float32 would cost 'infinity')."""
         if colouring == "float32":
-            return 0.0, 0.0
+            return 0.0, 0.0, 0.0
         saved = self.over_float32 if colouring == "best" else self.rules_over_float32
         casts = self.casts[colouring] - self.casts["float32"]
         if not (math.isfinite(saved) and math.isfinite(casts)):
-            return 0.0, 0.0
-        return saved, abs(saved + casts) + abs(casts)
+            return 0.0, 0.0, 0.0
+        return saved, abs(saved + casts) + abs(casts), self.elementwise.get(colouring, 0.0)
 
 
 def choose_precision_by_measured_cost(p):
@@ -355,7 +362,7 @@ def choose_precision_by_measured_cost(p):
     colourings = [choice if choice != "best" or c.over_rules > _TIME_EPSILON else "rules"
                   for c in weighed]
     parts = [c.prediction(colouring) for c, colouring in zip(weighed, colourings)]
-    p.cost_prediction = (sum(s for s, _ in parts), sum(v for _, v in parts))
+    p.cost_prediction = tuple(sum(part[k] for part in parts) for k in range(3))
     plan = [(c.region, c.over_rules - c.over_float32, set(), c.why) if colouring == "float32"
             else (c.region, c.over_rules, c.half, c.why)
             for c, colouring in zip(weighed, colourings) if colouring != "rules"]
@@ -389,6 +396,7 @@ def _measured_region(p, shapes, target, region, fixed_half, node_seconds):
             return None
         weights.append(target.costs.cast_time(elements))
     vertex_weights, why, float32_time = {}, {}, 0.0
+    elementwise_gains = {}  # {vertex: seconds its half kernel saves}, not a contraction's
     for v in region:
         found = _cost.vertex_cost(p, shapes, target, v, node_seconds.get(v))
         float32_time += found.float32 or 0.0
@@ -398,6 +406,9 @@ def _measured_region(p, shapes, target, region, fixed_half, node_seconds):
             continue
         vertex_weights[v] = (max(found.extra, 0.0), max(-found.extra, 0.0))
         why[v] = found.what
+        if found.extra < 0 and \
+                p.view.nodes[p.v_node[v]].op not in _contractions.NODE_TIMED_OPS:
+            elementwise_gains[v] = -found.extra
     ties = []  # x * sigmoid(x) runs as one Swish kernel only when both are one dtype
     for v in region if "swish" in target.fusions else ():
         parts = _cost.swish_parts(p.view, p.v_node[v])
@@ -421,5 +432,7 @@ def _measured_region(p, shapes, target, region, fixed_half, node_seconds):
     casts = {"best": _cost_of(tensors, weights, half_in_best),
              "rules": _cost_of(tensors, weights, fixed_half),
              "float32": _cost_of(tensors, weights, half_in_float32)}
+    elementwise = {"best": sum(g for v, g in elementwise_gains.items() if v in half),
+                   "rules": sum(g for v, g in elementwise_gains.items() if fixed_half(v))}
     return RegionChoice(region, current - best, half, why, float32 - best, float32_time,
-                        float32 - current, casts)
+                        float32 - current, casts, elementwise)

@@ -96,8 +96,9 @@ class Paint:
         self._why_not = [None] * n
         self.cost = None  # (bound Target, {node name: output shapes}, noise floor) when on
         # the cost model's prediction for the colouring it leaves: (seconds per run saved
-        # over all float32, seconds per run of kernel savings and Casts that prediction sums)
-        self.cost_prediction = (0.0, 0.0)
+        # over all float32, seconds per run of kernel savings and Casts that prediction sums,
+        # seconds of it from half kernels other than contractions': cuts.RegionChoice)
+        self.cost_prediction = (0.0, 0.0, 0.0)
         self.shape_source = dict  # callable -> {node name: [shape or None per output]}
         self._shapes = None
         self.tensor_list_groups = []  # _list_paint.ListGroup per list made in this graph
