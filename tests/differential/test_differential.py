@@ -67,7 +67,9 @@ def _run_profile(specs, profile):
                             "(they compared float32 with float32 and tested nothing), or of "
                             "eager programs that executed some:\n\n"
                             + "\n\n".join(v.report() for v in unexpected))
-    assert sum(v.real_half for v in verdicts) >= len(verdicts) - 1  # at most one eager
+    # most pairs compare half with float32: the quick profile draws at most one eager
+    # program, the thorough one 12 of 40 (eager programs run float32, checked above)
+    assert sum(v.real_half for v in verdicts) >= len(verdicts) // 2
     return verdicts
 
 
