@@ -37,6 +37,13 @@ from tf_mpt.rewrite import function_bodies as _function_library
 _log = logging.getLogger(__name__)
 
 THIN = 0.3  # auto: time where the predicted saving is below this share of what it adds up
+# auto: also time where half kernels other than matrix products and convolutions account for
+# more than this share of the predicted saving (report.predicted_elementwise). Such a
+# kernel's time is read from its op's line, probed alone at a few sizes; in a graph it may
+# run several times slower than the probe said (Sapphire Rapids: a table whose bfloat16 Mul,
+# AddV2 and Sub probed 1.3-1.5x faster at 1 M elements left MobileNetV2's Keras predict step
+# untimed, its saving all element-wise, and it ran at 0.80x float32)
+ELEMENTWISE_SHARE = 0.2
 # auto, memory bounded (TF_MPT_MEMORY=float32): also time a step that computes gradients where
 # the cost model kept at least this share of the nodes it weighed float32 (values the backward
 # pass reads may then be held in float32: what the step holds is measured, not predicted)
@@ -92,13 +99,16 @@ def worth_timing(report, target, mode):
     where the decisions were not made for this CPU (target.for_this_cpu: not for `rules` or
     a cost table of another machine), nor where nothing was converted; with 'always'
     otherwise; with 'auto' where the predicted saving is below THIN of the kernel and Cast
-    times it adds up."""
+    times it adds up, or where half kernels other than contractions make over
+    ELEMENTWISE_SHARE of it (report.predicted_elementwise: probed alone, not timed at the
+    node's shapes)."""
     if (mode == "off" or report is None or not report.converted_nodes
             or not target.for_this_cpu):
         return False
     if mode == "always":
         return True
-    return report.predicted_saving < THIN * report.predicted_changed
+    return (report.predicted_saving < THIN * report.predicted_changed or
+            report.predicted_elementwise > ELEMENTWISE_SHARE * report.predicted_saving)
 
 
 def holds_float32_for_gradients(report):
