@@ -73,6 +73,33 @@ def test_auto_times_a_function_whose_saving_rests_on_element_wise_kernels(report
                                 "auto") is False
 
 
+def test_the_reason_a_function_is_timed_is_said():
+    """step_reason gives the rule that fired, with the prediction's figures; None where
+    nothing is timed."""
+    config = _config.Config.from_env({"TF_MPT_TIMING_BUDGET": "5"})
+    assert decision.step_reason(config, _HERE, _report_with(2.5, 14.4)) == (
+        "its predicted saving, 2.5 ms per run, is under 30% of the 14.4 ms of kernel and "
+        "Cast times it adds up")
+    assert decision.step_reason(config, _HERE, _report_with(5.51, 8.72, elementwise_ms=8.36)) \
+        == ("8.36 ms of its predicted saving of 5.51 ms per run (over 20%) is half kernels "
+            "other than matrix products and convolutions, each probed alone, not at the "
+            "graph's shapes")
+    assert decision.step_reason(config, _HERE, _training_report(22)) == (
+        "it computes gradients and the cost model kept 22 of the 100 nodes it weighed "
+        "float32: what it holds for the backward pass is measured, not predicted")
+    least = _config.Config.from_env({"TF_MPT_TIMING_BUDGET": "5", "TF_MPT_MEMORY": "least"})
+    assert decision.step_reason(least, _HERE, _report_with(5.0, 14.4)).startswith(
+        "TF_MPT_MEMORY=least")
+    always = _config.Config.from_env({"TF_MPT_TIMING_BUDGET": "5",
+                                      "TF_MPT_STEP_TIMING": "always"})
+    assert decision.step_reason(always, _HERE, _report_with(5.0, 14.4)) == \
+        "TF_MPT_STEP_TIMING=always"
+    assert decision.step_reason(config, _HERE, _report_with(5.0, 14.4)) is None
+    assert decision.step_reason(config, _HERE, _training_report(5)) is None
+    no_budget = _config.Config.from_env({"TF_MPT_TIMING_BUDGET": "0"})
+    assert decision.step_reason(no_budget, _HERE, _report_with(2.5, 14.4)) is None
+
+
 @pytest.mark.parametrize("memory, step_timing, timed", [
     ("float32", "auto", False), ("least", "auto", True), ("least", "off", False),
     ("any", "auto", False)])

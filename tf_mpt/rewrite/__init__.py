@@ -144,7 +144,8 @@ def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_r
     target is `here` and TF_MPT_TIMING_BUDGET is not 0, time the candidate colourings on this
     CPU and keep the fastest (decision.py).
     `step_timer`: a traced tf.function's (decision.decide's timer, on copies of its
-    variables), used where decision.step_applies; `label` names it in the INFO line."""
+    variables), used where decision.step_reason gives a reason (an INFO line says it);
+    `label` names the function in the INFO lines."""
     # The rewrite allocates many small objects while TensorFlow keeps ~300k tracked ones:
     # pausing the cyclic collector halves the time on large graphs (nothing here is cyclic).
     gc_was_enabled = gc.isenabled()
@@ -156,10 +157,16 @@ def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_r
         # 7. verdict: where the decisions are for this CPU, the candidates timed here
         resolved = _measuring.resolved_target(config, dtype) \
             if timing or step_timer is not None else None
-        if result.report.error is None and (
-                _decision.step_applies(config, resolved, result.report)
-                if step_timer is not None else
-                timing and _decision.applies(config, resolved, result.report.dtype)):
+        if step_timer is not None and result.report.error is None:
+            why = _decision.step_reason(config, resolved, result.report)
+            if why is not None:
+                _log.info("tf_mpt decides %s by timing its candidates: %s",
+                          label or "a tf.function", why)
+            timed = why is not None
+        else:
+            timed = result.report.error is None and timing and \
+                _decision.applies(config, resolved, result.report.dtype)
+        if timed:
             base = lists if lists is not None else config.lists_for(result.report.dtype)
 
             def candidate(target_name, candidate_lists, graph):

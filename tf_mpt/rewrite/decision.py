@@ -512,18 +512,32 @@ def applies(config, target, dtype):
 
 def step_applies(config, target, report):
     """Whether a traced tf.function rewritten with `report` for the resolved `target` has
-    its candidates timed (on copies of its variables): where step timing would time it
-    (step_timing.worth_timing: decided for this CPU, TF_MPT_STEP_TIMING; with
+    its candidates timed (on copies of its variables): step_reason says why."""
+    return step_reason(config, target, report) is not None
+
+
+def step_reason(config, target, report):
+    """Why a traced tf.function rewritten with `report` for the resolved `target` has its
+    candidates timed, or None: where step timing would time it
+    (step_timing.timing_reason: decided for this CPU, TF_MPT_STEP_TIMING; with
     TF_MPT_MEMORY=least, auto acts as always: what a step holds is not predicted; with
     float32, the default, auto acts as always for a step computing gradients where the cost
     model kept a share of its nodes float32: step_timing.holds_float32_for_gradients) and
     the budget is not 0."""
+    if config.timing_budget <= 0:
+        return None
     mode = config.step_timing
-    if mode == "auto" and (_least(config) or (
-            config.memory == "float32" and
-            _step_timing.holds_float32_for_gradients(report))):
-        mode = "always"
-    return config.timing_budget > 0 and _step_timing.worth_timing(report, target, mode)
+    reason = _step_timing.timing_reason(report, target, mode)
+    if reason is not None or mode != "auto" or \
+            _step_timing.timing_reason(report, target, "always") is None:
+        return reason
+    if _least(config):
+        return "TF_MPT_MEMORY=least: what each candidate holds is measured, not predicted"
+    if config.memory == "float32" and _step_timing.holds_float32_for_gradients(report):
+        return (f"it computes gradients and the cost model kept {report.kept_by_cost_model} "
+                f"of the {report.weighed_nodes[0]} nodes it weighed float32: what it holds "
+                "for the backward pass is measured, not predicted")
+    return None
 
 
 def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=None,

@@ -95,20 +95,33 @@ class TooSlow(NotTimed):
 
 def worth_timing(report, target, mode):
     """Whether a function rewritten with `report` for `target` (a resolved
-    tf_mpt.targets.Target) is timed under TF_MPT_STEP_TIMING=`mode`: never with 'off', nor
-    where the decisions were not made for this CPU (target.for_this_cpu: not for `rules` or
-    a cost table of another machine), nor where nothing was converted; with 'always'
-    otherwise; with 'auto' where the predicted saving is below THIN of the kernel and Cast
-    times it adds up, or where half kernels other than contractions make over
-    ELEMENTWISE_SHARE of it (report.predicted_elementwise: probed alone, not timed at the
-    node's shapes)."""
+    tf_mpt.targets.Target) is timed under TF_MPT_STEP_TIMING=`mode` (timing_reason)."""
+    return timing_reason(report, target, mode) is not None
+
+
+def timing_reason(report, target, mode):
+    """Why a function rewritten with `report` for `target` is timed under
+    TF_MPT_STEP_TIMING=`mode`, or None: never with 'off', nor where the decisions were not
+    made for this CPU (target.for_this_cpu: not for `rules` or a cost table of another
+    machine), nor where nothing was converted; with 'always' otherwise; with 'auto' where
+    the predicted saving is below THIN of the kernel and Cast times it adds up, or where
+    half kernels other than contractions make over ELEMENTWISE_SHARE of it
+    (report.predicted_elementwise: probed alone, not timed at the node's shapes)."""
     if (mode == "off" or report is None or not report.converted_nodes
             or not target.for_this_cpu):
-        return False
+        return None
     if mode == "always":
-        return True
-    return (report.predicted_saving < THIN * report.predicted_changed or
-            report.predicted_elementwise > ELEMENTWISE_SHARE * report.predicted_saving)
+        return "TF_MPT_STEP_TIMING=always"
+    saving, changed = report.predicted_saving, report.predicted_changed
+    if saving < THIN * changed:
+        return (f"its predicted saving, {saving * 1e3:.3g} ms per run, is under {THIN:.0%} of "
+                f"the {changed * 1e3:.3g} ms of kernel and Cast times it adds up")
+    if report.predicted_elementwise > ELEMENTWISE_SHARE * saving:
+        return (f"{report.predicted_elementwise * 1e3:.3g} ms of its predicted saving of "
+                f"{saving * 1e3:.3g} ms per run (over {ELEMENTWISE_SHARE:.0%}) is half kernels "
+                "other than matrix products and convolutions, each probed alone, not at "
+                "the graph's shapes")
+    return None
 
 
 def holds_float32_for_gradients(report):
