@@ -12,6 +12,7 @@ from tf_mpt import targets as _targets
 from tf_mpt.rewrite import graph_view as _graph_view
 from tf_mpt.rewrite import type_attrs as ta
 from tf_mpt.rewrite.paint import rules as _paint
+from tf_mpt.rewrite.paint import updates as _updates
 
 
 def check_graph_def(graph_def):
@@ -63,8 +64,9 @@ def node_skip_reasons(view, types, fetched, slow_ops=None, dtype=None):
     """Per node, why it keeps float32 whatever the passes decide, or None. slow_ops: the
     dispatch check's {op type: (ratio, pattern)} (measuring.check_dispatch)."""
     slow_ops = slow_ops or {}
+    updates = _updates.variable_update_reasons(view, types)
     reasons = []
-    for node, nt in zip(view.nodes, types):
+    for i, (node, nt) in enumerate(zip(view.nodes, types)):
         if not nt.known:
             reason = f"unknown op {node.op} (not registered): kept float32"
         elif nt.is_function:
@@ -78,7 +80,7 @@ def node_skip_reasons(view, types, fetched, slow_ops=None, dtype=None):
             reason = (f"dispatch check: TensorFlow's {dtype} kernel for {node.op} ({pattern}) "
                       f"ran {ratio:.0f}x slower than float32 on this CPU: kept float32")
         else:
-            reason = None
+            reason = updates.get(i)
         reasons.append(reason)
     return reasons
 
