@@ -6,7 +6,7 @@ with two optimizers, a MirroredStrategy loop on two logical CPUs; float16 and bf
 Each must exit 0, hand the script tensors of float32's dtypes, reach float32's losses, and
 run its matrix products in half where tf_mpt says it does (the executed partition graphs)
 and not at all where it says it does not (eager code: bit-identical to float32). The float16
-underflow probe takes the gradients of loss x 1e-5: with tf_mpt's loss scale it trains like
+underflow probe takes the gradients of loss x 1e-7: with tf_mpt's loss scale it trains like
 float32, without it (TF_MPT_LOSS_SCALING=0) it does not.
 """
 
@@ -33,7 +33,9 @@ NEEDS_TF_KERAS = ("tf_keras_regularized",)
 HAS_TF_KERAS = importlib.util.find_spec("tf_keras") is not None
 RUNNABLE = tuple(p for p in PATTERNS if HAS_TF_KERAS or p not in NEEDS_TF_KERAS)
 PROBE = ("eager_raw", "function_loop", "keras_fit", "gan", "mirrored")
-PROBE_FACTOR = "1e-5"
+# (1e-5 no longer shows it for Keras's fit: the gradients it underflows are few, and the
+# update, float32 since it stays in the variables' dtype, no longer squares them to zero)
+PROBE_FACTOR = "1e-7"
 # The underflow probe: an unscaled float16 run's final loss stays this far above float32's
 # (or is NaN).
 UNDERFLOW_GAP = 0.05

@@ -8,9 +8,9 @@ Prints one JSON line: {pattern: {"losses": [...], "dtypes": {what: dtype name},
 (model outputs, losses, gradients), and half_ops / matrix_ops count the MatMul / Conv /
 BatchMatMul nodes of the graphs TensorFlow executed (run metadata: partition graphs of every
 function call; eager ops run no graph) whose type is half / any. --factor multiplies the
-loss the gradients are taken of (an underflow probe: 1e-5) and divides the gradients back
-(or, for fit, relies on Adam's invariance to the loss's scale). --keep-going records a
-pattern that raises as {"error": "Type: message"} and runs the next.
+loss the gradients are taken of (an underflow probe: 1e-7) and divides the gradients back
+(or, for fit, relies on Adam's invariance to the loss's scale, its epsilon scaled too).
+--keep-going records a pattern that raises as {"error": "Type: message"} and runs the next.
 """
 
 import json
@@ -173,7 +173,8 @@ def keras_fit(factor):
     x, y = _data()
     model = _mlp()
     base = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    model.compile(optimizer=keras.optimizers.Adam(0.01),
+    # (epsilon scaled with the loss, so the steps are float32's at any factor)
+    model.compile(optimizer=keras.optimizers.Adam(0.01, epsilon=1e-7 * factor),
                   loss=lambda yt, yp: base(yt, yp) * factor)
     history = model.fit(x, y, batch_size=BATCH, epochs=3, shuffle=False, verbose=0)
     losses = [v / factor for v in history.history["loss"]]
