@@ -77,9 +77,10 @@ def variable_update_reasons(view, types):
     for i, (node, nt) in enumerate(zip(nodes, types)):
         if not nt.known or nt.is_function:
             continue
+        fanin = view.fanin[i]
         for port in _write_value_ports(node, nt):
-            src, _ = view.fanin[i][port]
-            work.append((src, node.name))
+            if port < len(fanin):  # (a malformed node is the type index's to report)
+                work.append((fanin[port][0], node.name))
     reasons = {}
     while work:
         i, write = work.pop()
