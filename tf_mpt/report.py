@@ -18,6 +18,10 @@ import dataclasses
 import json
 import typing
 
+# How the reason of a node kept float32 as a variable's update begins
+# (tf_mpt/rewrite/paint/updates.py)
+UPDATE_REASON = "update of a float32 variable"
+
 
 @dataclasses.dataclass(frozen=True)
 class NodeDecision:
@@ -117,6 +121,13 @@ class RewriteReport:
         return sum(1 for d in self.decisions.values()
                    if not d.converted and d.reason.startswith("cost model:"))
 
+    @property
+    def kept_as_variable_updates(self):
+        """How many nodes stayed float32 as a variable's update (an optimizer's arithmetic:
+        their decision's reason says so)."""
+        return sum(1 for d in self.decisions.values()
+                   if not d.converted and d.reason.startswith(UPDATE_REASON))
+
     def summary(self):
         """One line: 'Converted 18/40 nodes to bfloat16 using 6 cast(s)', and when the graph
         already computed in half (a Keras model under a mixed policy) how much:
@@ -133,6 +144,10 @@ class RewriteReport:
             where = "here" if self.target in (None, "here") else "on the target"
             line += (f"; {by_cost} kept float32 by the cost model ({self.dtype} would be slower "
                      f"{where}, Casts included)")
+        updates = self.kept_as_variable_updates
+        if updates:
+            line += (f"; {updates} compute variable updates (initializers, an optimizer's "
+                     "steps): kept float32")
         if self.weighed_nodes is not None:
             line += "; the cost model weighed {}/{} nodes".format(*self.weighed_nodes)
             if self.unweighed_why:

@@ -149,6 +149,24 @@ def test_a_fused_optimizers_gradient_arithmetic_stays_float32_and_the_reduction_
     assert decisions[grad].converted, decisions[grad]
 
 
+def test_the_summary_counts_the_nodes_kept_as_variable_updates():
+    graph, fetches = _tf1_graph()
+    report = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype="bfloat16", fetches=fetches,
+                                      config=RULES, strict=True).report
+    kept = sorted(name for name, d in report.decisions.items()
+                  if d.reason.startswith("update of a float32 variable"))
+    # the Mul and its constant 0.5, the learning rate; the initializers' arithmetic (min + (max - min) * u)
+    initializers = [name for name in kept if name.startswith(("w/Initializer/",
+                                                              "b/Initializer/"))]
+    assert sorted(set(kept) - set(initializers)) == ["clip_dw", "clip_dw/y", "lr"], kept
+    assert {name.rsplit("/", 1)[1] for name in initializers} == {
+        "random_uniform", "max", "min", "mul", "sub"}, initializers
+    assert report.kept_as_variable_updates == len(kept)
+    assert report.summary().endswith(
+        f"; {len(kept)} compute variable updates (initializers, an optimizer's steps): kept "
+        "float32")
+
+
 def test_a_value_the_script_also_reads_is_not_update_arithmetic():
     decisions = _decisions(*_tf1_graph(clip_fetched=True))
     assert decisions["clip_dw"].converted, decisions["clip_dw"]

@@ -14,6 +14,7 @@ activations (BiasAddGrad, Sum, MatMul) is left to the paint, so the Cast sits on
 weight-sized gradient, never on an activation.
 """
 
+from tf_mpt import report as _report
 from tf_mpt.rewrite import type_attrs as ta
 
 # Writes of a variable: the ports typed by the attr named here carry the written values.
@@ -89,7 +90,7 @@ def variable_update_reasons(view, types):
         if pending[i] or i in reasons or not _is_update_arithmetic(nodes[i], types[i]):
             continue
         write = writer[i]
-        reasons[i] = (f"update of a float32 variable: its values flow only into {write!r} "
+        reasons[i] = (f"{_report.UPDATE_REASON}: its values flow only into {write!r} "
                       "(the update runs in the variable's dtype)")
         for src, _ in view.fanin[i]:
             work.append((src, write))
