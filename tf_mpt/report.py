@@ -123,8 +123,8 @@ class RewriteReport:
 
     @property
     def kept_as_variable_updates(self):
-        """How many nodes stayed float32 as a variable's update (an optimizer's arithmetic:
-        their decision's reason says so)."""
+        """How many nodes stayed float32 as a variable's update (an optimizer's step, a moving
+        average: their decision's reason says so)."""
         return sum(1 for d in self.decisions.values()
                    if not d.converted and d.reason.startswith(UPDATE_REASON))
 
@@ -146,8 +146,8 @@ class RewriteReport:
                      f"{where}, Casts included)")
         updates = self.kept_as_variable_updates
         if updates:
-            line += (f"; {updates} compute variable updates (initializers, an optimizer's "
-                     "steps): kept float32")
+            line += (f"; {updates} compute variable updates (an optimizer's step, moving "
+                     "averages): kept float32")
         if self.weighed_nodes is not None:
             line += "; the cost model weighed {}/{} nodes".format(*self.weighed_nodes)
             if self.unweighed_why:

@@ -49,8 +49,17 @@ UPDATE_ARITHMETIC_OPS = frozenset({
 })
 
 
+def _initializer(node):
+    """A TF1 variable's initializer, `<variable>/Assign` (its arithmetic is float32 anyway:
+    nothing half reaches it)."""
+    return (node.op in ("Assign", "AssignVariableOp") and node.name.endswith("/Assign")
+            and node.input and node.input[0].partition(":")[0] == node.name[:-len("/Assign")])
+
+
 def _write_value_ports(node, nt):
     """The input ports of `node` that carry values written into a float32 variable, or ()."""
+    if _initializer(node):
+        return ()
     if node.op in _WRITE_DTYPE_ATTR:
         attr = _WRITE_DTYPE_ATTR[node.op]
     elif node.op.startswith(_APPLY_PREFIXES):
