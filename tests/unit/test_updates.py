@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
+from tf_mpt.rewrite import graph_view, type_attrs
 from tf_mpt.rewrite.paint import updates
 
 tf1 = tf.compat.v1
@@ -133,13 +134,13 @@ def _tf1_graph(clip_fetched=False, var_dtype=tf.float32):
     return graph, fetches + ["train"]
 
 
-def _decisions(graph, fetches, half="bfloat16"):
-    return tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype=half, fetches=fetches,
-                                    config=RULES, strict=True).report.decisions
+def _report(graph, fetches):
+    return tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype="bfloat16", fetches=fetches,
+                                    config=RULES, strict=True).report
 
 
 def test_a_fused_optimizers_gradient_arithmetic_stays_float32_and_the_reduction_is_painted():
-    decisions = _decisions(*_tf1_graph())
+    decisions = _report(*_tf1_graph()).decisions
     assert decisions["clip_dw"].colour == "fp32"
     assert "update of a float32 variable" in decisions["clip_dw"].reason
     assert "apply_w" in decisions["clip_dw"].reason
@@ -150,9 +151,7 @@ def test_a_fused_optimizers_gradient_arithmetic_stays_float32_and_the_reduction_
 
 
 def test_the_summary_counts_the_nodes_kept_as_variable_updates():
-    graph, fetches = _tf1_graph()
-    report = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype="bfloat16", fetches=fetches,
-                                      config=RULES, strict=True).report
+    report = _report(*_tf1_graph())
     kept = sorted(name for name, d in report.decisions.items()
                   if d.reason.startswith("update of a float32 variable"))
     # the Mul and its constant 0.5, the learning rate (the initializers' arithmetic, float32
@@ -164,7 +163,7 @@ def test_the_summary_counts_the_nodes_kept_as_variable_updates():
 
 
 def test_a_value_the_script_also_reads_is_not_update_arithmetic():
-    decisions = _decisions(*_tf1_graph(clip_fetched=True))
+    decisions = _report(*_tf1_graph(clip_fetched=True)).decisions
     assert decisions["clip_dw"].converted, decisions["clip_dw"]
 
 
@@ -179,9 +178,7 @@ def test_a_half_variables_write_keeps_nothing_float32():
 
 
 def _view_and_types(graph):
-    from tf_mpt.rewrite import graph_view, type_attrs
-    graph_def = graph.as_graph_def()
-    view = graph_view.GraphView(graph_def)
+    view = graph_view.GraphView(graph.as_graph_def())
     return view, [type_attrs.node_types(node, {}) for node in view.nodes]
 
 

@@ -36,6 +36,7 @@ from tensorflow.core.framework import types_pb2
 
 from tf_mpt._process import state as _state
 from tf_mpt.rewrite import function_bodies as _function_library
+from tf_mpt.rewrite import graph_view as _graph_view
 from tf_mpt.rewrite import step_timing as _step_timing
 
 FLOAT32, RULES, COST, CONTRACTIONS = "float32", "rules", "cost model", "contractions only"
@@ -368,19 +369,11 @@ def runnable(graph_def, fetches):
     return kept, needed
 
 
-_INITIALIZING = frozenset(("Assign", "AssignVariableOp"))
-_VARIABLES = frozenset(("VariableV2", "Variable", "VarHandleOp"))
-
-
 def _variable_initializer(view, name):
     """Whether node `name` is a variable's initializer: `<variable>/Assign` assigning to
     `<variable>` (a graph's sinks when no fetches are given)."""
-    node = view[name]
-    if node.op not in _INITIALIZING or not name.endswith("/Assign") or not node.input:
-        return False
-    variable = name[:-len("/Assign")]
-    return variable in view and view[variable].op in _VARIABLES and \
-        node.input[0].partition(":")[0] == variable
+    return _graph_view.initialized_variable(
+        view[name], lambda n: view[n].op if n in view else None) is not None
 
 
 def _initializer_only(view, name, seen=None):
@@ -399,7 +392,7 @@ def _initializer_only(view, name, seen=None):
         if op == "NoOp":
             if not _initializer_only(view, source, seen):
                 return False
-        elif op not in _INITIALIZING:
+        elif op not in _graph_view.INITIALIZING_OPS:
             return False
     return True
 
@@ -503,7 +496,7 @@ def _variable_bytes(graph_def, needed):
     from tensorflow.python.framework import dtypes  # pylint: disable=import-outside-toplevel
     total = 0
     for node in graph_def.node:
-        if node.name in needed and node.op in _VARIABLES and "shape" in node.attr:
+        if node.name in needed and node.op in _graph_view.VARIABLE_OPS and "shape" in node.attr:
             dims = [d.size for d in node.attr["shape"].shape.dim]
             if all(d >= 0 for d in dims) and not node.attr["shape"].shape.unknown_rank:
                 try:

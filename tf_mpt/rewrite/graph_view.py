@@ -7,6 +7,23 @@ inputs naming missing nodes or ports) raise GraphDefError, a ValueError.
 import collections
 
 
+# Ops that make a variable, and the ops that give a TF1 one its initial value
+VARIABLE_OPS = frozenset(("VariableV2", "Variable", "VarHandleOp"))
+INITIALIZING_OPS = frozenset(("Assign", "AssignVariableOp"))
+
+
+def initialized_variable(node, op_of):
+    """The name of the variable `node` initializes, when it is a TF1 variable's initializer
+    (`<variable>/Assign` assigning to `<variable>`, a variable op), else None. op_of: a node
+    name -> its op, or None when the graph has no such node."""
+    if node.op not in INITIALIZING_OPS or not node.name.endswith("/Assign") or not node.input:
+        return None
+    variable = node.name[:-len("/Assign")]
+    if node.input[0].partition(":")[0] != variable or op_of(variable) not in VARIABLE_OPS:
+        return None
+    return variable
+
+
 class GraphDefError(ValueError):
     """The GraphDef is malformed: what is wrong, where, and how to fix it."""
 
@@ -73,6 +90,11 @@ class GraphView:
             self.fanin[i] = data
             self.control_fanin[i] = control
         self._empty = {}
+
+    def op_of(self, name):
+        """The op of the node named `name`, or None when there is none."""
+        i = self.index.get(name)
+        return None if i is None else self.nodes[i].op
 
     def fanout_of(self, i):
         """Returns dict output port -> [(consumer, input port)] for node i (may be empty)."""

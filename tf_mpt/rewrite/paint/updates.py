@@ -15,6 +15,7 @@ weight-sized gradient, never on an activation.
 """
 
 from tf_mpt import report as _report
+from tf_mpt.rewrite import graph_view as _graph_view
 from tf_mpt.rewrite import type_attrs as ta
 
 # Writes of a variable: the ports typed by the attr named here carry the written values.
@@ -49,16 +50,11 @@ UPDATE_ARITHMETIC_OPS = frozenset({
 })
 
 
-def _initializer(node):
-    """A TF1 variable's initializer, `<variable>/Assign` (its arithmetic is float32 anyway:
-    nothing half reaches it)."""
-    return (node.op in ("Assign", "AssignVariableOp") and node.name.endswith("/Assign")
-            and node.input and node.input[0].partition(":")[0] == node.name[:-len("/Assign")])
-
-
-def _write_value_ports(node, nt):
-    """The input ports of `node` that carry values written into a float32 variable, or ()."""
-    if _initializer(node):
+def _write_value_ports(node, nt, view):
+    """The input ports of `node` that carry values written into a float32 variable, or ().
+    A TF1 variable's initializer is not an update: its arithmetic is float32 anyway (nothing
+    half reaches it)."""
+    if _graph_view.initialized_variable(node, view.op_of) is not None:
         return ()
     if node.op in _WRITE_DTYPE_ATTR:
         attr = _WRITE_DTYPE_ATTR[node.op]
@@ -82,23 +78,20 @@ def variable_update_reasons(view, types):
     nodes = view.nodes
     pending = [sum(len(edges) for edges in view.fanout_of(i).values())
                for i in range(len(nodes))]
-    writer = {}  # node index -> the name of one write its values reach
-    work = []
+    work = []  # (producer index, the name of a write its value reaches), one per edge
     for i, (node, nt) in enumerate(zip(nodes, types)):
         if not nt.known or nt.is_function:
             continue
         fanin = view.fanin[i]
-        for port in _write_value_ports(node, nt):
+        for port in _write_value_ports(node, nt, view):
             if port < len(fanin):  # (a malformed node is the type index's to report)
                 work.append((fanin[port][0], node.name))
     reasons = {}
     while work:
         i, write = work.pop()
-        pending[i] -= 1
-        writer.setdefault(i, write)
-        if pending[i] or i in reasons or not _is_update_arithmetic(nodes[i], types[i]):
+        pending[i] -= 1  # reaches 0 once: when the last of its consumer edges is popped
+        if pending[i] or not _is_update_arithmetic(nodes[i], types[i]):
             continue
-        write = writer[i]
         reasons[i] = (f"{_report.UPDATE_REASON}: its values flow only into {write!r} "
                       "(the update runs in the variable's dtype)")
         for src, _ in view.fanin[i]:
