@@ -658,7 +658,8 @@ def test_a_candidate_over_float32s_peak_is_not_kept_its_lean_version_is_tried(ti
     assert verdict.lean_from == graph_timing.RULES
     assert verdict.lean_against == graph_timing.COST
     assert verdict.lean_changes == {"late casts": 3, "ordered products": 0, "saved in half": 0,
-                                   "reduced first": 0, "weights' lists in float32": 0,
+                                   "reduced first": 0, "anchored waits": 0,
+                                   "weights' lists in float32": 0,
                                    "late casts in loops": 0, "accumulated in order": 0}
     # the layers after the first: the weight's Cast waits for the Sigmoid before it
     assert _late(result.graph_def) == 3 and _half(result.graph_def, "Sigmoid") == 4

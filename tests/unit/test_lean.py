@@ -551,7 +551,8 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
     assert verdict.lean_against == verdict.lean_from
     # (ordered products are for a candidate over float32's peak)
     assert set(verdict.lean_changes) == {"saved in half", "reduced first", "late casts",
-                                         "weights' lists in float32", "late casts in loops",
+                                         "anchored waits", "weights' lists in float32",
+                                         "late casts in loops",
                                          "accumulated in order"} and \
         verdict.lean_changes["saved in half"] >= 2, verdict.lean_changes
     if kept:
@@ -562,7 +563,7 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
         lean_graph, changes = lean.lean(result.graph_def, ordered=False)
         assert lean_graph is result.graph_def and \
             changes == {"saved in half": 0, "reduced first": 0, "late casts": 0,
-                        "weights' lists in float32": 0, "late casts in loops": 0,
+                        "anchored waits": 0, "weights' lists in float32": 0, "late casts in loops": 0,
                         "accumulated in order": 0}
     again = rewrite()
     assert again.report.verdict.source == "cached" and again.graph_def == result.graph_def
@@ -1118,3 +1119,77 @@ def test_a_graph_too_slow_to_time_keeps_within_float32s_peak(
         assert result.report.converted_nodes == 0
         reasons = {d.reason for d in result.report.decisions.values()}
         assert any("too slow to time" in r and "TF_MPT_MEMORY" in r for r in reasons), reasons
+
+
+def _gelu_step():
+    """A TF1 graph: Gelu(x @ w) @ w, a sum of squares, and its gradient with respect to w (the
+    gradient of Erfc waits for its incoming gradient through a control input on a Mul)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [64, 256], name="x")
+        w = tf1.get_variable("w", initializer=np.random.RandomState(1).normal(
+            0.0, 0.06, (256, 256)).astype(np.float32))
+        z = tf.matmul(tf.nn.gelu(tf.matmul(x, w, name="h"), approximate=False), w, name="z")
+        grad, = tf.gradients(tf.reduce_sum(z * z, name="loss"), [w])
+        tf1.global_variables_initializer()
+    return graph.as_graph_def(), grad.name
+
+
+def _traced(graph_def, fetch, feeds):
+    """(the fetch's value, {node name: (start, end) in microseconds}) of one traced run after
+    a warm-up run, Grappler on as in any Session."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    with tf1.Session(graph=graph) as session:
+        session.run("init")
+        session.run(fetch, feeds)
+        metadata = tf1.RunMetadata()
+        value = session.run(fetch, feeds, run_metadata=metadata, options=tf1.RunOptions(
+            trace_level=tf1.RunOptions.FULL_TRACE))
+    times = {ns.node_name: (ns.all_start_micros, ns.all_start_micros + ns.all_end_rel_micros)
+             for device in metadata.step_stats.dev_stats for ns in device.node_stats}
+    return value, times
+
+
+def test_anchored_waits_keep_a_gradient_that_waits_for_its_input_in_the_backward_pass():
+    """TensorFlow's gradient of Erfc (a Gelu's) computes exp(-u^2) under a control input on
+    its incoming gradient, a Mul. Grappler's constant folding rewrites that Mul in place into
+    a constant, so the Square of u ran in the forward pass and its result was held until the
+    backward pass. Anchored waits add a control input on the op the Mul's chain starts from
+    (the incoming gradient's product), which Grappler keeps: the Square runs after it, with
+    the same numbers."""
+    graph_def, fetch = _gelu_step()
+    anchored, added = lean.anchored_waits(graph_def)
+    assert added == 1 and anchored is not graph_def
+    view = GraphView(anchored)
+    square = view.nodes[view.index["gradients/Gelu/Erfc_grad/Square"]]
+    assert list(square.input) == ["Gelu/mul_1", "^gradients/Gelu/mul_2_grad/Mul_1",
+                                  "^gradients/z_grad/MatMul"]
+    assert graph_def.node[view.index[square.name]].input[-1] == \
+        "^gradients/Gelu/mul_2_grad/Mul_1"  # (the input is not changed)
+    assert lean.anchored_waits(anchored) == (anchored, 0)  # (once is enough)
+    feeds = {"x:0": np.random.RandomState(0).rand(64, 256).astype(np.float32)}
+    plain_value, _ = _traced(graph_def, fetch, feeds)
+    value, times = _traced(anchored, fetch, feeds)
+    np.testing.assert_allclose(value, plain_value, **SAME)
+    assert times["gradients/Gelu/Erfc_grad/Square"][0] >= times["gradients/z_grad/MatMul"][1]
+
+
+def test_anchored_waits_leave_graphs_with_tf1_control_flow_and_plain_waits_alone():
+    graph_def, _ = _gelu_step()
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+        flag = tf1.placeholder(tf.bool, [], name="flag")
+        tf.raw_ops.Switch(data=tf.constant(1.0), pred=flag, name="switch")  # (a TF1 cond's)
+    with_cond = graph.as_graph_def()
+    assert lean.anchored_waits(with_cond) == (with_cond, 0)
+    graph = tf.Graph()
+    with graph.as_default():  # a control input from a MatMul: not rewritten in place
+        a = tf1.placeholder(tf.float32, [4, 4], name="a")
+        product = tf.matmul(a, a)
+        with tf.control_dependencies([product]):
+            tf.square(a, name="square")
+    plain = graph.as_graph_def()
+    assert lean.anchored_waits(plain) == (plain, 0)

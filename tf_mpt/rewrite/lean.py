@@ -1,6 +1,6 @@
 """Lean: a candidate's graph rearranged to hold fewer bytes at its peak (issue "memory").
 
-Eight changes, each leaving every op's dtype what the candidate decided except where said:
+Nine changes, each leaving every op's dtype what the candidate decided except where said:
 
     late casts       a half Cast of a value that lives across the step anyway (a variable's
                      read, a constant, a fed input, a stack of a loop's forward values: see
@@ -45,6 +45,17 @@ Eight changes, each leaving every op's dtype what the candidate decided except w
                      chain of element-wise ops starts from (the Square's gradient): the
                      chain's transients are not held beside the backward pass's first
                      gradients.
+    anchored waits   a control input from an element-wise arithmetic op (a Cast up waiting
+                     for its reader's other input; TensorFlow's own gradients of Erfc, Exp,
+                     Sqrt, ... wait for their incoming gradient this way) gets a second one
+                     from the op that starts the arithmetic chain (its deepest input, past
+                     ops of ARITHMETIC). At run time Grappler's constant folding may rewrite
+                     such an op in place (a product by a constant pushed down its chain), so
+                     the name waited for becomes a constant, ready at the step's start: a
+                     Keras Gelu's backward computed exp(-u^2) in the forward pass and held it
+                     there (16 MiB per Gelu in a Transformer's fit step), and Casts up of
+                     values saved in half ran as soon as they were made. The chain's start is
+                     already waited for through the op (no new order, same values).
 
 Their cost is speed (a Cast per use, less running side by side, float32 products), so a lean
 graph is only a candidate: graph timing times it and measures its peak (decision.py). Its
@@ -108,6 +119,11 @@ MIN_SAVED_ELEMENTS = 1 << 14
 # lean(..., new_copies=False)'s name of its "saved in half" (a verdict's lean_changes: how a
 # cached verdict's lean pick is made again)
 FROM_COPIES = "saved in half from half copies"
+# anchored waits: element-wise arithmetic that Grappler's constant folding and arithmetic
+# optimizer may rewrite in place (reassociating a chain of products or sums by a constant,
+# keeping the nodes' names).
+ARITHMETIC = frozenset(("Mul", "AddV2", "Add", "Sub", "RealDiv", "Div", "DivNoNan", "MulNoNan",
+                        "Neg", "BiasAdd"))
 # Readers that are not moved (a loop's or a cond's plumbing; a Merge runs on any one input).
 _NOT_MOVED = _NO_TRIGGER | frozenset(("Enter", "RefEnter"))
 _HALF_LISTS = ("allow", "infer", "clear")
@@ -576,11 +592,55 @@ def lean(graph_def, products_in_float32=False, lists=None, shapes=None, ordered=
         graph_def, lists, shapes, new_copies)
     graph_def, changes["reduced first"] = reduced_first(graph_def, shapes)
     graph_def, changes["late casts"] = late_casts(graph_def)
+    graph_def, changes["anchored waits"] = anchored_waits(graph_def)
     graph_def, changes["weights' lists in float32"] = \
         _tensor_lists.float32_lists_of_variable_reads(graph_def)
     graph_def, changes["late casts in loops"] = late_casts_in_loops(graph_def)
     graph_def, changes["accumulated in order"] = accumulated_in_order(graph_def)
     return graph_def, changes
+
+
+def _chain_start(view, i, level):
+    """The op that starts node i's chain of ARITHMETIC ops: from i, its deepest data input
+    that may be waited on (not a held value, not a loop's or a cond's plumbing), while the
+    node reached is ARITHMETIC; i itself where it has no such input."""
+    while view.nodes[i].op in ARITHMETIC:
+        inputs = [src for src, _ in view.fanin[i]
+                  if not _held(view, src) and view.nodes[src].op not in _NOT_MOVED]
+        if not inputs:
+            break
+        i = max(inputs, key=lambda src: level[src])
+    return i
+
+
+def anchored_waits(graph_def):
+    """graph_def with each control input from an ARITHMETIC op doubled by one from the op
+    that starts its chain (see the module's docstring): what waits for the op still waits
+    where Grappler folds the op into a constant. Not in a graph with TF1 control flow
+    (_SWITCHES). Returns (GraphDef, control inputs added)."""
+    if any(node.op in _SWITCHES for node in graph_def.node):
+        return graph_def, 0
+    view = GraphView(graph_def)
+    if not any(view.nodes[src].op in ARITHMETIC
+               for controls in view.control_fanin for src in controls):
+        return graph_def, 0
+    level = _levels(view)
+    if level is None:
+        return graph_def, 0
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    added = 0
+    for i, controls in enumerate(view.control_fanin):
+        waited = set(controls) | {src for src, _ in view.fanin[i]}
+        for src in controls:
+            if view.nodes[src].op not in ARITHMETIC:
+                continue
+            start = _chain_start(view, src, level)
+            if start not in waited:
+                out.node[i].input.append(f"^{view.nodes[start].name}")
+                waited.add(start)
+                added += 1
+    return (out, added) if added else (graph_def, 0)
 
 
 def _loop_bodies(graph_def):
