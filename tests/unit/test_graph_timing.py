@@ -33,14 +33,6 @@ from support.helpers import run, tf1
 BF16 = tf.bfloat16.as_datatype_enum
 
 
-@pytest.fixture(autouse=True)
-def _small_weights_made_late(monkeypatch):
-    """These graphs' weights (16 x 16 to 1024 x 1024) stand for large ones: their half copies
-    are made at each use as a weight of 512 KiB or more in half would be (lean.MIN_LATE_ELEMENTS;
-    test_lean.py's test of that limit sets it back)."""
-    monkeypatch.setattr(lean, "MIN_LATE_ELEMENTS", 0)
-
-
 def _mlp(batch=None, width=1024, depth=4, bias=False, variables=False):
     """A [batch, width] input through `depth` MatMul + Sigmoid layers (constant weights, or
     resource variables with `variables`); with `bias`, an AddV2 of a constant bias between

@@ -19,14 +19,6 @@ BATCH, WIDTH = 8, 16
 SAME = dict(rtol=0, atol=0)  # the same kernels on the same inputs: bit for bit
 
 
-@pytest.fixture(autouse=True)
-def _small_weights_made_late(monkeypatch):
-    """These graphs' weights (16 x 16 to 1024 x 1024) stand for large ones: their half copies
-    are made at each use as a weight of 512 KiB or more in half would be (lean.MIN_LATE_ELEMENTS;
-    test_lean.py's test of that limit sets it back)."""
-    monkeypatch.setattr(lean, "MIN_LATE_ELEMENTS", 0)
-
-
 def _training_graph(layers, control_flow_v1=False):
     """x [BATCH, WIDTH] -> layers(x) -> mean as 'loss'; SGD on it ('train'), the variables'
     initializer ('init'); built with control flow v1 where asked (restored to v2 after).
@@ -104,25 +96,6 @@ def test_a_weights_half_cast_is_made_at_each_use_after_the_other_input():
         assert [i for i in cast.input if i.startswith("^")] == [f"^{other[0]}"]
     assert moved >= 2
 
-
-
-def test_in_lean_a_half_copy_under_the_limit_stays_where_the_candidate_made_it(monkeypatch):
-    """lean passes its shapes to late_casts: a weight's half copy of fewer than
-    MIN_LATE_ELEMENTS elements is not made at each use (a Cast on the step's path for under
-    512 KiB); at the limit it is. The weights here have WIDTH x WIDTH elements."""
-    graph_def, fetches = _training_mlp()
-    half = _half(graph_def, fetches)
-    stem = "matmul_1/ReadVariableOp-0-CastToBf16"
-
-    def copies(limit):
-        monkeypatch.setattr(lean, "MIN_LATE_ELEMENTS", limit)
-        out, changes = lean.lean(half, ordered=False)
-        return len([n for n in out.node if n.name.startswith(stem)]), changes["late casts"]
-
-    assert copies(WIDTH * WIDTH + 1) == (1, 0)
-    assert copies(WIDTH * WIDTH)[0] == 2
-    monkeypatch.setattr(lean, "MIN_LATE_ELEMENTS", WIDTH * WIDTH + 1)
-    assert lean.late_casts(half)[1] >= 2  # (called without shapes: every copy)
 
 def test_the_lean_graph_computes_what_the_candidate_does():
     """Two SGD steps of the lean graph and of the graph it came from: the same losses, bit for
@@ -590,8 +563,7 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
         lean_graph, changes = lean.lean(result.graph_def, ordered=False)
         assert lean_graph is result.graph_def and \
             changes == {"saved in half": 0, "reduced first": 0, "late casts": 0,
-                        "anchored waits": 0, "weights' lists in float32": 0,
-                        "late casts in loops": 0,
+                        "anchored waits": 0, "weights' lists in float32": 0, "late casts in loops": 0,
                         "accumulated in order": 0}
     again = rewrite()
     assert again.report.verdict.source == "cached" and again.graph_def == result.graph_def

@@ -25,15 +25,13 @@ import time
 from tf_mpt import lists as _lists
 from tf_mpt._process import state as _state
 
-VERSION = 10  # of the fingerprint and the verdict record; a change makes old ones unused
+VERSION = 9  # of the fingerprint and the verdict record; a change makes old ones unused
 # (4: lean versions reduce a loss first and order weight gradients' Casts; 5: they make late
 # casts in loops' bodies and order their accumulations: a cached lean pick rebuilt from its
 # changes would not be the graph that was timed; 6: a pick holding over decision.SMALLER_ABOVE
 # has the lean versions of the candidates near its time tried, not only its own; 7: a pick
 # over float32's peak first tries its weight gradients' products ordered alone; 8: a pick
-# whose faster candidate's lean version was not kept has its own lean version tried too; 9:
-# lean versions anchor waits on arithmetic; 10: they make late only half copies of
-# lean.MIN_LATE_ELEMENTS or more)
+# whose faster candidate's lean version was not kept has its own lean version tried too)
 # The most verdicts a cache file keeps: a script whose graph grows (a TF1 graph with ops added
 # between runs, a function traced per shape) adds one per graph; past this the oldest stored
 # go, so the file read by every rewrite stays small (a verdict is 2-5 KB).

@@ -9,7 +9,6 @@ Nine changes, each leaving every op's dtype what the candidate decided except wh
                      its producer). The half copy of a weight is then made where it is used
                      instead of being held from the forward pass to the backward pass, and a
                      loop's iterations do not cast ahead of the ones that use the copy.
-                     In lean, only copies of MIN_LATE_ELEMENTS elements or more.
     ordered products a half matrix product read only as float32 (a weight's gradient on its
                      way to a float32 optimizer) runs after the products that read its
                      inputs and after the previous such product's Casts, and its Casts run
@@ -117,13 +116,6 @@ LATE_LEVELS = 16
 # saved in half: values of fewer elements than this (an unknown dimension counted as 1: a
 # reduction's [batch, 1] result, a bias) or of unknown rank are not worth their two Casts.
 MIN_SAVED_ELEMENTS = 1 << 14
-# late casts (in lean): a held value's half copy of fewer elements than this (512 KiB in
-# half) is left where the candidate made it. Its Cast per use, each waiting for the use's
-# other input, lies on the step's path: MobileNetV2's fit step on Sapphire Rapids (32 weights
-# of at most 410 k elements) ran its lean version 2% slower with them all, for 0.8 MiB less
-# at its peak; a Keras Transformer's (13 weights of 64 k to 2 M elements) held 2.5 MiB less
-# with them at no measured cost.
-MIN_LATE_ELEMENTS = 1 << 18
 # lean(..., new_copies=False)'s name of its "saved in half" (a verdict's lean_changes: how a
 # cached verdict's lean pick is made again)
 FROM_COPIES = "saved in half from half copies"
@@ -178,17 +170,12 @@ def _trigger(view, consumer, targets, sources=HELD_SOURCES):
     return None
 
 
-def late_casts(graph_def, sources=HELD_SOURCES, shapes=None):
+def late_casts(graph_def, sources=HELD_SOURCES):
     """graph_def with its half Casts of held values (made by `sources`, through
     pass-through ops) made per consumer, each after the consumer's other input (see the
-    module's docstring). With `shapes` (as saved_in_half takes them), a Cast of fewer than
-    MIN_LATE_ELEMENTS elements, or of a value of unknown size, is left as it is. Returns
-    (GraphDef, Casts moved)."""
+    module's docstring). Returns (GraphDef, Casts moved)."""
     view = GraphView(graph_def)
     targets = _half_cast_targets(view, sources)
-    if shapes is not None:
-        targets = {cast: readers for cast, readers in targets.items()
-                   if _elements(shapes, view, cast, 0) >= MIN_LATE_ELEMENTS}
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
     nodes = out.node
@@ -604,7 +591,7 @@ def lean(graph_def, products_in_float32=False, lists=None, shapes=None, ordered=
     graph_def, changes["saved in half" if new_copies else FROM_COPIES] = saved_in_half(
         graph_def, lists, shapes, new_copies)
     graph_def, changes["reduced first"] = reduced_first(graph_def, shapes)
-    graph_def, changes["late casts"] = late_casts(graph_def, shapes=shapes)
+    graph_def, changes["late casts"] = late_casts(graph_def)
     graph_def, changes["anchored waits"] = anchored_waits(graph_def)
     graph_def, changes["weights' lists in float32"] = \
         _tensor_lists.float32_lists_of_variable_reads(graph_def)
