@@ -101,7 +101,7 @@ def test_one_mixed_adam_step_leaves_the_slots_float32_leaves(half_dtype):
 def test_without_the_rule_the_slots_drift_by_what_the_tolerance_catches(monkeypatch):
     """The check above can fail: the paint alone runs Adam's arithmetic in bfloat16."""
     _, expected = _one_step("bfloat16", rewrite=False)
-    monkeypatch.setattr(updates, "variable_update_reasons", lambda view, types: {})
+    monkeypatch.setattr(updates, "variable_update_reasons", lambda view, types, allow: {})
     _, mixed = _one_step("bfloat16", rewrite=True)
     drift = np.max(np.abs(mixed["kernel"] - expected["kernel"]) / expected["kernel"])
     assert drift > 100 * SLOT_RTOL, drift
@@ -161,6 +161,21 @@ def test_the_summary_counts_the_nodes_kept_as_variable_updates():
     assert report.summary().endswith(
         "; 3 compute variable updates (an optimizer's step, moving averages): kept float32")
 
+
+def test_an_op_the_user_puts_on_the_allow_list_runs_half_in_an_update():
+    """An explicit request is honoured: with Mul on the allow list (TF_MPT_ALLOWLIST_ADD=Mul),
+    the gradient's clipping Mul is painted half, and what only it reads (its constant) is
+    no longer an update's; the learning rate still is."""
+    graph, fetches = _tf1_graph()
+    lists = tf_mpt.lists.default_lists("bfloat16").edited(add={"allow": ["Mul"]})
+    report = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype="bfloat16", fetches=fetches,
+                                      config=RULES, strict=True, lists=lists).report
+    decisions = report.decisions
+    assert decisions["clip_dw"].converted, decisions["clip_dw"]
+    kept = sorted(name for name, d in decisions.items()
+                  if d.reason.startswith("update of a float32 variable"))
+    assert kept == ["lr"], kept
+    assert report.kept_as_variable_updates == 1
 
 def test_a_value_the_script_also_reads_is_not_update_arithmetic():
     decisions = _report(*_tf1_graph(clip_fetched=True)).decisions

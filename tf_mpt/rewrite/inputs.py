@@ -60,11 +60,12 @@ def fetch_node_names(fetches, view):
     return names
 
 
-def node_skip_reasons(view, types, fetched, slow_ops=None, dtype=None):
+def node_skip_reasons(view, types, fetched, slow_ops=None, dtype=None, allow=frozenset()):
     """Per node, why it keeps float32 whatever the passes decide, or None. slow_ops: the
-    dispatch check's {op type: (ratio, pattern)} (measuring.check_dispatch)."""
+    dispatch check's {op type: (ratio, pattern)} (measuring.check_dispatch); allow: the allow
+    list's ops (never kept as a variable's update)."""
     slow_ops = slow_ops or {}
-    updates = _updates.variable_update_reasons(view, types)
+    updates = _updates.variable_update_reasons(view, types, allow)
     reasons = []
     for i, (node, nt) in enumerate(zip(view.nodes, types)):
         if not nt.known:

@@ -67,9 +67,11 @@ def _write_value_ports(node, nt, view):
     return tuple(port for port, key in enumerate(nt.in_keys) if key == attr)
 
 
-def variable_update_reasons(view, types):
+def variable_update_reasons(view, types, allow=frozenset()):
     """{node index: reason} for each element-wise node whose every data consumer is a write of
-    a float32 variable's value, or a node of this set: it keeps float32.
+    a float32 variable's value, or a node of this set: it keeps float32. An op of `allow` (the
+    allow list: an op a user put there, TF_MPT_ALLOWLIST_ADD=Mul, asked for half wherever it
+    is) is not kept, and the walk does not pass it.
 
     (g: a half weight gradient; m: a float32 slot)
         [g] -> Sub(g, m) -> Mul(., 1 - beta_1) -> AssignAddVariableOp(m)
@@ -90,7 +92,8 @@ def variable_update_reasons(view, types):
     while work:
         i, write = work.pop()
         pending[i] -= 1  # reaches 0 once: when the last of its consumer edges is popped
-        if pending[i] or not _is_update_arithmetic(nodes[i], types[i]):
+        if pending[i] or nodes[i].op in allow or \
+                not _is_update_arithmetic(nodes[i], types[i]):
             continue
         reasons[i] = (f"{_report.UPDATE_REASON}: its values flow only into {write!r} "
                       "(the update runs in the variable's dtype)")
