@@ -450,12 +450,18 @@ def _output_type(node, port):
     return types.dtypes.get(types.out_keys[port])
 
 
+def _may_wait_on(view, src):
+    """Whether a control input from node src means "its value is ready": not a held value (there
+    from the step's start), not a loop's or a cond's plumbing."""
+    return not _held(view, src) and view.nodes[src].op not in _NO_TRIGGER
+
+
 def _deepest_other(view, reader, value, level):
     """The deepest input (data or control) of `reader` besides node `value`, as a node, that
-    may be waited on (not a held value, not a loop's or a cond's plumbing), or None."""
+    may be waited on (_may_wait_on), or None."""
     best = None
     for src in [s for s, _ in view.fanin[reader]] + list(view.control_fanin[reader]):
-        if src == value or _held(view, src) or view.nodes[src].op in _NO_TRIGGER:
+        if src == value or not _may_wait_on(view, src):
             continue
         if best is None or level[src] > level[best]:
             best = src
@@ -602,11 +608,10 @@ def lean(graph_def, products_in_float32=False, lists=None, shapes=None, ordered=
 
 def _chain_start(view, i, level):
     """The op that starts node i's chain of ARITHMETIC ops: from i, its deepest data input
-    that may be waited on (not a held value, not a loop's or a cond's plumbing), while the
-    node reached is ARITHMETIC; i itself where it has no such input."""
+    that may be waited on (_may_wait_on), while the node reached is ARITHMETIC; i itself where
+    it has no such input. (Called on graphs without TF1 control flow only: no Enter.)"""
     while view.nodes[i].op in ARITHMETIC:
-        inputs = [src for src, _ in view.fanin[i]
-                  if not _held(view, src) and view.nodes[src].op not in _NOT_MOVED]
+        inputs = [src for src, _ in view.fanin[i] if _may_wait_on(view, src)]
         if not inputs:
             break
         i = max(inputs, key=lambda src: level[src])
