@@ -33,8 +33,11 @@
                   within SMALLER_WINDOW of its time, and its own from its half copies alone
                   (no new Cast down: lean.FROM_COPIES) are timed beside it, and the one
                   holding least of those holding less (by over 2%) and not slower (by over
-                  3%) is kept: a tie in time goes to memory (_make_smaller; before the
-                  refinement, and a lean pick is not refined). A traced tf.function's step
+                  3%) is kept: a tie in time goes to memory; where that one (or the pick)
+                  still holds over SMALLER_ABOVE, the fastest that holds within it is kept
+                  if not over HALF_MEMORY_PRICE slower than the pick and over 3% faster than
+                  float32 (_make_smaller; before the refinement, and a lean pick is not
+                  refined). A traced tf.function's step
                   timer measures its candidates' peaks the same way
     too slow      where the first rounds of every candidate would not fit in the budget, a
                   candidate over DROP_SLOWER slower than the fastest runs no more rounds
@@ -81,6 +84,14 @@ SMALLER_ABOVE = 0.65
 # time: a colouring a little slower than the pick may hold much less made lean, and run
 # as fast (its half Casts made at each use)
 SMALLER_WINDOW = 0.15
+# Where no lean version within MARGIN of the pick's time reaches SMALLER_ABOVE of float32's
+# peak, the fastest that does is kept if it is at most this share slower than the pick and
+# still over MARGIN faster than float32 (the issue's "half the memory" where activations
+# dominate): on Sapphire Rapids a Cast to half and back costs ~0.9 ms per 4M elements each
+# way, as much as any element-wise op, so a Keras Transformer's fit step holding its Gelu
+# intermediates in half (0.59x float32's step peak against the pick's 0.92x) ran 7% slower
+# than the pick (184 ms against 172; float32 273 ms).
+HALF_MEMORY_PRICE = 0.10
 # The budget (TF_MPT_TIMING_BUDGET) counts timed runs, each stage's own set-up apart (a
 # sandbox, a new candidate's import and warm-up run, the traced runs of its peak): the first
 # rounds may spend this share of it, the later stages (a lean version, a smaller one, a
@@ -267,7 +278,9 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
     the fastest) is kept: a tie in time goes to memory, whichever colouring it was made from
     (a Keras Transformer's fit step: the op lists' colouring, 2-10% slower than the cost
     model's, made lean has run as fast as the pick, holding 0.57x-0.60x of float32's step
-    peak against its 0.91x). Returns the verdict, with the kept lean version's record (none
+    peak against its 0.91x); where that one (none kept: the pick) holds over SMALLER_ABOVE of
+    float32's peak, the fastest version within it is kept instead if not over
+    HALF_MEMORY_PRICE slower (_at_the_goal). Returns the verdict, with the kept lean version's record (none
     kept: the pick's own, else the first timed) where one was timed, the others' medians and
     peaks in its `lean_others`, with the lean version _make_lean timed and did not keep
     where it tried one (ResNet50's fit step: contractions only's lean version was slower
@@ -321,6 +334,8 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
         kept = min((key for key in smaller
                     if _timing.total_peak(measured, key) <= fewest * (1.0 + _timing.PEAK_SLACK)),
                    key=lambda key: statistics.median(times[key]))
+    if not _least(config):
+        kept = _at_the_goal(kept, versions, times, measured, chosen, medians) or kept
     record = kept or next((key for key, (source, _, _) in versions.items()
                            if source == chosen), next(iter(versions)))
     source, graph, changes = versions[record]
@@ -345,6 +360,27 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
         pick=_timing.LEAN if kept else chosen, lean_from=source, lean_against=chosen,
         lean_beside=times[chosen], lean_changes=dict(changes), peaks=peaks,
         lean_others=others)
+
+
+def _at_the_goal(kept, versions, times, measured, chosen, medians):
+    """Where `kept` (a key of `versions`, or None) holds over SMALLER_ABOVE of float32's peak:
+    the fastest of `versions` that holds within it, not over HALF_MEMORY_PRICE slower than
+    the pick (`times`: the rounds _make_smaller timed them in, beside `chosen`) and over
+    MARGIN faster than float32 (its time scaled by the pick's in the first rounds,
+    `medians`), or None."""
+    if _timing.FLOAT32 not in measured or _timing.FLOAT32 not in medians:
+        return None
+    goal = SMALLER_ABOVE * _timing.total_peak(measured, _timing.FLOAT32)
+    if kept is not None and _timing.total_peak(measured, kept) <= goal:
+        return None
+    beside = statistics.median(times[chosen])
+    scale = medians[chosen] / beside  # (a version's time in the first rounds' units)
+    at_goal = [key for key in versions
+               if key in measured and _timing.total_peak(measured, key) <= goal and
+               statistics.median(times[key]) <= beside * (1.0 + HALF_MEMORY_PRICE) and
+               statistics.median(times[key]) * scale * (1.0 + _timing.MARGIN) <=
+               medians[_timing.FLOAT32]]
+    return min(at_goal, key=lambda key: statistics.median(times[key])) if at_goal else None
 
 
 def _lean_label(source, changes):

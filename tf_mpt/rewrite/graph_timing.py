@@ -217,6 +217,11 @@ class Verdict:
             ratio = (base / self.median(self.lean_against) *
                      statistics.median(self.lean_beside) / self.median(LEAN))
             speed = f", {ratio:.2f}x float32"
+            slower = self.median(LEAN) / statistics.median(self.lean_beside) - 1.0
+            if slower > MARGIN and FLOAT32 in self.peaks and LEAN in self.peaks:
+                share = total_peak(self.peaks, LEAN) / total_peak(self.peaks, FLOAT32)
+                speed += (f" ({slower:.0%} slower than {self.lean_against}, holding "
+                          f"{share:.2f}x float32's peak)")
         if base and self.pick == REFINED:  # (two ratios, each measured in one set of rounds)
             ratio = (base / self.median(self.refined_from) *
                      statistics.median(self.beside) / self.median(REFINED))
