@@ -160,6 +160,38 @@ def test_auto_times_a_training_step_whose_cost_model_kept_nodes_float32(memory, 
         is False  # (nothing measured for this CPU)
 
 
+@pytest.mark.parametrize("memory, lists, loop_variables, gradients, timed", [
+    ("float32", 4, 3, True, True),    # a Keras LSTM's fit step (its report's counts)
+    ("float32", 0, 1, True, True),    # a loop variable alone
+    ("float32", 0, 0, True, False),   # no half buffer: the prediction is trusted
+    ("float32", 4, 3, False, False),  # an inference loop: nothing held for a backward pass
+    ("any", 4, 3, True, False),       # the peak is not bounded
+])
+def test_auto_times_a_training_step_whose_loops_keep_half_buffers(memory, lists,
+                                                                  loop_variables, gradients,
+                                                                  timed):
+    """TF_MPT_STEP_TIMING=auto with the default TF_MPT_MEMORY=float32: a step the cost model
+    trusts (35% predicted saving, under KEPT_SHARE kept float32) is timed where it computes
+    gradients through a loop whose buffers (TensorLists, loop variables) it keeps half: the
+    backward pass reads what each iteration accumulates, which may be held in both dtypes
+    (what it holds is measured); the reason says so."""
+    report = dataclasses.replace(_training_report(5, gradients=gradients),
+                                 tensor_lists_kept_half=lists,
+                                 loop_variables_kept_half=loop_variables)
+    assert _timing.worth_timing(report, _HERE, "auto") is False  # (not for speed)
+    assert not _timing.holds_float32_for_gradients(report)
+    config = _config.Config.from_env({"TF_MPT_MEMORY": memory, "TF_MPT_TIMING_BUDGET": "5"})
+    assert decision.step_applies(config, _HERE, report) is timed
+    if timed:
+        assert decision.step_reason(config, _HERE, report) == (
+            f"it computes gradients through a loop with {lists + loop_variables} buffer(s) "
+            "(TensorLists, loop variables) kept half: what its iterations hold for the "
+            "backward pass is measured, not predicted")
+    off = _config.Config.from_env({"TF_MPT_MEMORY": memory, "TF_MPT_STEP_TIMING": "off",
+                                   "TF_MPT_TIMING_BUDGET": "5"})
+    assert decision.step_applies(off, _HERE, report) is False
+
+
 @pytest.mark.parametrize("environment, dtype, for_this_cpu", [
     ({"TF_MPT_TARGET": "here"}, "bfloat16", True),
     ({"TF_MPT_OP_COSTS": "TABLE"}, "bfloat16", True),  # auto: the table stands in for it

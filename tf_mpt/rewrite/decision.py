@@ -558,7 +558,8 @@ def step_reason(config, target, report):
     (step_timing.timing_reason: decided for this CPU, TF_MPT_STEP_TIMING; with
     TF_MPT_MEMORY=least, auto acts as always: what a step holds is not predicted; with
     float32, the default, auto acts as always for a step computing gradients where the cost
-    model kept a share of its nodes float32: step_timing.holds_float32_for_gradients) and
+    model kept a share of its nodes float32, step_timing.holds_float32_for_gradients, or
+    through a loop whose buffers it keeps half, holds_half_loop_buffers_for_gradients) and
     the budget is not 0."""
     if config.timing_budget <= 0:
         return None
@@ -573,6 +574,12 @@ def step_reason(config, target, report):
         return (f"it computes gradients and the cost model kept {report.kept_by_cost_model} "
                 f"of the {report.weighed_nodes[0]} nodes it weighed float32: what it holds "
                 "for the backward pass is measured, not predicted")
+    buffers = _step_timing.holds_half_loop_buffers_for_gradients(report) \
+        if config.memory == "float32" else 0
+    if buffers:
+        return (f"it computes gradients through a loop with {buffers} buffer(s) (TensorLists, "
+                "loop variables) kept half: what its iterations hold for the backward pass "
+                "is measured, not predicted")
     return None
 
 

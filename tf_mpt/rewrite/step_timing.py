@@ -139,6 +139,22 @@ def holds_float32_for_gradients(report):
                for name in report.decisions for part in name.split("/"))
 
 
+def holds_half_loop_buffers_for_gradients(report):
+    """The number of a loop's buffers (TensorLists, loop variables) a function rewritten with
+    `report` keeps in half, where it computes gradients (_GRADIENT_SCOPES), else 0: the
+    backward pass of a loop reads what its forward iterations accumulate, and a half value
+    accumulated beside the float32 one it was cast from is held once per iteration (a Keras
+    LSTM's fit step, untimed, held 2.14x float32's peak tensors on Sapphire Rapids);
+    TF_MPT_STEP_TIMING=auto times it where the peak is bounded (decision.step_applies)."""
+    if report is None:
+        return 0
+    buffers = report.tensor_lists_kept_half + report.loop_variables_kept_half
+    if not buffers or not any(part.startswith(_GRADIENT_SCOPES)
+                              for name in report.decisions for part in name.split("/")):
+        return 0
+    return buffers
+
+
 def time_versions(concrete_function, graph_defs, batch, rounds, budget_seconds=BUDGET_SECONDS,
                   peaks=None, sandbox=None):
     """Times each of {candidate: GraphDef} (`concrete_function`'s graph and its rewrites: the
