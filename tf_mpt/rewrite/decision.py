@@ -33,7 +33,7 @@
                   within SMALLER_WINDOW of its time, and its own from its half copies alone
                   (no new Cast down: lean.FROM_COPIES) are timed beside it, and the one
                   holding least of those holding less (by over 2%) and not slower (by over
-                  3%) is kept: a tie in time goes to memory; where that one (or the pick)
+                  3%), nor slower than float32, is kept: a tie in time goes to memory; where that one (or the pick)
                   still holds over SMALLER_ABOVE, the fastest that holds within it is kept
                   if not over HALF_MEMORY_PRICE slower than the pick and over 3% faster than
                   float32 (_make_smaller; before the refinement, and a lean pick is not
@@ -273,8 +273,9 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
     Cast down, lean.FROM_COPIES: a Keras Transformer's fit step on Sapphire Rapids, whose
     lean version cost a Cast down and up per Gelu intermediate), timed beside the pick in
     the same rounds within what is left of `budget` (a _Budget). Of those holding over
-    PEAK_SLACK less than the pick and not over MARGIN slower (least: not slower than
-    `float32_graph`, timed in the same rounds), the one holding least (within PEAK_SLACK:
+    PEAK_SLACK less than the pick and not over MARGIN slower, nor slower than float32 (its
+    time scaled by the pick's in the first rounds; least: not slower than `float32_graph`,
+    timed in the same rounds), the one holding least (within PEAK_SLACK:
     the fastest) is kept: a tie in time goes to memory, whichever colouring it was made from
     (a Keras Transformer's fit step: the op lists' colouring, 2-10% slower than the cost
     model's, made lean has run as fast as the pick, holding 0.57x-0.60x of float32's step
@@ -324,6 +325,13 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
     measured = _peaks_after(timer, verdict)
     bound = statistics.median(times[_timing.FLOAT32]) if _least(config) else \
         statistics.median(times[chosen]) * (1.0 + _timing.MARGIN)
+    # (default: nor slower than float32, the version's time scaled by the pick's in the first
+    # rounds: a pick kept as the prediction within MARGIN of float32 leaves no room for more;
+    # MobileNetV2's fit step on Sapphire Rapids, the cost model's colouring 2.6% slower than
+    # float32 and its lean version 1.8%, ran its fit at 0.89x-0.93x float32's speed)
+    scale = medians[chosen] / statistics.median(times[chosen])
+    if not _least(config) and _timing.FLOAT32 in medians:
+        bound = min(bound, medians[_timing.FLOAT32] / scale)
     smaller = [key for key in versions
                if key in measured and statistics.median(times[key]) <= bound and
                _timing.total_peak(measured, key) <
