@@ -1039,6 +1039,30 @@ def test_the_memory_goal_is_bought_with_a_bounded_share_of_the_picks_speed(
     assert again.report.verdict.source == "cached" and again.graph_def == result.graph_def
 
 
+def test_of_the_versions_reaching_the_memory_goal_a_tie_in_time_goes_to_memory(
+        monkeypatch, tmp_path):
+    """The pick (products only) holds 0.9x float32's peak, its version from half copies (as
+    fast) 0.7x; two lean versions reach decision.SMALLER_ABOVE within HALF_MEMORY_PRICE of
+    the pick's time: its own (5% slower, 5.5 MiB) and the op lists' (7% slower, within MARGIN
+    of it, 4 MiB). The op lists' is kept: it holds least."""
+    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    kind, tried, rewrite = _timed_relu_graph(
+        monkeypatch, tmp_path,
+        costs={"float32": 1e-3, "rules": 0.66e-3, "rules lean": 0.64e-3,
+               "products": 0.6e-3, "products lean": 0.63e-3,
+               "products lean from copies": 0.6e-3},
+        peaks={"float32": 10 << 20, "rules": 9 << 20, "rules lean": 4 << 20,
+               "products": 9 << 20, "products lean": int(5.5 * (1 << 20)),
+               "products lean from copies": 7 << 20})
+    result = rewrite()
+    verdict = result.report.verdict
+    assert {"rules lean", "products lean", "products lean from copies"} <= set(tried), tried
+    assert kind(result.graph_def) == "rules lean", verdict.describe()
+    assert verdict.pick == graph_timing.LEAN and \
+        verdict.peaks[graph_timing.LEAN] == 4 << 20, verdict.describe()
+    assert _share(verdict, graph_timing.LEAN) < _share(verdict, "contractions only")
+
+
 @pytest.mark.parametrize("lean_cost, kept", [(0.99e-3, True), (1.01e-3, False)])
 def test_a_lean_version_kept_for_memory_is_not_slower_than_float32(monkeypatch, tmp_path,
                                                                    lean_cost, kept):

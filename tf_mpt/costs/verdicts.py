@@ -25,7 +25,7 @@ import time
 from tf_mpt import lists as _lists
 from tf_mpt._process import state as _state
 
-VERSION = 11  # of the fingerprint and the verdict record; a change makes old ones unused
+VERSION = 12  # of the fingerprint and the verdict record; a change makes old ones unused
 # (4: lean versions reduce a loss first and order weight gradients' Casts; 5: they make late
 # casts in loops' bodies and order their accumulations: a cached lean pick rebuilt from its
 # changes would not be the graph that was timed; 6: a pick holding over decision.SMALLER_ABOVE
