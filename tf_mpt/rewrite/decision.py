@@ -33,11 +33,11 @@
                   within SMALLER_WINDOW of its time, and its own from its half copies alone
                   (no new Cast down: lean.FROM_COPIES) are timed beside it, and the one
                   holding least of those holding less (by over 2%) and not slower (by over
-                  3%), nor slower than float32, is kept: a tie in time goes to memory; where that one (or the pick)
-                  still holds over SMALLER_ABOVE, the fastest that holds within it is kept
-                  if not over HALF_MEMORY_PRICE slower than the pick and over 3% faster than
-                  float32 (_make_smaller; before the refinement, and a lean pick is not
-                  refined). A traced tf.function's step
+                  3%), nor slower than float32, is kept: a tie in time goes to memory;
+                  where that one (or the pick) still holds over SMALLER_ABOVE, the fastest
+                  that holds within it is kept if not over HALF_MEMORY_PRICE slower than
+                  the pick and over 3% faster than float32 (_make_smaller; before the
+                  refinement, and a lean pick is not refined). A traced tf.function's step
                   timer measures its candidates' peaks the same way
     too slow      where the first rounds of every candidate would not fit in the budget, a
                   candidate over DROP_SLOWER slower than the fastest runs no more rounds
@@ -281,12 +281,12 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
     model's, made lean has run as fast as the pick, holding 0.57x-0.60x of float32's step
     peak against its 0.91x); where that one (none kept: the pick) holds over SMALLER_ABOVE of
     float32's peak, the fastest version within it is kept instead if not over
-    HALF_MEMORY_PRICE slower (_at_the_goal). Returns the verdict, with the kept lean version's record (none
-    kept: the pick's own, else the first timed) where one was timed, the others' medians and
-    peaks in its `lean_others`, with the lean version _make_lean timed and did not keep
-    where it tried one (ResNet50's fit step: contractions only's lean version was slower
-    than the op lists' pick, whose own lean version then was not tried); `results` gets its
-    RewriteResult."""
+    HALF_MEMORY_PRICE slower (_at_the_goal). Returns the verdict, with the kept lean
+    version's record (none kept: the pick's own, else the first timed) where one was timed,
+    the others' medians and peaks in its `lean_others`, with the lean version _make_lean
+    timed and did not keep where it tried one (ResNet50's fit step: contractions only's lean
+    version was slower than the op lists' pick, whose own lean version then was not tried);
+    `results` gets its RewriteResult."""
     chosen, peaks = verdict.pick, verdict.peaks
     goal = 0.0 if _least(config) else SMALLER_ABOVE
     if chosen in (_timing.FLOAT32, _timing.LEAN) or \
