@@ -323,15 +323,17 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
         timed[_timing.FLOAT32] = float32_graph
     times = budget.spend(timer(timed, config.cost_batch, left))
     measured = _peaks_after(timer, verdict)
+    beside = statistics.median(times[chosen])
     bound = statistics.median(times[_timing.FLOAT32]) if _least(config) else \
-        statistics.median(times[chosen]) * (1.0 + _timing.MARGIN)
-    # (default: nor slower than float32, the version's time scaled by the pick's in the first
-    # rounds: a pick kept as the prediction within MARGIN of float32 leaves no room for more;
-    # MobileNetV2's fit step on Sapphire Rapids, the cost model's colouring 2.6% slower than
-    # float32 and its lean version 1.8%, ran its fit at 0.89x-0.93x float32's speed)
-    scale = medians[chosen] / statistics.median(times[chosen])
-    if not _least(config) and _timing.FLOAT32 in medians:
-        bound = min(bound, medians[_timing.FLOAT32] / scale)
+        beside * (1.0 + _timing.MARGIN)
+    # (default: nor slower than float32, its first rounds' median scaled to these rounds by
+    # the pick's: a pick kept as the prediction within MARGIN of float32 leaves no room for
+    # more; MobileNetV2's fit step on Sapphire Rapids, the cost model's colouring 2.6% slower
+    # than float32 and its lean version 1.8%, ran its fit at 0.89x-0.93x float32's speed)
+    float32_here = medians[_timing.FLOAT32] * beside / medians[chosen] \
+        if _timing.FLOAT32 in medians else None
+    if not _least(config) and float32_here is not None:
+        bound = min(bound, float32_here)
     smaller = [key for key in versions
                if key in measured and statistics.median(times[key]) <= bound and
                _timing.total_peak(measured, key) <
@@ -343,7 +345,7 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
                     if _timing.total_peak(measured, key) <= fewest * (1.0 + _timing.PEAK_SLACK)),
                    key=lambda key: statistics.median(times[key]))
     if not _least(config):
-        kept = _at_the_goal(kept, versions, times, measured, chosen, medians) or kept
+        kept = _at_the_goal(kept, versions, times, measured, beside, float32_here) or kept
     record = kept or next((key for key, (source, _, _) in versions.items()
                            if source == chosen), next(iter(versions)))
     source, graph, changes = versions[record]
@@ -370,25 +372,21 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
         lean_others=others)
 
 
-def _at_the_goal(kept, versions, times, measured, chosen, medians):
+def _at_the_goal(kept, versions, times, measured, beside, float32_here):
     """Where `kept` (a key of `versions`, or None) holds over SMALLER_ABOVE of float32's peak:
     the fastest of `versions` (within MARGIN of it: the one holding least) that holds within
-    it, not over HALF_MEMORY_PRICE slower than
-    the pick (`times`: the rounds _make_smaller timed them in, beside `chosen`) and over
-    MARGIN faster than float32 (its time scaled by the pick's in the first rounds,
-    `medians`), or None."""
-    if _timing.FLOAT32 not in measured or _timing.FLOAT32 not in medians:
+    it, not over HALF_MEMORY_PRICE slower than the pick (`times`: the rounds _make_smaller
+    timed them in, the pick's median there `beside`) and over MARGIN faster than float32
+    (`float32_here`: its median in those rounds' terms, None where not timed), or None."""
+    if _timing.FLOAT32 not in measured or float32_here is None:
         return None
     goal = SMALLER_ABOVE * _timing.total_peak(measured, _timing.FLOAT32)
     if kept is not None and _timing.total_peak(measured, kept) <= goal:
         return None
-    beside = statistics.median(times[chosen])
-    scale = medians[chosen] / beside  # (a version's time in the first rounds' units)
     at_goal = [key for key in versions
                if key in measured and _timing.total_peak(measured, key) <= goal and
                statistics.median(times[key]) <= beside * (1.0 + HALF_MEMORY_PRICE) and
-               statistics.median(times[key]) * scale * (1.0 + _timing.MARGIN) <=
-               medians[_timing.FLOAT32]]
+               statistics.median(times[key]) * (1.0 + _timing.MARGIN) <= float32_here]
     if not at_goal:
         return None
     # (a tie in time goes to memory: a Keras Transformer's fit step kept contractions only's
