@@ -6,7 +6,8 @@ tf_mpt setting the policy (TF_MPT_KERAS=policy).
                                       [--min-seconds 2] [--dtype bfloat16]
                                       [--keras keras|tf_keras]
                                       [--step-timing auto|always|off]
-                                      [--memory float32|least|any] [--batch-scale 1]
+                                      [--memory float32|least|any] [--memory-price 0.1]
+                                      [--batch-scale 1]
 
 Models (random data, weights=None): ResNet50, MobileNetV2, EfficientNetB0, DenseNet121
 (keras.applications, 128x128x3, batch 16, 10 classes), a Transformer encoder
@@ -44,6 +45,8 @@ activations dominate more.
 `always` times every traced step's candidates (and measures their peaks), where auto times
 only steps whose predicted saving is thin. --memory sets TF_MPT_MEMORY for the tf_mpt ways
 (`least`: memory first, never slower than float32; it times every traced step).
+--memory-price sets TF_MPT_MEMORY_PRICE (the share of float32's speed a step may give up to
+hold within 0.65x float32's peak).
 """
 
 import argparse
@@ -68,7 +71,7 @@ APPLICATIONS = {"resnet50": "ResNet50", "mobilenetv2": "MobileNetV2",
                 "efficientnetb0": "EfficientNetB0", "densenet121": "DenseNet121"}
 
 
-def _env(way, dtype, keras_module, step_timing=None, memory=None):
+def _env(way, dtype, keras_module, step_timing=None, memory=None, memory_price=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_MPT_")}
     env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     if keras_module == "tf_keras":
@@ -80,6 +83,8 @@ def _env(way, dtype, keras_module, step_timing=None, memory=None):
             env["TF_MPT_STEP_TIMING"] = step_timing
         if memory:
             env["TF_MPT_MEMORY"] = memory
+        if memory_price:
+            env["TF_MPT_MEMORY_PRICE"] = memory_price
     return env
 
 
@@ -210,7 +215,8 @@ class _Rewrites(logging.Handler):
                         r"timing \(median of \d+ rounds\): (.*); picked ([a-z0-9 ]+?)"
                         r"(,| over|$)")
     _CANDIDATE = re.compile(r"(float32|rules|cost model|contractions only) ([\d.e+-]+) ms")
-    _LEAN = re.compile(r"lean (rules|cost model|contractions only) \([^)]*\) ([\d.e+-]+) ms")
+    _LEAN = re.compile(r"lean (rules|cost model|contractions only|float32) \([^)]*\) "
+                       r"([\d.e+-]+) ms")
 
     def __init__(self):
         super().__init__(level=logging.INFO)
@@ -250,7 +256,7 @@ def _measure(name, way, args):
                "--min-seconds", str(args.min_seconds), "--dtype", args.dtype,
                "--keras", args.keras, "--batch-scale", str(args.batch_scale)]
     done = subprocess.run(command, env=_env(way, args.dtype, args.keras, args.step_timing,
-                                            args.memory),
+                                            args.memory, args.memory_price),
                           cwd=ROOT, capture_output=True, text=True, timeout=3600, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{name} / {way} failed:\n{done.stderr[-3000:]}")
@@ -301,6 +307,8 @@ def main():
                         help="TF_MPT_STEP_TIMING for the tf_mpt ways (default: its default)")
     parser.add_argument("--memory", choices=("float32", "least", "any"),
                         help="TF_MPT_MEMORY for the tf_mpt ways (default: its default)")
+    parser.add_argument("--memory-price", help="TF_MPT_MEMORY_PRICE for the tf_mpt ways "
+                        "(default: unset, 0)")
     parser.add_argument("--batch-scale", type=int, default=1,
                         help="each model's batch this many times its own (activations "
                              "dominate more)")
@@ -313,7 +321,9 @@ def main():
     native = _cpu.has_native_bfloat16(_cpu.cpu_flags())
     print("; ".join(_cpu.facts()[:2]) + f"; {args.keras}, {args.dtype}, {args.rounds} "
           f"rounds of at least {args.steps} steps and {args.min_seconds:g} s per phase" +
-          (f"; batches {args.batch_scale}x their own" if args.batch_scale != 1 else ""))
+          (f"; batches {args.batch_scale}x their own" if args.batch_scale != 1 else "") +
+          (f"; TF_MPT_MEMORY={args.memory}" if args.memory else "") +
+          (f"; TF_MPT_MEMORY_PRICE={args.memory_price}" if args.memory_price else ""))
     if args.dtype == "bfloat16" and not native:
         print("(no native bfloat16 here: these speed-ups say nothing about Zen 4 / AMX)")
     print("| model | phase | float32 ms/step | noise | policy | tf_mpt | tf_mpt policy |")

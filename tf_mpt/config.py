@@ -44,6 +44,7 @@ TF_MPT_STEP_TIMING = "TF_MPT_STEP_TIMING"
 TF_MPT_TIMING_BUDGET = "TF_MPT_TIMING_BUDGET"
 TF_MPT_DISPATCH_CHECK = "TF_MPT_DISPATCH_CHECK"
 TF_MPT_MEMORY = "TF_MPT_MEMORY"
+TF_MPT_MEMORY_PRICE = "TF_MPT_MEMORY_PRICE"
 
 # (variable, default, meaning): the README's env-var table is checked against this by a test.
 ENV_VARS = (
@@ -161,6 +162,19 @@ ENV_VARS = (
      "(TF_MPT_STEP_TIMING=auto acts as always); no refinement. any: the peaks are measured "
      "and reported, and the fastest is kept whatever it holds. The same for a traced tf.function that step timing times (its "
      "copies of the variables and inputs are the bytes held alike)."),
+    (TF_MPT_MEMORY_PRICE, "0", "The share of float32's speed a timed graph may give up to "
+     "hold within 0.65x float32's peak (a number from 0 to 1; 0.1: up to 10% slower than "
+     "float32). 0: never slower than float32. Above 0, under TF_MPT_MEMORY=float32: where the "
+     "pick (float32 included) holds over 0.65x float32's peak, the lean versions of the "
+     "candidates within this share of float32's time (or within 15% of the pick's) and "
+     "float32's own (its compute float32, the activations its backward pass reads saved in "
+     "half) are timed beside the pick and float32, and the fastest within 0.65x is kept if "
+     "its median is not over float32's by more than this share; every traced step that "
+     "computes gradients is timed (TF_MPT_STEP_TIMING=auto). Under least: the candidate "
+     "holding least among those not over float32's time by more than this share, float32's "
+     "own lean version among them. The verdict's line says what the memory cost. Not with "
+     "TF_MPT_MEMORY=any (nothing is bounded), nor for a graph too slow to time (its speed "
+     "is not measured)."),
     (TF_MPT_DISPATCH_CHECK, "1", "Where the graph runs on this machine (the automatic path "
      "in a process with no GPU; target here), each half op type is first run as TensorFlow "
      "runs it here (with the neighbours its remapper fuses into it) against float32, once "
@@ -304,6 +318,27 @@ def _parse_timing_budget(environ):
     return number
 
 
+def _parse_memory_price(environ, memory):
+    value = environ.get(TF_MPT_MEMORY_PRICE, "").strip()
+    if not value:
+        return 0.0
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not 0 <= number <= 1:
+        raise ValueError(f"{TF_MPT_MEMORY_PRICE} must be a number from 0 to 1: the share of "
+                         "float32's speed a timed graph may give up to hold within 0.65x of "
+                         "float32's peak memory (0.1: up to 10% slower; 0: never slower). "
+                         f"Received: {TF_MPT_MEMORY_PRICE}={value!r}")
+    if number and memory == "any":
+        raise ValueError(f"{TF_MPT_MEMORY_PRICE}={value!r} has no effect with "
+                         f"{TF_MPT_MEMORY}=any (the fastest colouring is kept whatever it "
+                         f"holds). Unset {TF_MPT_MEMORY_PRICE}, or set {TF_MPT_MEMORY} to "
+                         "float32 or least.")
+    return number
+
+
 def _parse_loss_scale(environ):
     value = environ.get(TF_MPT_LOSS_SCALE, "").strip()
     if not value or value.lower() == "dynamic":
@@ -349,6 +384,8 @@ class Config:
         memory: 'float32', 'least' or 'any' (TF_MPT_MEMORY): whether graph timing keeps a
             colouring whose step peak is over float32's; least: the one holding least of
             those not slower than float32.
+        memory_price: TF_MPT_MEMORY_PRICE, the share of float32's speed a timed graph may
+            give up to hold within decision.SMALLER_ABOVE of float32's peak (0: none).
     """
     list_add: tuple = ()
     list_remove: tuple = ()
@@ -371,6 +408,7 @@ class Config:
     timing_budget: float = DEFAULT_TIMING_BUDGET
     dispatch_check: bool = True
     memory: str = "float32"
+    memory_price: float = 0.0
 
     @classmethod
     def from_env(cls, environ):
@@ -387,6 +425,7 @@ class Config:
         enable = bool(_parse_bool(environ, TF_MPT_ENABLE))
         graph_rewrite = _parse_bool(environ, TF_MPT_GRAPH_REWRITE)
         loss_scaling = _parse_bool(environ, TF_MPT_LOSS_SCALING)
+        memory = _parse_choice(environ, TF_MPT_MEMORY, MEMORY_MODES, "float32")
         return cls(list_add=tuple(add), list_remove=tuple(remove), dump_dir=dump_dir,
                    enable=enable,
                    graph_rewrite=enable if graph_rewrite is None else graph_rewrite,
@@ -407,7 +446,8 @@ class Config:
                                              "auto"),
                    timing_budget=_parse_timing_budget(environ),
                    dispatch_check=_parse_bool(environ, TF_MPT_DISPATCH_CHECK) is not False,
-                   memory=_parse_choice(environ, TF_MPT_MEMORY, MEMORY_MODES, "float32"))
+                   memory=memory,
+                   memory_price=_parse_memory_price(environ, memory))
 
     def loss_scaling_for(self, dtype):
         """Whether the automatic path scales the loss for `dtype` ('float16'/'bfloat16').

@@ -140,3 +140,28 @@ def test_bad_dtype_names_the_variable_value_and_choices():
     with pytest.raises(ValueError, match=r"TF_MPT_DTYPE must be one of float16, bfloat16, "
                                          r"auto\. Received: TF_MPT_DTYPE='fp8'"):
         tf_mpt.Config.from_env({"TF_MPT_DTYPE": "fp8"})
+
+
+@pytest.mark.parametrize("value, memory, price", [
+    ("", "float32", 0.0), ("0", "any", 0.0), ("0.1", "float32", 0.1), ("1", "least", 1.0)])
+def test_memory_price_is_a_share_of_float32s_speed(value, memory, price):
+    """TF_MPT_MEMORY_PRICE: a number from 0 to 1 (unset: 0, never slower than float32)."""
+    parsed = config.Config.from_env({"TF_MPT_MEMORY_PRICE": value, "TF_MPT_MEMORY": memory})
+    assert parsed.memory_price == price and parsed.memory == memory
+
+
+@pytest.mark.parametrize("value, memory, says", [
+    ("10%", "float32", "must be a number from 0 to 1"),
+    ("-0.1", "float32", "must be a number from 0 to 1"),
+    ("1.5", "least", "must be a number from 0 to 1"),
+    ("nan", "float32", "must be a number from 0 to 1"),
+    ("0.1", "any", "has no effect with TF_MPT_MEMORY=any"),
+])
+def test_a_bad_memory_price_is_refused_with_the_value_and_the_fix(value, memory, says):
+    """A price that is not a share, or one TF_MPT_MEMORY=any would ignore, is refused: the
+    message names the variable, the value received and what is accepted."""
+    with pytest.raises(ValueError) as error:
+        config.Config.from_env({"TF_MPT_MEMORY_PRICE": value, "TF_MPT_MEMORY": memory})
+    text = str(error.value)
+    assert says in text and f"TF_MPT_MEMORY_PRICE={value!r}" in text, text
+    assert "0.1" in text  # (the fix: an example value, or the setting that gives it effect)

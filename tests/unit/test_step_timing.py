@@ -192,6 +192,28 @@ def test_auto_times_a_training_step_whose_loops_keep_half_buffers(memory, lists,
     assert decision.step_applies(off, _HERE, report) is False
 
 
+@pytest.mark.parametrize("memory, price, gradients, timed", [
+    ("float32", "0.1", True, True),    # a price for memory: what a step holds is measured
+    ("float32", "", True, False),      # no price: the prediction is trusted (5 of 100 kept)
+    ("float32", "0.1", False, False),  # an inference step: nothing held for a backward pass
+    ("least", "0.1", False, True),     # least times every step already
+])
+def test_auto_times_every_training_step_where_memory_has_a_price(memory, price, gradients,
+                                                                 timed):
+    """TF_MPT_MEMORY_PRICE: a training step the cost model trusts (35% predicted saving,
+    under KEPT_SHARE kept float32, no loop) is timed, and the reason names the price; an
+    inference step is not."""
+    report = _training_report(5, gradients=gradients)
+    assert _timing.worth_timing(report, _HERE, "auto") is False  # (not for speed)
+    config = _config.Config.from_env({"TF_MPT_MEMORY": memory, "TF_MPT_TIMING_BUDGET": "5",
+                                      "TF_MPT_MEMORY_PRICE": price})
+    assert decision.step_applies(config, _HERE, report) is timed
+    if timed and memory == "float32":
+        assert decision.step_reason(config, _HERE, report) == (
+            "it computes gradients and TF_MPT_MEMORY_PRICE=0.1: what it holds for the "
+            "backward pass is measured, not predicted")
+
+
 @pytest.mark.parametrize("environment, dtype, for_this_cpu", [
     ({"TF_MPT_TARGET": "here"}, "bfloat16", True),
     ({"TF_MPT_OP_COSTS": "TABLE"}, "bfloat16", True),  # auto: the table stands in for it

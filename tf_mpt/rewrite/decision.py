@@ -37,7 +37,13 @@
                   where that one (or the pick) still holds over SMALLER_ABOVE, the fastest
                   that holds within it is kept if not over HALF_MEMORY_PRICE slower than
                   the pick and over 3% faster than float32 (_make_smaller; before the
-                  refinement, and a lean pick is not refined). A traced tf.function's step
+                  refinement, and a lean pick is not refined). TF_MPT_MEMORY_PRICE (a share
+                  of float32's speed): where the pick, float32 included, holds over
+                  SMALLER_ABOVE, float32's own lean version (compute float32, saved in
+                  half) and those of the candidates within the price of float32's time are
+                  timed too, with float32 in the same rounds, and the fastest within
+                  SMALLER_ABOVE is kept where not over the price slower than float32 (under
+                  least: the bound of the one holding least). A traced tf.function's step
                   timer measures its candidates' peaks the same way
     too slow      where the first rounds of every candidate would not fit in the budget, a
                   candidate over DROP_SLOWER slower than the fastest runs no more rounds
@@ -229,6 +235,41 @@ def _least(config):
     return config.memory == "least"
 
 
+def _price(config):
+    """The share of float32's speed a timed graph may give up for memory
+    (TF_MPT_MEMORY_PRICE; 0 where nothing is bounded: TF_MPT_MEMORY=any)."""
+    return config.memory_price if config.memory in ("float32", "least") else 0.0
+
+
+def memory_key(config):
+    """What bounds a pick's memory, as a verdict's cache key reads it: TF_MPT_MEMORY's mode,
+    with TF_MPT_MEMORY_PRICE where one is set."""
+    price = _price(config)
+    return f"{config.memory} price {price:g}" if price else config.memory
+
+
+_FLOAT32_SAVED_IN_HALF = ("graph timing: float32, the values its backward pass reads saved "
+                          "in half (TF_MPT_MEMORY_PRICE)")
+
+
+def _half_enum(dtype):
+    """The DataType of a half dtype's name ('float16', 'bfloat16'), else None."""
+    return {name: enum for enum, name in _ta.HALF_TYPES.items()}.get(dtype)
+
+
+def _graph_of(name, results, float32_graph):
+    """Candidate `name`'s GraphDef (float32's: `float32_graph`)."""
+    return float32_graph if name == _timing.FLOAT32 else results[name].graph_def
+
+
+def _result_of(name, results, float32_graph, predicted):
+    """Candidate `name`'s RewriteResult (float32's: made from `float32_graph` and the
+    prediction's report, `predicted`, as a lean version's source)."""
+    if name != _timing.FLOAT32:
+        return results[name]
+    return float32_result(float32_graph, results[predicted], _FLOAT32_SAVED_IN_HALF)
+
+
 def _lean_result(result, graph_def):
     """`result` (a candidate's RewriteResult) with the lean graph `graph_def`: its report's
     `casts_added` counts the lean graph's own tf_mpt Casts (the candidate's, less those a
@@ -286,45 +327,60 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
     the others' medians and peaks in its `lean_others`, with the lean version _make_lean
     timed and did not keep where it tried one (ResNet50's fit step: contractions only's lean
     version was slower than the op lists' pick, whose own lean version then was not tried);
-    `results` gets its RewriteResult."""
+    `results` gets its RewriteResult. With TF_MPT_MEMORY_PRICE (_price): a float32 pick too;
+    the candidates within the price of float32's time are sources too, and so is float32's
+    own lean version (its compute float32, the values its backward pass reads saved in half:
+    MobileNetV2's fit step on Sapphire Rapids, where every half colouring ran slower than
+    float32, held 0.51x float32's peak at 6% slower); float32 is timed in the same rounds,
+    and a version within SMALLER_ABOVE not over the price slower than float32 is affordable
+    (_at_the_goal's `priced`; least: the bound of the one holding least)."""
     chosen, peaks = verdict.pick, verdict.peaks
     goal = 0.0 if _least(config) else SMALLER_ABOVE
-    if chosen in (_timing.FLOAT32, _timing.LEAN) or \
+    price = _price(config)
+    if chosen == _timing.LEAN or (chosen == _timing.FLOAT32 and not price) or \
             chosen not in peaks or _timing.FLOAT32 not in peaks or \
             _timing.total_peak(peaks, chosen) <= \
             goal * _timing.total_peak(peaks, _timing.FLOAT32):
         return verdict
     medians = {name: statistics.median(t) for name, t in verdict.times.items()}
-    window = medians[_timing.FLOAT32] if _least(config) and _timing.FLOAT32 in medians else \
+    window = medians[_timing.FLOAT32] * (1.0 + price) \
+        if _least(config) and _timing.FLOAT32 in medians else \
         medians[chosen] * (1.0 + SMALLER_WINDOW)
+    if price and not _least(config) and _timing.FLOAT32 in medians:
+        window = max(window, medians[_timing.FLOAT32] * (1.0 + price))
     sources = [chosen] + sorted(
         (name for name in medians
          if name not in (chosen, _timing.FLOAT32, _timing.LEAN, _timing.REFINED) and
          results.get(name) is not None and medians[name] <= window and
          not _timing.over_float32(peaks, name)),
         key=medians.get)
+    if price and chosen != _timing.FLOAT32:  # (float32's own: compute float32, saved in half)
+        sources.append(_timing.FLOAT32)
+    half = _half_enum(results[verdict.predicted].report.dtype)
     versions = {}  # {timer key: (source, lean graph, changes)}
     # each source's lean version, then the pick's from its half copies alone (no new Cast
     # down: where the others cost more than MARGIN, it may hold less at the pick's speed)
     for source, new_copies in [(source, True) for source in sources] + [(chosen, False)]:
-        graph, changes = _lean.lean(results[source].graph_def, False, *lean_inputs,
-                                    ordered=False, new_copies=new_copies)
-        if graph is results[source].graph_def or \
-                any(graph == g for _, g, _ in versions.values()):
+        if source == _timing.FLOAT32 and not new_copies:
+            continue  # (float32 has no half copies)
+        original = _graph_of(source, results, float32_graph)
+        graph, changes = _lean.lean(original, False, *lean_inputs, ordered=False,
+                                    new_copies=new_copies, half=half)
+        if graph is original or any(graph == g for _, g, _ in versions.values()):
             continue
         versions[_timing.LEAN if not versions else f"{_timing.LEAN} {len(versions)}"] = \
             (source, graph, changes)
     left = budget.left()
     if not versions or left <= 0:
         return verdict
-    timed = {chosen: results[chosen].graph_def}
+    timed = {chosen: _graph_of(chosen, results, float32_graph)}
     timed.update((key, graph) for key, (_, graph, _) in versions.items())
-    if _least(config):  # (its bound is float32's time, measured in the same rounds)
+    if _least(config) or price:  # (float32's time bounds them: measured in the same rounds)
         timed[_timing.FLOAT32] = float32_graph
     times = budget.spend(timer(timed, config.cost_batch, left))
     measured = _peaks_after(timer, verdict)
     beside = statistics.median(times[chosen])
-    bound = statistics.median(times[_timing.FLOAT32]) if _least(config) else \
+    bound = statistics.median(times[_timing.FLOAT32]) * (1.0 + price) if _least(config) else \
         beside * (1.0 + _timing.MARGIN)
     # (default: nor slower than float32, its first rounds' median scaled to these rounds by
     # the pick's: a pick kept as the prediction within MARGIN of float32 leaves no room for
@@ -345,11 +401,14 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
                     if _timing.total_peak(measured, key) <= fewest * (1.0 + _timing.PEAK_SLACK)),
                    key=lambda key: statistics.median(times[key]))
     if not _least(config):
-        kept = _at_the_goal(kept, versions, times, measured, beside, float32_here) or kept
+        priced = statistics.median(times[_timing.FLOAT32]) * (1.0 + price) if price else None
+        kept = _at_the_goal(kept, versions, times, measured, beside, float32_here,
+                            priced) or kept
     record = kept or next((key for key, (source, _, _) in versions.items()
                            if source == chosen), next(iter(versions)))
     source, graph, changes = versions[record]
-    results[_timing.LEAN] = _lean_result(results[source], graph)
+    results[_timing.LEAN] = _lean_result(
+        _result_of(source, results, float32_graph, verdict.predicted), graph)
     peaks = {name: peak for name, peak in measured.items() if name not in versions}
     if record in measured:
         peaks[_timing.LEAN] = measured[record]
@@ -369,24 +428,31 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
         verdict, times={**verdict.times, _timing.LEAN: times[record]},
         pick=_timing.LEAN if kept else chosen, lean_from=source, lean_against=chosen,
         lean_beside=times[chosen], lean_changes=dict(changes), peaks=peaks,
-        lean_others=others)
+        lean_others=others, memory_price=price if kept else 0.0)
 
 
-def _at_the_goal(kept, versions, times, measured, beside, float32_here):
+def _at_the_goal(kept, versions, times, measured, beside, float32_here, priced=None):
     """Where `kept` (a key of `versions`, or None) holds over SMALLER_ABOVE of float32's peak:
     the fastest of `versions` (within MARGIN of it: the one holding least) that holds within
     it, not over HALF_MEMORY_PRICE slower than the pick (`times`: the rounds _make_smaller
     timed them in, the pick's median there `beside`) and over MARGIN faster than float32
-    (`float32_here`: its median in those rounds' terms, None where not timed), or None."""
-    if _timing.FLOAT32 not in measured or float32_here is None:
+    (`float32_here`: its median in those rounds' terms, None where not timed), or not over
+    `priced` (TF_MPT_MEMORY_PRICE's bound: float32's median in those rounds times one plus
+    the price; None where no price is set), or None."""
+    if _timing.FLOAT32 not in measured or (float32_here is None and priced is None):
         return None
     goal = SMALLER_ABOVE * _timing.total_peak(measured, _timing.FLOAT32)
     if kept is not None and _timing.total_peak(measured, kept) <= goal:
         return None
+
+    def affordable(key):
+        median = statistics.median(times[key])
+        return (float32_here is not None and median <= beside * (1.0 + HALF_MEMORY_PRICE) and
+                median * (1.0 + _timing.MARGIN) <= float32_here) or \
+            (priced is not None and median <= priced)
     at_goal = [key for key in versions
                if key in measured and _timing.total_peak(measured, key) <= goal and
-               statistics.median(times[key]) <= beside * (1.0 + HALF_MEMORY_PRICE) and
-               statistics.median(times[key]) * (1.0 + _timing.MARGIN) <= float32_here]
+               affordable(key)]
     if not at_goal:
         return None
     # (a tie in time goes to memory: a Keras Transformer's fit step kept contractions only's
@@ -529,15 +595,18 @@ def _within_float32_untimed(verdict, graphs, results, same_as, config, lean_inpu
                                    lean_changes={})
 
 
-def _lean_again(verdict, results, lean_inputs):
-    """The RewriteResult of a verdict's lean pick, made again (a cached verdict)."""
+def _lean_again(verdict, results, lean_inputs, float32_graph):
+    """The RewriteResult of a verdict's lean pick, made again (a cached verdict; float32's
+    own lean version from `float32_graph`)."""
     changes = verdict.lean_changes
-    graph, _ = _lean.lean(results[verdict.lean_from].graph_def,
+    source = _result_of(verdict.lean_from, results, float32_graph, verdict.predicted)
+    graph, _ = _lean.lean(source.graph_def,
                           "float32 products" in changes, *lean_inputs,
                           ordered="ordered products" in changes,
                           only_ordered=set(changes) == {"ordered products"},
-                          new_copies=_lean.FROM_COPIES not in changes)
-    return _lean_result(results[verdict.lean_from], graph)
+                          new_copies=_lean.FROM_COPIES not in changes,
+                          half=_half_enum(source.report.dtype))
+    return _lean_result(source, graph)
 
 
 def _close(timer):
@@ -574,8 +643,8 @@ def step_reason(config, target, report):
     TF_MPT_MEMORY=least, auto acts as always: what a step holds is not predicted; with
     float32, the default, auto acts as always for a step computing gradients where the cost
     model kept a share of its nodes float32, step_timing.holds_float32_for_gradients, or
-    through a loop whose buffers it keeps half, holds_half_loop_buffers_for_gradients) and
-    the budget is not 0."""
+    through a loop whose buffers it keeps half, holds_half_loop_buffers_for_gradients; with
+    TF_MPT_MEMORY_PRICE, for every step computing gradients) and the budget is not 0."""
     if config.timing_budget <= 0:
         return None
     mode = config.step_timing
@@ -585,6 +654,9 @@ def step_reason(config, target, report):
         return reason
     if _least(config):
         return "TF_MPT_MEMORY=least: what each candidate holds is measured, not predicted"
+    if _price(config) and _step_timing.computes_gradients(report):
+        return (f"it computes gradients and TF_MPT_MEMORY_PRICE={config.memory_price:g}: what "
+                "it holds for the backward pass is measured, not predicted")
     if config.memory == "float32" and _step_timing.holds_float32_for_gradients(report):
         return (f"it computes gradients and the cost model kept {report.kept_by_cost_model} "
                 f"of the {report.weighed_nodes[0]} nodes it weighed float32: what it holds "
@@ -627,7 +699,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
         names = sorted(_inputs.fetch_node_names(fetches, view) or
                        _inputs.fetch_node_names(None, view))
         key = _verdicts.fingerprint(graph_def, names, dtype, lists, config.cost_batch,
-                                   config.memory)
+                                   memory_key(config))
 
         peaks = {}  # {candidate: step peak bytes}, filled as candidates are timed
 
@@ -647,7 +719,8 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
         try:  # (a traced function's, its names made the same in every process; timed on
             # this CPU, so this CPU's cache, whatever table stands in for its kernels)
             key = _verdicts.fingerprint(timer.key_graph(graph_def), ["(a traced function)"],
-                                       dtype, lists, config.cost_batch, config.memory)
+                                       dtype, lists, config.cost_batch,
+                                       memory_key(config))
         except Exception:  # pylint: disable=broad-except
             key = None  # (NotTimed: it is not timed either; else timed, not cached)
         if key is not None:
@@ -697,7 +770,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                                        FIRST_SHARE * config.timing_budget))
             measured = dict(getattr(timer, "peaks", {}))
             chosen = _timing.pick(times, same_as.get(predicted_name, predicted_name),
-                                  _bounded(config, measured), _least(config))
+                                  _bounded(config, measured), _least(config), _price(config))
             verdict = _timing.Verdict(times, chosen, predicted_name, "", same_as,
                                       peaks=measured)
             if _bounded(config, measured) and budget.left() > 0:
@@ -731,7 +804,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
             results[_timing.REFINED] = _keeping_float32(graph_def, verdict.refined,
                                                         verdict.refined_from, rewrite, lists)
         if verdict.pick == _timing.LEAN and _timing.LEAN not in results:
-            results[_timing.LEAN] = _lean_again(verdict, results, lean_inputs)
+            results[_timing.LEAN] = _lean_again(verdict, results, lean_inputs, graph_def)
     except _timing.NotTimed as error:
         verdict = _timing.Verdict({}, predicted_name, predicted_name, str(error))
         if isinstance(error, _timing.TooSlow) and _bounded(config, {}) is not None:

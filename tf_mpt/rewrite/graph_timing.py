@@ -115,6 +115,7 @@ class Verdict:
         lean_others: {candidate: (median seconds, step peak bytes or None)} of the other
             lean versions timed in the same rounds and not recorded as LEAN (decision.
             _make_smaller: those of candidates near the pick's time).
+        memory_price: TF_MPT_MEMORY_PRICE where the lean pick was kept under it (0: none).
     """
     times: dict
     pick: str
@@ -132,6 +133,7 @@ class Verdict:
     lean_beside: tuple = ()
     lean_changes: dict = dataclasses.field(default_factory=dict)
     lean_others: dict = dataclasses.field(default_factory=dict)
+    memory_price: float = 0.0
 
     @classmethod
     def from_dict(cls, data, source):
@@ -151,6 +153,7 @@ class Verdict:
             lean_others = {str(k): (float(v[0]), None if v[1] is None else int(v[1]))
                            for k, v in data.get("lean_others", {}).items()}
             why = str(data.get("why", ""))
+            memory_price = float(data.get("memory_price", 0.0))
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
         if not times:  # (a graph too slow to time, its peaks measured instead: decision's
@@ -167,7 +170,7 @@ class Verdict:
             return None
         return cls(times, pick, predicted, "", {}, source, refined, refined_from, refined_ops,
                    beside, peaks, lean_from, lean_against, lean_beside, lean_changes,
-                   lean_others)
+                   lean_others, memory_price)
 
     @property
     def timed(self):
@@ -220,8 +223,10 @@ class Verdict:
             slower = self.median(LEAN) / statistics.median(self.lean_beside) - 1.0
             if slower > MARGIN and FLOAT32 in self.peaks and LEAN in self.peaks:
                 share = total_peak(self.peaks, LEAN) / total_peak(self.peaks, FLOAT32)
+                price = (f": TF_MPT_MEMORY_PRICE={self.memory_price:g}"
+                         if self.memory_price and ratio < 1.0 else "")
                 speed += (f" ({slower:.0%} slower than {self.lean_against}, holding "
-                          f"{share:.2f}x float32's peak)")
+                          f"{share:.2f}x float32's peak{price})")
         if base and self.pick == REFINED:  # (two ratios, each measured in one set of rounds)
             ratio = (base / self.median(self.refined_from) *
                      statistics.median(self.beside) / self.median(REFINED))
@@ -272,7 +277,8 @@ class Verdict:
                 "beside": list(self.beside), "peaks": dict(self.peaks),
                 "lean_from": self.lean_from, "lean_against": self.lean_against,
                 "lean_beside": list(self.lean_beside), "lean_changes": dict(self.lean_changes),
-                "lean_others": {k: list(v) for k, v in self.lean_others.items()}}
+                "lean_others": {k: list(v) for k, v in self.lean_others.items()},
+                "memory_price": self.memory_price}
 
 
 def total_peak(peaks, name):
@@ -288,19 +294,20 @@ def over_float32(peaks, name):
         total_peak(peaks, name) > total_peak(peaks, FLOAT32) * (1.0 + PEAK_SLACK)
 
 
-def pick(times, predicted, peaks=None, least=False):
+def pick(times, predicted, peaks=None, least=False, price=0.0):
     """The candidate to keep from {candidate: per-round seconds}: the fastest median, unless
     the prediction's is within MARGIN of it. With `peaks` ({candidate: step peak bytes}, and
     RESIDENT): only among the candidates not over float32's (over_float32; float32 never
     is), and among those within MARGIN of the fastest, the ones holding least (within
     PEAK_SLACK of the lowest total) first: a tie in time goes to memory. With `least`
     (TF_MPT_MEMORY=least) and peaks: among the candidates not slower than float32 (their
-    median not above float32's), the one holding least (within PEAK_SLACK: the fastest of
-    those)."""
+    median not above float32's times one plus `price`, TF_MPT_MEMORY_PRICE), the one
+    holding least (within PEAK_SLACK: the fastest of those)."""
     medians = {name: statistics.median(t) for name, t in times.items()
                if not (peaks and over_float32(peaks, name))}
     if least and peaks and FLOAT32 in medians and set(medians) <= set(peaks):
-        fast_enough = [name for name, m in medians.items() if m <= medians[FLOAT32]]
+        fast_enough = [name for name, m in medians.items()
+                       if m <= medians[FLOAT32] * (1.0 + price)]
         fewest = min(total_peak(peaks, name) for name in fast_enough)
         return min((name for name in fast_enough
                     if total_peak(peaks, name) <= fewest * (1.0 + PEAK_SLACK)),

@@ -468,7 +468,7 @@ def _deepest_other(view, reader, value, level):
     return best
 
 
-def saved_in_half(graph_def, lists=None, shapes=None, new_copies=True):
+def saved_in_half(graph_def, lists=None, shapes=None, new_copies=True, half=None):
     """graph_def with the float32 values its late readers keep alive held in half (see the
     module's docstring); `lists` (lists.OpLists) names the readers that may read a value
     rounded to half (None: only values that are Casts up from half are changed); `shapes`
@@ -477,10 +477,12 @@ def saved_in_half(graph_def, lists=None, shapes=None, new_copies=True):
     (a Cast up from half, the candidate's Cast to half) are changed: each costs one Cast up
     at its late readers, not a Cast down as well, and frees its float32 bytes whole (a Keras
     Transformer's fit step on Sapphire Rapids: 0.85x the candidate's step peak at its speed,
-    where the values with new copies too reached 0.72x at 1-4% slower). Returns (GraphDef,
-    values changed)."""
+    where the values with new copies too reached 0.72x at 1-4% slower). `half` (a DataType)
+    is the type of the copies where the graph has no half Casts of its own (float32's own
+    lean version: its compute float32, what its backward pass reads saved in half; None:
+    such a graph is left alone). Returns (GraphDef, values changed)."""
     view = GraphView(graph_def)
-    half = _half_type(view)
+    half = _half_type(view) or half
     level = _levels(view) if half is not None else None
     if level is None:
         return graph_def, 0
@@ -573,7 +575,7 @@ def _saving_plan(view, i, port, readers, half, level, lists):
 
 
 def lean(graph_def, products_in_float32=False, lists=None, shapes=None, ordered=True,
-         only_ordered=False, new_copies=True):
+         only_ordered=False, new_copies=True, half=None):
     """The changes in order: ordered products (with `ordered`: for a candidate holding more
     than float32 because its weight gradients are held in both dtypes), float32 products
     (with `products_in_float32`: the leaner version, for where the first still holds too
@@ -582,7 +584,8 @@ def lean(graph_def, products_in_float32=False, lists=None, shapes=None, ordered=
     `only_ordered`: ordered products alone (the cheapest version: late casts cost a Cast per
     use, 10% of the MLP's step, where its weights' half copies cost no bytes at its peak).
     Without `new_copies`: saved in half only from the half copies the graph has (counted as
-    FROM_COPIES, not "saved in half"). Returns (GraphDef, {change: count}), a change not tried
+    FROM_COPIES, not "saved in half"). `half`: the copies' type in a graph with no half Casts
+    (float32's own; saved_in_half). Returns (GraphDef, {change: count}), a change not tried
     absent."""
     changes = {}
     if only_ordered:
@@ -595,7 +598,7 @@ def lean(graph_def, products_in_float32=False, lists=None, shapes=None, ordered=
     if products_in_float32:
         graph_def, changes["float32 products"] = float32_products(graph_def)
     graph_def, changes["saved in half" if new_copies else FROM_COPIES] = saved_in_half(
-        graph_def, lists, shapes, new_copies)
+        graph_def, lists, shapes, new_copies, half)
     graph_def, changes["reduced first"] = reduced_first(graph_def, shapes)
     graph_def, changes["late casts"] = late_casts(graph_def)
     graph_def, changes["anchored waits"] = anchored_waits(graph_def)

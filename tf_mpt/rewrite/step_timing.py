@@ -135,10 +135,10 @@ def holds_float32_for_gradients(report):
         return False
     if report.kept_by_cost_model < KEPT_SHARE * report.weighed_nodes[0]:
         return False
-    return _computes_gradients(report)
+    return computes_gradients(report)
 
 
-def _computes_gradients(report):
+def computes_gradients(report):
     """Whether a node of `report` is in a gradient name scope (_GRADIENT_SCOPES)."""
     return any(part.startswith(_GRADIENT_SCOPES)
                for name in report.decisions for part in name.split("/"))
@@ -154,7 +154,7 @@ def holds_half_loop_buffers_for_gradients(report):
     if report is None:
         return 0
     buffers = report.tensor_lists_kept_half + report.loop_variables_kept_half
-    return buffers if buffers and _computes_gradients(report) else 0
+    return buffers if buffers and computes_gradients(report) else 0
 
 
 def time_versions(concrete_function, graph_defs, batch, rounds, budget_seconds=BUDGET_SECONDS,
