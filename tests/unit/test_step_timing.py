@@ -212,6 +212,8 @@ def test_auto_times_every_training_step_where_memory_has_a_price(memory, price, 
         assert decision.step_reason(config, _HERE, report) == (
             "it computes gradients and TF_MPT_MEMORY_PRICE=0.1: what it holds for the "
             "backward pass is measured, not predicted")
+    # (float32's own lean version is tried for memory where a backward pass reads values)
+    assert decision.prices_float32(config, report) is (bool(price) and gradients)
 
 
 @pytest.mark.parametrize("environment, dtype, for_this_cpu", [

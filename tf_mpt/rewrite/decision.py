@@ -241,6 +241,15 @@ def _price(config):
     return config.memory_price if config.memory in ("float32", "least") else 0.0
 
 
+def prices_float32(config, report):
+    """Whether float32's own lean version is tried for memory (TF_MPT_MEMORY_PRICE set) in a
+    graph rewritten with `report`: where it computes gradients (step_timing.
+    computes_gradients), since a lean version holds in half what a backward pass reads late
+    (an inference step's float32 graph has next to nothing to save, and its timing would
+    spend the budget for nothing: a Keras evaluate step's did)."""
+    return bool(_price(config)) and _step_timing.computes_gradients(report)
+
+
 def memory_key(config):
     """What bounds a pick's memory, as a verdict's cache key reads it: TF_MPT_MEMORY's mode,
     with TF_MPT_MEMORY_PRICE where one is set."""
@@ -327,9 +336,9 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
     the others' medians and peaks in its `lean_others`, with the lean version _make_lean
     timed and did not keep where it tried one (ResNet50's fit step: contractions only's lean
     version was slower than the op lists' pick, whose own lean version then was not tried);
-    `results` gets its RewriteResult. With TF_MPT_MEMORY_PRICE (_price): a float32 pick too;
-    the candidates within the price of float32's time are sources too, and so is float32's
-    own lean version (its compute float32, the values its backward pass reads saved in half:
+    `results` gets its RewriteResult. With TF_MPT_MEMORY_PRICE (_price): in a graph that
+    computes gradients a float32 pick too (prices_float32); the candidates within the price
+    of float32's time are sources too, and so is float32's own lean version (its compute float32, the values its backward pass reads saved in half:
     MobileNetV2's fit step on Sapphire Rapids, where every half colouring ran slower than
     float32, held 0.51x float32's peak at 6% slower); float32 is timed in the same rounds,
     and a version within SMALLER_ABOVE not over the price slower than float32 is affordable
@@ -337,7 +346,8 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
     chosen, peaks = verdict.pick, verdict.peaks
     goal = 0.0 if _least(config) else SMALLER_ABOVE
     price = _price(config)
-    if chosen == _timing.LEAN or (chosen == _timing.FLOAT32 and not price) or \
+    own = prices_float32(config, results[verdict.predicted].report)
+    if chosen == _timing.LEAN or (chosen == _timing.FLOAT32 and not own) or \
             chosen not in peaks or _timing.FLOAT32 not in peaks or \
             _timing.total_peak(peaks, chosen) <= \
             goal * _timing.total_peak(peaks, _timing.FLOAT32):
@@ -354,7 +364,7 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
          results.get(name) is not None and medians[name] <= window and
          not _timing.over_float32(peaks, name)),
         key=medians.get)
-    if price and chosen != _timing.FLOAT32:  # (float32's own: compute float32, saved in half)
+    if own and chosen != _timing.FLOAT32:  # (float32's own: compute float32, saved in half)
         sources.append(_timing.FLOAT32)
     half = _half_enum(results[verdict.predicted].report.dtype)
     versions = {}  # {timer key: (source, lean graph, changes)}
