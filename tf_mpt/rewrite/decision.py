@@ -68,6 +68,7 @@ import statistics
 
 from tensorflow.core.framework import graph_pb2
 
+from tf_mpt import _dtypes
 from tf_mpt import lists as _lists
 from tf_mpt import targets as _targets
 from tf_mpt._process import state as _state
@@ -261,11 +262,6 @@ _FLOAT32_SAVED_IN_HALF = ("graph timing: float32, the values its backward pass r
                           "in half (TF_MPT_MEMORY_PRICE)")
 
 
-def _half_enum(dtype):
-    """The DataType of a half dtype's name ('float16', 'bfloat16'), else None."""
-    return {name: enum for enum, name in _ta.HALF_TYPES.items()}.get(dtype)
-
-
 def _graph_of(name, results, float32_graph):
     """Candidate `name`'s GraphDef (float32's: `float32_graph`)."""
     return float32_graph if name == _timing.FLOAT32 else results[name].graph_def
@@ -338,11 +334,12 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
     version was slower than the op lists' pick, whose own lean version then was not tried);
     `results` gets its RewriteResult. With TF_MPT_MEMORY_PRICE (_price): in a graph that
     computes gradients a float32 pick too (prices_float32); the candidates within the price
-    of float32's time are sources too, and so is float32's own lean version (its compute float32, the values its backward pass reads saved in half:
-    MobileNetV2's fit step on Sapphire Rapids, where every half colouring ran slower than
-    float32, held 0.51x float32's peak at 6% slower); float32 is timed in the same rounds,
-    and a version within SMALLER_ABOVE not over the price slower than float32 is affordable
-    (_at_the_goal's `priced`; least: the bound of the one holding least)."""
+    of float32's time are sources too, and so is float32's own lean version (its compute
+    float32, the values its backward pass reads saved in half: MobileNetV2's fit step on
+    Sapphire Rapids, where every half colouring ran slower than float32, held 0.51x
+    float32's peak at 6% slower); float32 is timed in the same rounds, and a version within
+    SMALLER_ABOVE not over the price slower than float32 is affordable (_at_the_goal's
+    `priced`; least: the bound of the one holding least)."""
     chosen, peaks = verdict.pick, verdict.peaks
     goal = 0.0 if _least(config) else SMALLER_ABOVE
     price = _price(config)
@@ -366,7 +363,7 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
         key=medians.get)
     if own and chosen != _timing.FLOAT32:  # (float32's own: compute float32, saved in half)
         sources.append(_timing.FLOAT32)
-    half = _half_enum(results[verdict.predicted].report.dtype)
+    half = _dtypes.parse(results[verdict.predicted].report.dtype).enum
     versions = {}  # {timer key: (source, lean graph, changes)}
     # each source's lean version, then the pick's from its half copies alone (no new Cast
     # down: where the others cost more than MARGIN, it may hold less at the pick's speed)
@@ -390,8 +387,11 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
     times = budget.spend(timer(timed, config.cost_batch, left))
     measured = _peaks_after(timer, verdict)
     beside = statistics.median(times[chosen])
-    bound = statistics.median(times[_timing.FLOAT32]) * (1.0 + price) if _least(config) else \
-        beside * (1.0 + _timing.MARGIN)
+    # (float32's median in these rounds, with the price: least's bound, and the default's
+    # for a version reaching the goal where a price is set)
+    priced = statistics.median(times[_timing.FLOAT32]) * (1.0 + price) \
+        if _least(config) or price else None
+    bound = priced if _least(config) else beside * (1.0 + _timing.MARGIN)
     # (default: nor slower than float32, its first rounds' median scaled to these rounds by
     # the pick's: a pick kept as the prediction within MARGIN of float32 leaves no room for
     # more; MobileNetV2's fit step on Sapphire Rapids, the cost model's colouring 2.6% slower
@@ -411,9 +411,8 @@ def _make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_
                     if _timing.total_peak(measured, key) <= fewest * (1.0 + _timing.PEAK_SLACK)),
                    key=lambda key: statistics.median(times[key]))
     if not _least(config):
-        priced = statistics.median(times[_timing.FLOAT32]) * (1.0 + price) if price else None
         kept = _at_the_goal(kept, versions, times, measured, beside, float32_here,
-                            priced) or kept
+                            priced if price else None) or kept
     record = kept or next((key for key, (source, _, _) in versions.items()
                            if source == chosen), next(iter(versions)))
     source, graph, changes = versions[record]
@@ -615,7 +614,7 @@ def _lean_again(verdict, results, lean_inputs, float32_graph):
                           ordered="ordered products" in changes,
                           only_ordered=set(changes) == {"ordered products"},
                           new_copies=_lean.FROM_COPIES not in changes,
-                          half=_half_enum(source.report.dtype))
+                          half=_dtypes.parse(source.report.dtype).enum)
     return _lean_result(source, graph)
 
 
@@ -664,7 +663,7 @@ def step_reason(config, target, report):
         return reason
     if _least(config):
         return "TF_MPT_MEMORY=least: what each candidate holds is measured, not predicted"
-    if _price(config) and _step_timing.computes_gradients(report):
+    if prices_float32(config, report):
         return (f"it computes gradients and TF_MPT_MEMORY_PRICE={config.memory_price:g}: what "
                 "it holds for the backward pass is measured, not predicted")
     if config.memory == "float32" and _step_timing.holds_float32_for_gradients(report):
