@@ -160,7 +160,7 @@ def test_memory_price_is_a_share_of_float32s_speed(value, memory, price):
 def test_a_bad_memory_price_is_refused_with_the_value_and_the_fix(value, memory, says):
     """A price that is not a share, or one TF_MPT_MEMORY=any would ignore, is refused: the
     message names the variable, the value received and what is accepted."""
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(ValueError, match=re.escape(f"TF_MPT_MEMORY_PRICE={value!r}")) as error:
         config.Config.from_env({"TF_MPT_MEMORY_PRICE": value, "TF_MPT_MEMORY": memory})
     text = str(error.value)
     assert says in text and f"TF_MPT_MEMORY_PRICE={value!r}" in text, text
