@@ -89,6 +89,24 @@ def _no_verdict_from_this_cpus_clock(request, monkeypatch):
             "this CPU's clock. Inject graph_timing._Sandbox and graph_timing._clock, or mark "
             "the test @pytest.mark.measures_this_cpu")
     monkeypatch.setattr(graph_timing, "_Sandbox", timing)
+    # nor a traced step's candidates in step timing's sandbox (its copies of the variables,
+    # one Session), nor rounds on the real clock: a test injects graph_timing._clock, or
+    # step_timing.time_versions / profile_versions, or carries the mark
+    from tf_mpt.rewrite import step_timing  # pylint: disable=import-outside-toplevel
+
+    def sandbox_runs(self, graph_defs, batch):
+        raise AssertionError(
+            "this test ran candidates in step timing's sandbox on this machine: its verdict "
+            "would depend on this CPU's clock. Inject step_timing.time_versions and "
+            "profile_versions, or mark the test @pytest.mark.measures_this_cpu")
+    monkeypatch.setattr(step_timing.Sandbox, "runs", sandbox_runs)
+
+    def real_clock():
+        raise AssertionError(
+            "this test read the real clock of graph timing's rounds: its verdict would "
+            "depend on this CPU's clock. Inject graph_timing._clock (tests/support/"
+            "fake_timing.py), or mark the test @pytest.mark.measures_this_cpu")
+    monkeypatch.setattr(graph_timing, "_clock", real_clock)
     from tf_mpt.costs import dispatch  # pylint: disable=import-outside-toplevel
 
     def not_checking(dtype, ops):

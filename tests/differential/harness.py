@@ -1,7 +1,8 @@
 """Differential harness: run one program in float32 and under TF_MPT_ENABLE=1, judge the pair.
 
 `run_pair(source, dtype, timeout)` runs `python -c source` twice, each in a subprocess with a
-timeout: once with no TF_MPT_* variable at all (the float32 reference) and once with
+timeout: once with no TF_MPT_* switch (the float32 reference; base_env: the dispatch check off
+and a cache of the test run's own, as for every child script) and once with
 TF_MPT_ENABLE=1 TF_MPT_DTYPE=<dtype>, plus the caller's TF_MPT_OP_COSTS, TF_MPT_STEP_TIMING
 and TF_MPT_CACHE_DIR (KEPT_VARIABLES: under pytest, the suite's injected cost table and no
 step timing, so the mixed run's decisions are the same on every CPU). Both get
@@ -199,13 +200,32 @@ def _indent(text, prefix="    | "):
 
 
 def base_env(legacy_keras=False):
-    """os.environ without any TF_MPT_* or TF_USE_LEGACY_KERAS, plus the harness's variables."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("TF_MPT_") and k != "TF_USE_LEGACY_KERAS"}
+    """The environment of both runs: helpers.child_env() (no TF_MPT_* switch, the dispatch
+    check off, the test run's own cache, as for every child script of the suite) with a
+    private cache where no test run made one (the command line: never the user's
+    ~/.cache/tf_mpt, whose verdicts an earlier script timed), no TF_USE_LEGACY_KERAS, plus
+    the harness's variables."""
+    import helpers  # pylint: disable=import-outside-toplevel  (tests/support: TensorFlow)
+    env = helpers.child_env()
+    env.pop("TF_USE_LEGACY_KERAS", None)
+    env.setdefault("TF_MPT_CACHE_DIR", _private_cache())
     env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     if legacy_keras:
         env["TF_USE_LEGACY_KERAS"] = "1"
     return env
+
+
+_CACHE = []  # the private cache directory made for this process (removed at its exit)
+
+
+def _private_cache():
+    if not _CACHE:
+        import atexit  # pylint: disable=import-outside-toplevel
+        import shutil  # pylint: disable=import-outside-toplevel
+        import tempfile  # pylint: disable=import-outside-toplevel
+        _CACHE.append(tempfile.mkdtemp(prefix="tf_mpt-differential-cache-"))
+        atexit.register(shutil.rmtree, _CACHE[0], True)
+    return _CACHE[0]
 
 
 def mixed_env_vars(dtype, loss_scale=None, target=None):

@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, Phase, settings
 # pytest puts tests/ on sys.path (tests/conftest.py, rootdir-relative "prepend" import mode),
 # the way the other tests import `helpers`; tests/differential is the package `differential`.
 from differential import harness, programs
-from support import half_ops
+from support import half_ops, helpers
 
 # Drawing is deterministic (derandomize): every run draws the same candidates. No shrinking
 # (the programs are run after drawing, outside hypothesis) and no example database.
@@ -143,7 +143,12 @@ def test_environments(monkeypatch):
     monkeypatch.setenv("TF_MPT_DTYPE", "float16")
     monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
     env = harness.base_env()
-    assert not [k for k in env if k.startswith("TF_MPT_")]
+    # no switch of tf_mpt's: only the dispatch check off and a cache of the run's own, as
+    # for every child script (support/helpers.child_env), never the user's
+    assert sorted(k for k in env if k.startswith("TF_MPT_")) == [
+        "TF_MPT_CACHE_DIR", "TF_MPT_DISPATCH_CHECK"]
+    assert env["TF_MPT_DISPATCH_CHECK"] == "0"
+    assert env["TF_MPT_CACHE_DIR"] == os.environ[helpers.RUN_CACHE]
     assert "TF_USE_LEGACY_KERAS" not in env and env["PYTHONPATH"] == harness.ROOT
     assert env["TF_CPP_MIN_LOG_LEVEL"] == "2"
     assert harness.base_env(legacy_keras=True)["TF_USE_LEGACY_KERAS"] == "1"
@@ -153,8 +158,8 @@ def test_environments(monkeypatch):
     assert "TF_MPT_LOSS_SCALE" not in harness.mixed_env_vars("bfloat16")
     source = _program("values = [float(len([k for k in os.environ if k.startswith('TF_MPT_')]))]")
     verdict = harness.run_pair(source, "float16", SELF_TEST_TIMEOUT_S, compare_values=False)
-    assert verdict.reference.result["values"] == [0.0]
-    assert verdict.mixed.result["values"][0] >= 3  # ENABLE, DTYPE, LOSS_SCALE
+    assert verdict.reference.result["values"] == [2.0]  # DISPATCH_CHECK, CACHE_DIR
+    assert verdict.mixed.result["values"][0] >= 5  # and ENABLE, DTYPE, LOSS_SCALE
 
 
 def test_programs_render_and_compile():

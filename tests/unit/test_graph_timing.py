@@ -340,6 +340,27 @@ def test_a_verdict_is_measured_once_then_read_from_the_cache(timed):
     assert again.report.verdict.source == "timed" and len(timed.runs) > runs
 
 
+def test_a_cached_verdict_is_never_replayed_onto_another_graph(timed):
+    """Two graphs with the same fetches, dtype, lists and batch: the second is timed on its
+    own, and its pick is its own (a verdict keyed by less than the graph would replay the
+    first one's pick and times onto it)."""
+    timed(lambda g, i: 1e-3 * (1 - 0.1 * _half(g, "MatMul") - 0.05 * _half(g, "Sigmoid")
+                               + 0.001 * _casts(g)))
+    first = _rewrite(_mlp())
+    assert first.report.verdict.source == "timed"
+    assert first.report.verdict.pick == graph_timing.RULES
+    runs = len(timed.runs)
+    # the other graph's half Sigmoids are slow: its pick is not the rules' colouring
+    timed(lambda g, i: 1e-3 * (1 - 0.1 * _half(g, "MatMul") + 0.2 * _half(g, "Sigmoid")
+                               + 0.001 * _casts(g)), forget=False)
+    other_graph = _mlp(depth=3)
+    other = _rewrite(other_graph)
+    assert other.report.verdict.source == "timed" and len(timed.runs) > runs
+    assert all(sum(n.op == "MatMul" for n in g.node) == 3 for g in timed.runs[runs:])
+    assert other.report.verdict.pick != graph_timing.RULES
+    assert _half(other.graph_def, "Sigmoid") == 0 and _half(other.graph_def, "MatMul") == 3
+
+
 def test_the_verdict_cache_keeps_the_newest_verdicts_only(tmp_path, monkeypatch):
     """A script whose graph grows stores a verdict per graph: past verdicts.MAX_CACHED the
     oldest stored go (a record from before, without a time, first), the newest stay."""

@@ -708,6 +708,7 @@ def _variable_reads_pushed(graph_def):
     return found
 
 
+@pytest.mark.measures_this_cpu  # (runs the candidates in step timing's sandbox)
 def test_a_functional_loops_weight_casts_wait_for_the_iterations_own_values():
     """A TF2 LSTM (while_v2, the weights read in the body) and its gradient loop (the
     weights' reads popped from accumulators, made float32 lists: the reads pushed as they
@@ -1439,3 +1440,36 @@ def test_anchored_waits_leave_graphs_with_tf1_control_flow_and_plain_waits_alone
             tf.square(a, name="square")
     plain = graph.as_graph_def()
     assert lean.anchored_waits(plain) == (plain, 0)
+
+
+def _step_peak(graph_def, feeds):
+    """Bytes: the step peak of one traced training step (step_timing.step_peak_bytes: the
+    allocation records TensorFlow's allocators kept), one op at a time (the order of the
+    graph's dependencies alone decides what is held together)."""
+    from tf_mpt.rewrite import step_timing  # pylint: disable=import-outside-toplevel
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    config = tf1.ConfigProto(inter_op_parallelism_threads=1)
+    with tf1.Session(graph=graph, config=config) as session:
+        session.run("init")
+        session.run("train", feeds)  # (the first run: Grappler, kernel set-up)
+        metadata = tf1.RunMetadata()
+        session.run("train", feeds, options=tf1.RunOptions(
+            trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
+    return step_timing.step_peak_bytes(metadata)
+
+
+@pytest.mark.measures_this_cpu  # (real allocations; no clock is read)
+def test_a_lean_version_holds_less_than_its_source_in_real_allocations():
+    """Swish layers with Mul and Sigmoid float32 (a cost model's colouring): each product's
+    float32 Cast up lives from the forward pass to its backward Mul. Run for real, one
+    training step each, the lean version (those products held as their half outputs, cast
+    up where the backward pass reads them) holds less at its step peak than its source."""
+    graph_def, fetches = _deep_training_graph(lambda z, k: z * tf.sigmoid(z), depth=8)
+    half = _with_lists(graph_def, fetches, {"Mul", "Sigmoid", "SigmoidGrad"})
+    out, changed = lean.saved_in_half(half)
+    assert changed >= 4, changed
+    source, leaner = _step_peak(half, _saved_feeds()), _step_peak(out, _saved_feeds())
+    activation = SAVED_BATCH * SAVED_WIDTH * 4  # one float32 product: 64 KiB
+    assert source > 0 and leaner <= source - activation, (source, leaner)

@@ -20,6 +20,7 @@ from tf_mpt.rewrite import decision
 from tf_mpt.rewrite import graph_timing
 from tf_mpt.rewrite import step_timing as _timing
 from tf_mpt.rewrite import tf_functions as _functions
+from support import fake_timing
 
 WIDTH = 512  # [64 x 512] x [512 x 512]: bfloat16 wins by the table, Casts included
 
@@ -268,6 +269,18 @@ def _versions(cf):
             "mixed": _functions._rename_library(done.graph_def, "_t1")}  # pylint: disable=protected-access
 
 
+def _clock_of_runs(monkeypatch):
+    """graph_timing's rounds read a clock that each reading advances by 1 ms: the rounds of a
+    test about the sandbox's machinery fit its budget on every CPU (never this one's clock)."""
+    clock = fake_timing.Clock()
+
+    def tick():
+        clock.now += 1e-3
+        return clock.now
+    monkeypatch.setattr(graph_timing, "_clock", tick)
+
+
+@pytest.mark.measures_this_cpu
 def test_each_version_is_timed_on_copies_and_the_scripts_variables_stay_as_they_were():
     step, w, acc = _step()
     cf = step.get_concrete_function()
@@ -288,12 +301,14 @@ def test_each_version_is_timed_on_copies_and_the_scripts_variables_stay_as_they_
     np.testing.assert_array_equal(w.numpy(), np.eye(WIDTH, dtype=np.float32) * 0.5)
 
 
+@pytest.mark.measures_this_cpu
 def test_a_step_timers_sandbox_serves_every_stage_importing_each_candidate_once(monkeypatch,
                                                                               caplog):
     """decision.decide's stages (the first rounds, a lean version's, a refinement's profile)
     time one function in one sandbox: its copies made once and a candidate timed again not
     imported again (ResNet50's fit step spent ~10 s setting up each); close() ends it. The
     script's variables stay as they were."""
+    _clock_of_runs(monkeypatch)
     step, w, acc = _step()
     cf = step.get_concrete_function()
     before = acc.numpy().copy()
@@ -330,10 +345,12 @@ def test_a_step_timers_sandbox_serves_every_stage_importing_each_candidate_once(
     assert len(made) == 2
 
 
+@pytest.mark.measures_this_cpu
 def test_a_sandbox_whose_copies_fail_to_set_up_starts_again_at_its_next_use(monkeypatch):
     """The copies' initializer fails (a planted failing op): NotTimed, and the kept-open
     sandbox is left empty, so the next stage makes it again instead of running candidates on
     copies never set up."""
+    _clock_of_runs(monkeypatch)
     step, _, _ = _step()
     cf = step.get_concrete_function()
     versions = _versions(cf)
@@ -356,6 +373,7 @@ def test_a_sandbox_whose_copies_fail_to_set_up_starts_again_at_its_next_use(monk
     assert set(times) == {"float32", "mixed"}
 
 
+@pytest.mark.measures_this_cpu
 def test_each_versions_traced_run_carries_its_allocations_by_dtype():
     """step_timing.traced_runs (benchmarks/memory_profile.py's Keras rows): one traced run per
     version after its warm-up runs; the float32 version's allocation records include its
@@ -382,6 +400,7 @@ def test_each_versions_traced_run_carries_its_allocations_by_dtype():
     np.testing.assert_array_equal(acc.numpy(), before)
 
 
+@pytest.mark.measures_this_cpu
 def test_each_version_is_profiled_per_node_under_its_own_node_names():
     """The refinement's profile: every version's matrix products are found under their
     names in the function's graph (the sandbox's candidate_<k>/ prefix taken off)."""
@@ -397,6 +416,7 @@ def test_each_version_is_profiled_per_node_under_its_own_node_names():
     np.testing.assert_array_equal(acc.numpy(), before)
 
 
+@pytest.mark.measures_this_cpu
 def test_a_failing_run_on_made_up_inputs_is_not_timed():
     """Both versions run: an assertion the made-up noise breaks stops the timing."""
     step, _, _ = _step(extra=lambda h: tf.debugging.assert_greater(h, 1e9, message="big"))
@@ -418,6 +438,7 @@ def test_a_function_acting_outside_its_variables_is_not_timed(extra, op):
         _timing.time_versions(cf, _versions(cf), 64, graph_timing.rounds)
 
 
+@pytest.mark.measures_this_cpu
 def test_an_argument_whose_size_is_unknown_beyond_the_batch_is_not_timed():
     step, _, _ = _step(signature=[tf.TensorSpec([64, None], tf.float32)])
     cf = step.get_concrete_function()
@@ -587,6 +608,7 @@ def test_a_step_runs_its_refinement_where_its_profile_finds_a_slower_half_op(mon
     np.testing.assert_array_equal(acc.numpy(), np.full((64, WIDTH), 0.25, np.float32))
 
 
+@pytest.mark.measures_this_cpu
 def test_a_step_too_slow_for_the_budget_stops_after_one_round():
     step, _, acc = _step()
     cf = step.get_concrete_function()
@@ -597,6 +619,7 @@ def test_a_step_too_slow_for_the_budget_stops_after_one_round():
     assert not acc.numpy().any()
 
 
+@pytest.mark.measures_this_cpu
 def test_a_step_too_slow_to_time_has_its_peaks_measured_on_its_copies():
     """A step whose rounds do not fit (TooSlow, a NotTimed) has each candidate's peak
     measured instead by its timer's peaks_only (decision's memory check): one first run and
@@ -620,6 +643,7 @@ def test_a_step_too_slow_to_time_has_its_peaks_measured_on_its_copies():
     assert not acc.numpy().any()
 
 
+@pytest.mark.measures_this_cpu
 def test_variables_too_big_to_copy_are_not_timed(monkeypatch):
     """w [512x512] float32 alone is 1 MiB: above a 1 MiB bound with the input and acc."""
     monkeypatch.setattr(_timing, "MAX_COPY_BYTES", 1 << 20)
