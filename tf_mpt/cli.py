@@ -46,13 +46,19 @@ def _cpu_command():
         raise SystemExit(2) from None
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from tf_mpt import targets as _targets  # pylint: disable=g-import-not-at-top
+    from tf_mpt.costs import dispatch as _dispatch  # pylint: disable=g-import-not-at-top
     gpu_visible = bool(tf.config.list_physical_devices("GPU"))
     print("\n".join(_cpu.facts(config, gpu_visible)))
+    print("TensorFlow's oneDNN kernels: " + ("on" if _dispatch.onednn_on() else "off") +
+          " in this process (TF_ENABLE_ONEDNN_OPTS)")
     requested = config.target if config.target in _targets.NAMES else "FILE"
     for dtype in ("bfloat16", "float16"):
         target = _targets.resolve(config, dtype, gpu_visible)
         why = f" ({target.why})" if target.why else ""
         print(f"target for {dtype} (TF_MPT_TARGET={requested}): {target.label}{why}")
+    # what the dispatch and numerics checks found here (where a graph runs on this CPU)
+    for dtype in ("bfloat16", "float16"):
+        print("\n".join(_dispatch.described(config, dtype)))
 
 
 def _measure_command(options):
@@ -84,14 +90,18 @@ def _measure_command(options):
     for dtype in dtypes:
         sys.stderr.write(f"tf-mpt measure: timing float32 and {dtype} kernels on this CPU ...\n")
         tables[dtype] = json.loads(_probes.measure(dtype).to_json())
-        # how TensorFlow runs each half op type here, fusions included (the dispatch check
-        # of a graph that runs where this table stands in for the CPU)
+        # how TensorFlow runs each half op type here, fusions included, for speed and
+        # accuracy (the dispatch and numerics checks of a graph that runs where this table
+        # stands in for the CPU)
         try:
-            tables[dtype]["dispatch"] = _dispatch._in_child(  # pylint: disable=protected-access
+            measured = _dispatch._in_child(  # pylint: disable=protected-access
                 dtype, sorted(_dispatch.CHECKED_OPS))
+            found = _dispatch.Ratios.from_json(measured)
+            tables[dtype]["dispatch"] = dict(found.dispatch)
+            tables[dtype]["numerics"] = dict(found.numerics)
         except (OSError, ValueError, subprocess.SubprocessError) as error:
             sys.stderr.write(f"tf-mpt measure: the dispatch check of {dtype} failed ({error}); "
-                             "the table has no 'dispatch' entry\n")
+                             "the table has no 'dispatch' or 'numerics' entry\n")
     write(tables)
     nodes, timed = 0, None
     for dtype in dtypes if model is not None else ():

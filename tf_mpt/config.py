@@ -180,9 +180,13 @@ ENV_VARS = (
      "runs it here (with the neighbours its remapper fuses into it) against float32, once "
      "per machine in a child process (cached), and an op type over 3x slower in half stays "
      "float32 with one WARNING naming the op and the ratio (a float16 Conv2DBackpropFilter "
-     "on a CPU without AVX512_FP16 runs on oneDNN's reference path). 0: no check, every op "
-     "the lists allow goes half. A table standing in for this CPU (TF_MPT_OP_COSTS) "
-     "supplies the ratios instead."),
+     "on a CPU without AVX512_FP16 runs on oneDNN's reference path). The same run checks "
+     "accuracy (the numerics check): an op type whose half output errs over 4x the rounding "
+     "of float32's result on the same inputs stays float32, with one WARNING naming the "
+     "remedy where one exists (with oneDNN off, Eigen's bfloat16 Conv2DBackpropFilter errs "
+     "14x: TF_ENABLE_ONEDNN_OPTS=1). 0: neither check, every op the lists allow goes half. "
+     "A table standing in for this CPU (TF_MPT_OP_COSTS) supplies the ratios instead (its "
+     "\"dispatch\" and \"numerics\" entries)."),
     (TF_MPT_CACHE_DIR, "(~/.cache/tf_mpt)", "Directory for the compiled Grappler optimizer "
      "(one file per TensorFlow version, compiler and environment, with its SHA-256 beside "
      "it; a new build removes those neither written nor read for 30 days; "
@@ -380,7 +384,8 @@ class Config:
         keras: 'rewrite' or 'policy' (TF_MPT_KERAS).
         step_timing: 'auto', 'always' or 'off' (TF_MPT_STEP_TIMING).
         timing_budget: TF_MPT_TIMING_BUDGET, seconds of graph timing per graph (0: none).
-        dispatch_check: TF_MPT_DISPATCH_CHECK, whether slow half kernels are checked for.
+        dispatch_check: TF_MPT_DISPATCH_CHECK, whether slow and inaccurate half kernels are
+            checked for.
         memory: 'float32', 'least' or 'any' (TF_MPT_MEMORY): whether graph timing keeps a
             colouring whose step peak is over float32's; least: the one holding least of
             those not slower than float32.

@@ -88,6 +88,9 @@ class RewriteReport:
         dispatch_kept: {op type: ratio} the dispatch check kept float32 (their half kernel,
             as TensorFlow runs it on this CPU, that many times slower than float32), where
             the graph runs here; {} otherwise.
+        numerics_kept: {op type: error ratio} the numerics check kept float32 (their half
+            kernel, as TensorFlow runs it on this CPU, erred that many times the rounding of
+            float32's result to the half type), where the graph runs here; {} otherwise.
         verdict: where the graph was decided for this CPU with timing on, the
             graph_timing.Verdict: each candidate colouring's times and the pick (or why it was
             not timed); None otherwise.
@@ -114,6 +117,7 @@ class RewriteReport:
     unweighed_why: typing.Optional[str] = None
     verdict: typing.Optional[object] = None
     dispatch_kept: typing.Mapping = dataclasses.field(default_factory=dict)
+    numerics_kept: typing.Mapping = dataclasses.field(default_factory=dict)
 
     @property
     def kept_by_cost_model(self):
@@ -157,6 +161,11 @@ class RewriteReport:
                              sorted(self.dispatch_kept.items()))
             line += (f"; kept float32 by the dispatch check ({self.dtype} kernel that many "
                      f"times slower here): {kept}")
+        if self.numerics_kept:
+            kept = ", ".join(f"{op} ({ratio:.0f}x)" for op, ratio in
+                             sorted(self.numerics_kept.items()))
+            line += (f"; kept float32 by the numerics check ({self.dtype} kernel error that "
+                     f"many times {self.dtype} rounding here): {kept}")
         if self.verdict is not None:
             line += "; " + self.verdict.describe()
         if self.batch_norms_folded:
@@ -193,6 +202,7 @@ class RewriteReport:
             "unweighed_why": self.unweighed_why,
             "verdict": self.verdict.to_dict() if self.verdict is not None else None,
             "dispatch_kept": dict(self.dispatch_kept),
+            "numerics_kept": dict(self.numerics_kept),
             "summary": self.summary(),
             "nodes": {
                 name: {

@@ -70,6 +70,10 @@ class Target:
             op types whose half kernel TensorFlow runs here more than
             costs.dispatch.SLOW times slower than float32 (the dispatch check): they stay
             float32 (set by rewrite.measuring.check_dispatch).
+        inaccurate_ops: likewise, {op type: (error ratio, pattern)} of the op types whose
+            half kernel TensorFlow runs here with more than costs.dispatch.INACCURATE times
+            the error of rounding float32's result to the half type (the numerics check):
+            they stay float32.
     """
     kind: str
     table: typing.Optional[str] = None
@@ -81,6 +85,7 @@ class Target:
     fusions: frozenset = _cpu.REMAPPER_FUSIONS
     threads: int = 0
     slow_ops: typing.Mapping = dataclasses.field(default_factory=dict, compare=False)
+    inaccurate_ops: typing.Mapping = dataclasses.field(default_factory=dict, compare=False)
 
     @property
     def label(self):

@@ -113,7 +113,8 @@ def test_a_measured_table_decides_on_another_machine_without_measuring(saved_mod
     read from the table, the same bytes on each."""
     table = tmp_path / "costs.json"
     from tf_mpt.costs import dispatch  # (its child is tests/unit/test_dispatch_check.py's)
-    monkeypatch.setattr(dispatch, "_in_child", lambda dtype, ops: {"MatMul": 1.25})
+    monkeypatch.setattr(dispatch, "_in_child", lambda dtype, ops: {
+        "dispatch": {"MatMul": 1.25}, "numerics": {"MatMul": 2.5}})
     code, out, err = cli_main(capsys, "measure", "--dtype", "bfloat16", "--model", saved_model,
                               "--out", table)
     assert code == 0, err
@@ -122,7 +123,7 @@ def test_a_measured_table_decides_on_another_machine_without_measuring(saved_mod
     from tf_mpt.costs import op_costs
     (written,) = json.loads(table.read_text())
     costs = op_costs.OpCosts.from_dict(written)
-    assert written["dispatch"] == {"MatMul": 1.25}
+    assert written["dispatch"] == {"MatMul": 1.25} and written["numerics"] == {"MatMul": 2.5}
     assert costs.dtype == "bfloat16" and {"MatMul", "Conv2D"} <= set(costs.half)
     ops = sorted(json.loads(spec)["op"] for spec in written["nodes"])
     assert ops == ["Conv2D", "Conv2D", "MatMul"]  # the model's two convolutions and its dense

@@ -23,9 +23,25 @@ written as it is done), so the script's own start-up hides it and the first rewr
 only for the patterns of its op types; a rewrite with no child under way measures only the
 op types its graph has; a cost table standing in for this CPU (TF_MPT_OP_COSTS) supplies them instead (its
 "dispatch" entry; none: nothing is checked), so tests never measure.
+
+The numerics check rides in the same child: each pattern also runs once more in float32 and in
+the half type on the same inputs (the float32 graph's values rounded to the half type first),
+whole outputs fetched, and
+
+    error ratio = (||half - full|| / ||full||) / (||round_half(full) - full|| / ||full||)
+
+(L2 norms; 1: as good as rounding float32's result). An op type whose pattern errs more than
+INACCURATE times that stays float32 where the graph runs here, with one WARNING naming the
+op, the ratio and the remedy where one exists: with oneDNN off (TensorFlow's default on a CPU
+without VNNI, bfloat16 or AMX; TF_ENABLE_ONEDNN_OPTS=0), TensorFlow's bfloat16 kernels are
+Eigen's, which accumulate a convolution's filter gradient in bfloat16 (14x its rounding at
+the pattern's shapes); oneDNN's, on a CPU it runs bfloat16 on, accumulate in float32. The
+ratios are stored beside the speed ratios (the cache, keyed by whether oneDNN is on, and a
+table's "numerics" entry).
 """
 
 import atexit
+import dataclasses
 import json
 import os
 import shutil
@@ -33,14 +49,18 @@ import subprocess
 import sys
 import tempfile
 import time
+import typing
 
+from tf_mpt import _cpu
 from tf_mpt._process import state as _state
 
 SLOW = 3.0
+INACCURATE = 4.0  # error ratio over which a half kernel stays float32 (1: rounding level)
 TIMEOUT_FACTOR = 50.0
 TIMEOUT_FLOOR_MS = 2000
 RUNS = 5
-VERSION = 2  # 2: the patterns run (1 fetched a NoOp Grappler pruned: nothing was timed)
+# 3: each pattern's error ratio too; 2: the patterns run (1 fetched a NoOp Grappler pruned)
+VERSION = 3
 
 ELEMENTS = (2048, 2048)  # element-wise probes: 4M elements
 
@@ -89,9 +109,11 @@ def _patterns(tf, dtype):
         "FusedBatchNormV3": (norm, lambda v: tf.raw_ops.FusedBatchNormV3(
             x=v["x"], scale=v["scale"], offset=v["offset"], mean=[], variance=[],
             is_training=True)[0]),
+        # x's own mean and variance (a variance drawn at random, negative: NaN outputs)
         "FusedBatchNormGradV3": (norm, lambda v: tf.raw_ops.FusedBatchNormGradV3(
-            y_backprop=v["dy"], x=v["x"], scale=v["scale"], reserve_space_1=v["scale"],
-            reserve_space_2=v["offset"], reserve_space_3=v["offset"], is_training=True)[0]),
+            y_backprop=v["dy"], x=v["x"], scale=v["scale"], reserve_space_1=tf.zeros([64]),
+            reserve_space_2=tf.fill([64], 0.01), reserve_space_3=v["offset"],
+            is_training=True)[0]),
         "BiasAddGrad": ({"x": ELEMENTS}, lambda v: tf.raw_ops.BiasAddGrad(
             out_backprop=v["x"])),
         "MaxPool": (pool, lambda v: nn.max_pool2d(v["x"], 2, 2, "VALID")),
@@ -132,53 +154,170 @@ def op_of(pattern):
 CHECKED_OPS = frozenset(op_of(p) for p in PATTERNS)
 
 
-def slow_ops(config, dtype, ops):
+@dataclasses.dataclass(frozen=True)
+class Ratios:
+    """What the check found for some patterns: {pattern: half time / float32 time}
+    (`dispatch`) and {pattern: error ratio} (`numerics`: a pattern stopped for its time has
+    none). A pattern is checked once it has a dispatch ratio. As JSON (the child's output, the
+    cache): {"dispatch": {...}, "numerics": {...}}."""
+    dispatch: typing.Mapping = dataclasses.field(default_factory=dict)
+    numerics: typing.Mapping = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data):
+        """From the JSON layout (a mapping); ValueError for another value."""
+        if not isinstance(data, dict):
+            raise ValueError("the dispatch check's ratios must be a JSON object "
+                             "{\"dispatch\": {pattern: ratio}, \"numerics\": {pattern: ratio}}."
+                             f" Received: {data!r:.80}")
+        return cls(*({str(k): float(v) for k, v in (data.get(key) or {}).items()}
+                     for key in ("dispatch", "numerics")))
+
+    def to_json(self):
+        return json.dumps({"dispatch": dict(self.dispatch), "numerics": dict(self.numerics)},
+                          indent=1, sort_keys=True)
+
+    def merged(self, other):
+        """These ratios with `other`'s (which win)."""
+        return Ratios({**self.dispatch, **other.dispatch}, {**self.numerics, **other.numerics})
+
+
+def slow_ops(found, ops):
     """{op type: (ratio, pattern)} for the op types among `ops` whose half kernel, as
-    TensorFlow runs it here, took more than SLOW times float32 (the worst pattern of each);
-    from the table standing in for this CPU (config.op_costs) where one is set, else
-    measured here once (cached). {} where nothing could be measured (said once)."""
-    wanted = set(ops) & CHECKED_OPS
-    if not wanted:
-        return {}
-    found = ratios(config, dtype, wanted)
-    slow = {}
-    for pattern, ratio in found.items():
+    TensorFlow runs it here, took more than SLOW times float32 (the worst pattern of each) in
+    `found` (a Ratios: `ratios`)."""
+    return _worst(found.dispatch, ops, SLOW)
+
+
+def inaccurate_ops(found, ops):
+    """{op type: (error ratio, pattern)} for the op types among `ops` whose half kernel, as
+    TensorFlow runs it here, erred more than INACCURATE times the rounding of float32's
+    result to the half type (the worst pattern of each) in `found` (a Ratios: `ratios`)."""
+    return _worst(found.numerics, ops, INACCURATE)
+
+
+def _worst(by_pattern, ops, bound):
+    worst = {}
+    for pattern, ratio in by_pattern.items():
         op = op_of(pattern)
-        if op in wanted and ratio > SLOW and ratio > slow.get(op, (0.0, ""))[0]:
-            slow[op] = (ratio, pattern)
-    return slow
+        if op in ops and ratio > bound and ratio > worst.get(op, (0.0, ""))[0]:
+            worst[op] = (ratio, pattern)
+    return worst
 
 
 def ratios(config, dtype, ops):
-    """{pattern: half time / float32 time} covering the patterns of `ops`."""
-    if config.op_costs:  # a table stands in for this CPU: its entry, nothing measured
+    """The Ratios covering the patterns of `ops`: from the table standing in for this CPU
+    (config.op_costs) where one is set, else measured here once (cached); what could be
+    measured where the child failed (said once)."""
+    wanted = set(ops) & CHECKED_OPS
+    if not wanted:
+        return Ratios()
+    if config.op_costs:  # a table stands in for this CPU: its entries, nothing measured
         return in_table(config.op_costs, dtype)
     path = _cache_path(config, dtype)
     known = _read(path)
-    missing = {op_of(p) for p in PATTERNS if op_of(p) in ops and p not in known}
+    missing = {op_of(p) for p in PATTERNS if op_of(p) in wanted and p not in known.dispatch}
     if not missing:
         return known
     try:
         _log_measuring(dtype, missing)
         early = _EARLY.get(dtype)
         if early is not None:
-            known.update(early.wait_for([p for p in PATTERNS if op_of(p) in missing]))
-            missing = {op_of(p) for p in PATTERNS if op_of(p) in ops and p not in known}
+            known = known.merged(early.wait_for([p for p in PATTERNS if op_of(p) in missing]))
+            missing = {op_of(p) for p in PATTERNS
+                       if op_of(p) in wanted and p not in known.dispatch}
         if missing:
-            known.update(_in_child(dtype, sorted(missing)))
+            known = known.merged(Ratios.from_json(_in_child(dtype, sorted(missing))))
     except (OSError, ValueError, subprocess.SubprocessError) as error:
         _state.warn_once(("dispatch check", dtype),
                          "tf_mpt could not check how TensorFlow runs %s kernels on this CPU "
-                         "(%s: %s); no op is kept float32 for a slow half kernel",
+                         "(%s: %s); no op is kept float32 for a slow or inaccurate half kernel",
                          dtype, type(error).__name__, error)
         return known
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         from tf_mpt.costs import op_costs  # pylint: disable=import-outside-toplevel
-        op_costs._write_atomically(path, json.dumps(known, indent=1, sort_keys=True))  # pylint: disable=protected-access
+        op_costs._write_atomically(path, known.to_json())  # pylint: disable=protected-access
     except OSError:
         pass  # measured again by the next process
     return known
+
+
+def onednn_on():
+    """Whether TensorFlow runs its oneDNN kernels in this process (TF_ENABLE_ONEDNN_OPTS, or
+    its default for this CPU; read once, when TensorFlow starts)."""
+    from tensorflow.python.util import _pywrap_util_port  # pylint: disable=import-outside-toplevel
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def remedy(dtype, onednn, flags):
+    """What makes an inaccurate `dtype` kernel accurate here, as a clause ('' where nothing
+    known does): with oneDNN off (`onednn` False), oneDNN's bfloat16 kernels, on a CPU it runs
+    bfloat16 on (`flags`: avx512f or avx_ne_convert, TensorFlow's
+    IsDataTypeSupportedByOneDNNOnThisCPU; elsewhere TensorFlow falls back to Eigen's). Not for
+    float16: oneDNN runs it only with AVX512_FP16 or AMX_FP16, on its slow reference path for
+    most ops (the dispatch check keeps them float32 anyway)."""
+    if onednn or dtype != "bfloat16" or not _cpu.grappler_bfloat16_runs(flags):
+        return ""
+    return ("oneDNN is off in this process: set TF_ENABLE_ONEDNN_OPTS=1 (before TensorFlow "
+            "starts) for oneDNN's bfloat16 kernels, which accumulate in float32")
+
+
+def error_ratio(half_out, full_out, half_type):
+    """How far a half kernel's output `half_out` is from float32's `full_out` on the same
+    inputs, in units of the rounding of `full_out` to `half_type` (a numpy dtype):
+
+        (||half_out - full_out|| / ||full_out||) / (||round(full_out) - full_out|| / ||full_out||)
+
+    L2 norms: the differences taken in float32 (exact for values within 2x of each other), their
+    squares summed in float64 (a float64 copy of a 4M-element output costs 3x the time, for
+    nothing). 1: as good as rounding float32's result; 0: the same output. Where float32's
+    output is (nearly) exact in the half type (a max pool, a Relu of half inputs), its rounding
+    counts as at least eps / 8 of the half type: a small error is not magnified."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    def norm(values):
+        return float(np.sqrt(np.square(values).sum(dtype=np.float64)))
+    full = np.asarray(full_out, np.float32).ravel()
+    error = norm(np.asarray(half_out, np.float32).ravel() - full)
+    if error == 0:
+        return 0.0
+    rounding = norm(full.astype(half_type).astype(np.float32) - full)
+    floor = float(np.finfo(half_type).eps) / 8 * norm(full)
+    return error / max(rounding, floor, float(np.finfo(np.float64).tiny))
+
+
+def described(config, dtype):
+    """Lines for `tf-mpt cpu`: what the dispatch and numerics checks found for `dtype` on this
+    CPU (the table standing in for it, or the cache), without measuring."""
+    if not config.dispatch_check:
+        return [f"{dtype} kernels: not checked (TF_MPT_DISPATCH_CHECK=0)"]
+    onednn = onednn_on()
+    if config.op_costs:
+        found = in_table(config.op_costs, dtype)
+        where = f"from {os.path.basename(config.op_costs)} (TF_MPT_OP_COSTS)"
+        none = "nothing checked (the table has no \"dispatch\" entry)"
+    else:
+        found = _read(_cache_path(config, dtype))
+        where = f"oneDNN {'on' if onednn else 'off'}, measured here"
+        none = (f"not measured yet (the first rewrite to {dtype} of a graph that runs here "
+                "measures them, once)")
+    if not found.dispatch:
+        return [f"{dtype} kernels ({where}): {none}"]
+    inaccurate = inaccurate_ops(found, CHECKED_OPS)
+    lines = [f"{dtype} kernels ({where}): {len(found.dispatch)}/{len(PATTERNS)} patterns "
+             "checked; kept float32 where a graph runs here:",
+             f"  over {SLOW:g}x slower than float32: " + _listed(slow_ops(found, CHECKED_OPS)),
+             f"  error over {INACCURATE:g}x {dtype} rounding: " + _listed(inaccurate)]
+    fix = remedy(dtype, onednn, _cpu.cpu_flags(config)) if inaccurate else ""
+    if fix:
+        lines.append(f"  remedy: {fix}")
+    return lines
+
+
+def _listed(worst):
+    return ", ".join(f"{op} {ratio:.1f}x ({pattern})"
+                     for op, (ratio, pattern) in sorted(worst.items())) or "none"
 
 
 class _Early:
@@ -192,12 +331,12 @@ class _Early:
         return _read(self.out)
 
     def wait_for(self, patterns, timeout=CHILD_TIMEOUT_SECONDS):
-        """{pattern: ratio} the child has measured once it has every one of `patterns`, or
-        has ended (then: what it measured), or `timeout` seconds have passed."""
+        """The Ratios the child has measured once it has every one of `patterns`, or has
+        ended (then: what it measured), or `timeout` seconds have passed."""
         deadline = time.monotonic() + timeout
         while True:
             found = self.done()
-            if all(p in found for p in patterns) or self.proc.poll() is not None or \
+            if all(p in found.dispatch for p in patterns) or self.proc.poll() is not None or \
                     time.monotonic() > deadline:
                 return self.done() if self.proc.poll() is not None else found
             time.sleep(_POLL_SECONDS)
@@ -224,7 +363,7 @@ def start_early(config, dtype):
             return
         cache = _cache_path(config, dtype)
         known = _read(cache)
-        missing = [p for p in FIRST + PATTERNS if p not in known]
+        missing = [p for p in FIRST + PATTERNS if p not in known.dispatch]
         if not missing:
             return
         ops = list(dict.fromkeys(op_of(p) for p in missing))
@@ -255,7 +394,10 @@ def _command(dtype, ops, out):
 
 
 def _child_env():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    # the child runs the kernels this process runs (what the cache is keyed by), whatever
+    # os.environ says now: TensorFlow read TF_ENABLE_ONEDNN_OPTS once, when it started
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               TF_ENABLE_ONEDNN_OPTS="1" if onednn_on() else "0")
     for name in list(env):  # the child is tf_mpt's own probe, never rewritten
         if name.startswith("TF_MPT_") and name != "TF_MPT_CACHE_DIR":
             del env[name]
@@ -265,33 +407,38 @@ def _child_env():
 def _log_measuring(dtype, ops):
     _state.warn_once(("dispatch measuring", dtype, tuple(sorted(ops))),
                      "tf_mpt is checking how TensorFlow runs %s %s on this CPU against "
-                     "float32 (once; cached)", dtype, ", ".join(sorted(ops)),
-                     level=20)
+                     "float32, for speed and accuracy (once; cached)", dtype,
+                     ", ".join(sorted(ops)), level=20)
 
 
 def in_table(path, dtype):
-    """{pattern: ratio} a cost table file holds for `dtype` ("dispatch"; {} where none)."""
+    """The Ratios a cost table file holds for `dtype` (its "dispatch" and "numerics" entries;
+    empty where none)."""
     from tf_mpt.costs import op_costs  # pylint: disable=import-outside-toplevel
-    return {str(k): float(v) for k, v in op_costs.table_entry(path, dtype, "dispatch").items()}
+    return Ratios.from_json({key: op_costs.table_entry(path, dtype, key)
+                             for key in ("dispatch", "numerics")})
 
 
 def _cache_path(config, dtype):
+    """This CPU's cache of the ratios of `dtype`, for oneDNN on or off (its kernels and
+    Eigen's differ in speed and accuracy)."""
     from tf_mpt.costs import op_costs  # pylint: disable=import-outside-toplevel
-    return op_costs.cache_file(config, dtype, "dispatch", f"-v{VERSION}")
+    onednn = "on" if onednn_on() else "off"
+    return op_costs.cache_file(config, dtype, "dispatch", f"-v{VERSION}-onednn-{onednn}")
 
 
 def _read(path):
+    """The Ratios in `path`; empty where it cannot be read."""
     try:
         with open(path) as f:
-            data = json.load(f)
-        return {str(k): float(v) for k, v in data.items()}
+            return Ratios.from_json(json.load(f))
     except (OSError, ValueError, AttributeError, TypeError):
-        return {}
+        return Ratios()
 
 
 def _in_child(dtype, ops):
-    """{pattern: ratio} for `ops`, measured in a child process (TensorFlow's trace output and
-    the probe Sessions stay out of this one)."""
+    """The Ratios of `ops` as JSON ({"dispatch": ..., "numerics": ...}), measured in a child
+    process (TensorFlow's trace output and the probe Sessions stay out of this one)."""
     with tempfile.TemporaryDirectory() as directory:
         out = os.path.join(directory, _OUT)
         proc = subprocess.run(
@@ -304,8 +451,11 @@ def _in_child(dtype, ops):
             return json.load(f)
 
 
-def pattern_graph(tf, pattern, f32, dtype):
-    """(graph, initializer, fetch) of one pattern (`_patterns`' (shapes, build)) in `dtype`."""
+def pattern_graph(tf, pattern, f32, dtype, rounded_to=None):
+    """(graph, initializer, fetch, output) of one pattern (`_patterns`' (shapes, build)) in
+    `dtype`: `fetch` one element of `output`. With `rounded_to` (a half DType), the values of
+    its variables other than `f32` are drawn rounded to that type (a float32 graph on the
+    half graph's inputs)."""
     shapes, build = pattern
     graph = tf.Graph()
     with graph.as_default():
@@ -313,6 +463,8 @@ def pattern_graph(tf, pattern, f32, dtype):
         for index, (k, shape) in enumerate(sorted(shapes.items())):
             # drawn in the graph: a large constant would be copied into every Session's graph
             value = 0.1 * tf.random.stateless_normal(shape, seed=[index, 0])
+            if k not in f32 and rounded_to is not None:
+                value = tf.cast(tf.cast(value, rounded_to), value.dtype)
             held[k] = tf.compat.v1.Variable(value if k in f32 else tf.cast(value, dtype),
                                             trainable=False)
         out = build({k: h.value() for k, h in held.items()})
@@ -320,17 +472,19 @@ def pattern_graph(tf, pattern, f32, dtype):
         # pruned by Grappler, the pattern never run) and little is copied out
         target = tf.reshape(out, [-1])[:1]
         init = tf.compat.v1.global_variables_initializer()
-    return graph, init, target
+    return graph, init, target, out
 
 
 def measure(dtype, ops, done=None):
-    """{pattern: ratio} for the patterns of the op types `ops` (in that order where it is a
-    list), timed here (in this process: the child's). `done(results so far)` is called after
-    each pattern."""
+    """The Ratios of the patterns of the op types `ops` (in that order where it is a list),
+    measured here (in this process: the child's). Each pattern runs in float32 and in `dtype`
+    on the same values (rounded to `dtype`): RUNS timed runs of one element each, then one
+    run fetching the whole output for its error ratio (none where the half run was stopped).
+    `done(Ratios so far)` is called after each pattern."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     tf1 = tf.compat.v1
     half = tf.as_dtype(dtype)
-    results = {}
+    speed, numerics = {}, {}
     with tf.Graph().as_default():
         patterns, f32 = _patterns(tf, dtype)
     rank = {op: index for index, op in enumerate(ops)} if isinstance(ops, list) else {}
@@ -339,9 +493,9 @@ def measure(dtype, ops, done=None):
                                                    p)):
         if op_of(pattern) not in ops:
             continue
-        seconds = {}
+        seconds, outputs = {}, {}
         for name, dt in (("float32", tf.float32), ("half", half)):
-            graph, init, target = pattern_graph(tf, patterns[pattern], f32, dt)
+            graph, init, target, out = pattern_graph(tf, patterns[pattern], f32, dt, half)
             with tf1.Session(graph=graph) as session:
                 session.run(init)
                 timeout = TIMEOUT_FLOOR_MS if name == "float32" else max(
@@ -355,13 +509,17 @@ def measure(dtype, ops, done=None):
                         session.run(target, options=options)
                         runs.append(time.perf_counter() - began)
                     seconds[name] = min(runs)
+                    outputs[name] = session.run(out, options=options)  # the numerics run
                 except tf.errors.DeadlineExceededError:
-                    seconds[name] = timeout / 1e3
+                    seconds.setdefault(name, timeout / 1e3)
                     seconds["stopped"] = True
-        results[pattern] = round(seconds["half"] / seconds["float32"], 3)
+        speed[pattern] = round(seconds["half"] / seconds["float32"], 3)
+        if len(outputs) == 2:
+            numerics[pattern] = round(error_ratio(outputs["half"], outputs["float32"],
+                                                  half.as_numpy_dtype), 3)
         if done is not None:
-            done(results)
-    return results
+            done(Ratios(dict(speed), dict(numerics)))
+    return Ratios(speed, numerics)
 
 
 def _main(argv):
@@ -373,22 +531,21 @@ def _main(argv):
     parser.add_argument("--cache", help="a cache file the ratios are merged into at the end")
     options = parser.parse_args(argv)
     from tf_mpt.costs import op_costs  # pylint: disable=import-outside-toplevel
+    write = op_costs._write_atomically  # pylint: disable=protected-access
     ops = options.ops.split(",") if options.ops else list(
         dict.fromkeys(op_of(p) for p in FIRST + PATTERNS))
 
     def done(results):
         if options.out:
-            op_costs._write_atomically(  # pylint: disable=protected-access
-                options.out, json.dumps(results, indent=1, sort_keys=True))
+            write(options.out, results.to_json())
     result = measure(options.dtype, ops, done)
     done(result)
     if options.cache:
-        merged = dict(_read(options.cache), **result)
+        merged = _read(options.cache).merged(result)
         os.makedirs(os.path.dirname(options.cache) or ".", exist_ok=True)
-        op_costs._write_atomically(  # pylint: disable=protected-access
-            options.cache, json.dumps(merged, indent=1, sort_keys=True))
+        write(options.cache, merged.to_json())
     if not options.out:
-        print(json.dumps(result, indent=1, sort_keys=True))
+        print(result.to_json())
 
 
 if __name__ == "__main__":

@@ -268,10 +268,12 @@ def _rewrite_graph_def(graph_def, dtype, fetches, lists, strict, function_roots,
         report = dataclasses.replace(report, batch_norms_folded=folded)
         modified = True
     report = dataclasses.replace(report, target=target.label)
-    if target.slow_ops:
+    if target.slow_ops or target.inaccurate_ops:
         present = {d.op for d in report.decisions.values()}
         report = dataclasses.replace(report, dispatch_kept={
-            op: ratio for op, (ratio, _) in target.slow_ops.items() if op in present})
+            op: ratio for op, (ratio, _) in target.slow_ops.items() if op in present},
+            numerics_kept={op: ratio for op, (ratio, _) in target.inaccurate_ops.items()
+                           if op in present})
     if _log.isEnabledFor(logging.DEBUG):
         for decision in report.decisions.values():
             _log.debug("%s", decision)

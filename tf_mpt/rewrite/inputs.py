@@ -60,11 +60,14 @@ def fetch_node_names(fetches, view):
     return names
 
 
-def node_skip_reasons(view, types, fetched, slow_ops=None, dtype=None, allow=frozenset()):
+def node_skip_reasons(view, types, fetched, slow_ops=None, dtype=None, allow=frozenset(),
+                      inaccurate_ops=None):
     """Per node, why it keeps float32 whatever the passes decide, or None. slow_ops: the
-    dispatch check's {op type: (ratio, pattern)} (measuring.check_dispatch); allow: the allow
-    list's ops (never kept as a variable's update)."""
+    dispatch check's {op type: (ratio, pattern)}, inaccurate_ops the numerics check's
+    {op type: (error ratio, pattern)} (measuring.check_dispatch); allow: the allow list's ops
+    (never kept as a variable's update)."""
     slow_ops = slow_ops or {}
+    inaccurate_ops = inaccurate_ops or {}
     updates = _updates.variable_update_reasons(view, types, allow)
     reasons = []
     for i, (node, nt) in enumerate(zip(view.nodes, types)):
@@ -80,6 +83,11 @@ def node_skip_reasons(view, types, fetched, slow_ops=None, dtype=None, allow=fro
             ratio, pattern = slow_ops[node.op]
             reason = (f"dispatch check: TensorFlow's {dtype} kernel for {node.op} ({pattern}) "
                       f"ran {ratio:.0f}x slower than float32 on this CPU: kept float32")
+        elif node.op in inaccurate_ops:
+            ratio, pattern = inaccurate_ops[node.op]
+            reason = (f"numerics check: TensorFlow's {dtype} kernel for {node.op} ({pattern}) "
+                      f"erred {ratio:.0f}x {dtype} rounding against float32 on this CPU: "
+                      "kept float32")
         else:
             reason = updates.get(i)
         reasons.append(reason)

@@ -3,6 +3,7 @@ cost model will read is measured here, before any decision (decisions only read 
 
 import dataclasses
 
+from tf_mpt import _cpu
 from tf_mpt import _dtypes
 from tf_mpt import targets as _targets
 from tf_mpt._process import state as _state
@@ -34,22 +35,36 @@ def runs_here(target):
 
 
 def check_dispatch(target, config, dtype, graph_def, lists):
-    """The target with `slow_ops` set where the graph runs here (runs_here): the op types
-    of the graph and its functions that could go half and whose half kernel, as TensorFlow
-    runs it here, is over costs.dispatch.SLOW times slower than float32 (one WARNING each,
-    once per process). Where the graph is for another machine, or the check is off
-    (TF_MPT_DISPATCH_CHECK=0): the target as it is."""
+    """The target with `slow_ops` and `inaccurate_ops` set where the graph runs here
+    (runs_here): the op types of the graph and its functions that could go half and whose
+    half kernel, as TensorFlow runs it here, is over costs.dispatch.SLOW times slower than
+    float32 (the dispatch check), or errs over costs.dispatch.INACCURATE times the rounding
+    of float32's result (the numerics check); one WARNING each, once per process, the second
+    naming the remedy where one exists. Where the graph is for another machine, or the check
+    is off (TF_MPT_DISPATCH_CHECK=0): the target as it is."""
     if not config.dispatch_check or not runs_here(target):
         return target
     candidates = lists.allow | lists.infer | lists.clear
     ops = {node.op for node in _function_bodies.all_nodes(graph_def)} & candidates
-    slow = _dispatch.slow_ops(config, dtype, ops)
+    found = _dispatch.ratios(config, dtype, ops)
+    slow = _dispatch.slow_ops(found, ops)
+    inaccurate = _dispatch.inaccurate_ops(found, ops)
     for op, (ratio, pattern) in sorted(slow.items()):
         _state.warn_once(("slow half kernel", dtype, op),
                          "tf_mpt keeps %s float32: TensorFlow's %s kernel for it on this CPU "
                          "(%s, as the remapper fuses it) ran %.0fx slower than float32",
                          op, dtype, pattern, ratio)
-    return dataclasses.replace(target, slow_ops=slow) if slow else target
+    remedy = _dispatch.remedy(dtype, _dispatch.onednn_on(), _cpu.cpu_flags(config)) \
+        if inaccurate else ""
+    for op, (ratio, pattern) in sorted(inaccurate.items()):
+        _state.warn_once(("inaccurate half kernel", dtype, op),
+                         "tf_mpt keeps %s float32: TensorFlow's %s kernel for it on this CPU "
+                         "(%s, as the remapper fuses it) erred %.0fx the rounding of float32's "
+                         "result to %s%s", op, dtype, pattern, ratio, dtype,
+                         f"; {remedy}" if remedy else "")
+    if not slow and not inaccurate:
+        return target
+    return dataclasses.replace(target, slow_ops=slow, inaccurate_ops=inaccurate)
 
 
 def resolved_target(config, dtype):

@@ -58,7 +58,7 @@ def rewrite_one(job, half, lists, signatures, strict, target):
     # 1. index: (node, type-attr) vertices
     types = [ta.node_types(node, signatures) for node in view.nodes]
     skip = _inputs.node_skip_reasons(view, types, job.fetched, target.slow_ops, half.name,
-                                     lists.allow)
+                                     lists.allow, target.inaccurate_ops)
     paint = _paint.Paint(view, types, half, lists, skip,
                          ta.default_device_type())
     paint.shape_source = job.shapes or functools.partial(_shapes.output_shapes_from_attrs,
