@@ -223,8 +223,11 @@ def _check_auto_decision(proc, expected):
         assert re.search(rf"tf_mpt: Converted [1-9]\d*/\d+ nodes to {expected}", proc.stderr)
 
 
-@pytest.mark.parametrize("launch", ["env", "module"])
-@pytest.mark.parametrize("kind, flags, expected", _CPU_KINDS, ids=[k[0] for k in _CPU_KINDS])
+# each CPU kind launched one way by default, alternating; both ways under -m heavy
+@pytest.mark.parametrize("kind, flags, expected, launch", [
+    pytest.param(*case, launch, id=f"{case[0]}-{launch}",
+                 marks=() if j == i % 2 else pytest.mark.heavy)
+    for i, case in enumerate(_CPU_KINDS) for j, launch in enumerate(["env", "module"])])
 def test_auto_dtype_follows_the_cpu_flags(kind, flags, expected, launch, tmp_path):
     script = tmp_path / "tiny.py"
     script.write_text(_TINY_TF1_SCRIPT)

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from support.helpers import alternating
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SUPPORT = os.path.join(HERE, "..", "support")
 TIMEOUT_S = 240
@@ -66,8 +68,8 @@ def _check(records, copies):
 ALLREDUCE_DTYPES = ["float32", "float16", "bfloat16"]
 
 
-@pytest.mark.parametrize("allreduce", ALLREDUCE_DTYPES)
-@pytest.mark.parametrize("mode", ["graph", "function"])
+# each all-reduce dtype in one mode by default, alternating; every pair under -m heavy
+@pytest.mark.parametrize("allreduce, mode", alternating(ALLREDUCE_DTYPES, ["graph", "function"]))
 def test_mirrored_strategy_replicas_skip_together(mode, allreduce):
     """Also with the gradients all-reduced in a half type (the expected weights are exact
     in float16 and bfloat16 too: small integers times the scale)."""
@@ -81,7 +83,9 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("allreduce", ALLREDUCE_DTYPES)
+@pytest.mark.parametrize("allreduce", [
+    pytest.param(dtype, marks=() if dtype == "float16" else pytest.mark.heavy)
+    for dtype in ALLREDUCE_DTYPES])
 def test_multi_worker_mirrored_strategy_workers_skip_together(allreduce):
     workers = [f"127.0.0.1:{_free_port()}" for _ in range(2)]
     procs = []
@@ -115,8 +119,7 @@ def _check_tf2(records):
         assert record["iterations"] == step
 
 
-@pytest.mark.parametrize("allreduce", ALLREDUCE_DTYPES)
-@pytest.mark.parametrize("mode", ["function", "eager"])
+@pytest.mark.parametrize("allreduce, mode", alternating(ALLREDUCE_DTYPES, ["function", "eager"]))
 def test_tf2_custom_loop_replicas_skip_together_with_automatic_scaling(mode, allreduce):
     proc = _run([os.path.join(SUPPORT, "tf2_mirrored_worker.py"), mode, str(NAN_STEP), allreduce])
     records = _records(proc, reduce_dtype=allreduce if mode == "function" else None)
@@ -124,7 +127,8 @@ def test_tf2_custom_loop_replicas_skip_together_with_automatic_scaling(mode, all
     assert all(len(r["w"]) == 2 for r in records)
 
 
-@pytest.mark.parametrize("allreduce", ["float32", "float16"])
+@pytest.mark.parametrize("allreduce", [pytest.param("float32", marks=pytest.mark.heavy),
+                                       "float16"])
 def test_tf2_custom_loop_workers_skip_together_with_automatic_scaling(allreduce):
     workers = [f"127.0.0.1:{_free_port()}" for _ in range(2)]
     procs = []

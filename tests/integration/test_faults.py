@@ -167,7 +167,8 @@ _REMOTE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("session_rewrite", ["grappler", "copy"])
+@pytest.mark.parametrize("session_rewrite", ["grappler",
+                                             pytest.param("copy", marks=pytest.mark.heavy)])
 def test_a_session_on_a_remote_master_says_once_that_it_runs_float32(session_rewrite):
     full_env = child_env()
     full_env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")

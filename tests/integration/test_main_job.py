@@ -83,6 +83,7 @@ def test_main_job_trains_both_ways_and_prints_the_measured_speed_up():
                      out, re.M), out
 
 
+@pytest.mark.heavy
 def test_the_claim_fails_for_a_mixed_run_that_is_really_worse():
     """The check above can fail: a mixed graph whose weight gradients are 16x too small (a
     loss scale divided out that was never multiplied in) learns far less in --quick's 120

@@ -13,7 +13,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from support.helpers import child_env
+from support.helpers import alternating, child_env
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 SCRIPT = textwrap.dedent("""
@@ -38,8 +38,9 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("session_rewrite", ["grappler", "copy"])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+# each half type through one Session path by default, alternating; both under -m heavy
+@pytest.mark.parametrize("dtype, session_rewrite",
+                         alternating(["float16", "bfloat16"], ["grappler", "copy"]))
 def test_tf_function_calling_a_tf_function_runs_half_in_a_tf1_session(dtype, session_rewrite,
                                                                        tmp_path):
     script = tmp_path / "nested.py"
@@ -73,7 +74,8 @@ REF_ARGUMENT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", [pytest.param("float16", marks=pytest.mark.heavy),
+                                   "bfloat16"])
 def test_a_ref_variable_passed_to_a_tf_function_runs_as_without_tf_mpt(dtype, tmp_path):
     """A TF1 ref variable as a tf.function argument does not bind to the rebuilt
     mixed-precision function: that call runs float32 with one warning (it raised before)."""

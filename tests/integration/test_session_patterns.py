@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from support.helpers import child_env
+from support.helpers import alternating, child_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -79,8 +79,9 @@ def _assert_losses_close(mixed, reference, dtype):
         assert abs(m - r) <= rtol * abs(r) + atol, (step, m, r)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("pattern", DETERMINISTIC)
+# each pattern in one half type by default, alternating (lookup_table and large_weights in
+# bfloat16), both under -m heavy
+@pytest.mark.parametrize("pattern, dtype", alternating(DETERMINISTIC, ["bfloat16", "float16"]))
 def test_pattern_runs_half_in_place_with_float32_losses(pattern, dtype, float32, tmp_path):
     if dtype == "float16" and pattern in ("lookup_table", "large_weights"):
         pytest.skip("float16 runs on three patterns (Eigen float16 is slow on CPU); the "
@@ -94,7 +95,7 @@ def test_pattern_runs_half_in_place_with_float32_losses(pattern, dtype, float32,
         assert extra <= PEAK_MEMORY_EXTRA_MB, (extra, PEAK_MEMORY_EXTRA_MB)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("float16", marks=pytest.mark.heavy)])
 def test_queue_runners_with_monitored_training_session_never_hang(dtype, float32, tmp_path):
     mixed = run_pattern("queue_runners", tmp_path, _mixed_env(dtype))
     reference = float32("queue_runners")
@@ -190,7 +191,7 @@ def _evaluation_after_training(env_extra):
     return float(proc.stdout.split("PRED")[1].split()[0])
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", [pytest.param("bfloat16", marks=pytest.mark.heavy), "float16"])
 def test_fetch_sets_rewritten_differently_do_not_share_stateful_kernels(dtype):
     # The training run keeps the RNN's input TensorArray float32, the evaluation run stores
     # it in half: a Session caches stateful kernels by node name across its executors.

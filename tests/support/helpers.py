@@ -134,3 +134,18 @@ def child_env(keep=()):
     if "TF_MPT_CACHE_DIR" not in env and os.environ.get(RUN_CACHE):
         env["TF_MPT_CACHE_DIR"] = os.environ[RUN_CACHE]
     return env
+
+
+def alternating(firsts, seconds):
+    """pytest params (first, second) for every pair, ids 'first-second': the i-th first runs
+    with seconds[i % len(seconds)] in the default run and with the others only under `-m
+    heavy` (.ci/run runs those after it). With at least as many firsts as seconds, each first
+    and each second is still in the default run, in fewer pairs: the default run stays within
+    its minutes on the slowest CPU, and the heavy run covers every pair."""
+    import pytest  # pylint: disable=import-outside-toplevel
+    params = []
+    for i, first in enumerate(firsts):
+        for j, second in enumerate(seconds):
+            marks = () if j == i % len(seconds) else (pytest.mark.heavy,)
+            params.append(pytest.param(first, second, id=f"{first}-{second}", marks=marks))
+    return params
