@@ -51,7 +51,7 @@ def native_bfloat16():
     return _cpu.has_native_bfloat16(_cpu.cpu_flags(tf_mpt.Config.from_env(os.environ)))
 
 
-def build_graph(size, gradient_scale=1.0):
+def build_graph(size=FULL, gradient_scale=1.0):
     """The training graph; each kernel's initial value is fed (`<kernel>/initial:0`), so one
     graph (and one rewrite) serves every seed. `gradient_scale` multiplies the loss the
     optimizer minimizes (1: as written; the tests make a really worse run with another)."""
