@@ -233,8 +233,9 @@ def test_fast_profile():
     _run_profile(specs, "fast")
 
 
-@pytest.mark.parametrize("index", range(len(programs.WIDE_SPECS)),
-                         ids=[f"wide{i}" for i in range(len(programs.WIDE_SPECS))])
+@pytest.mark.parametrize("index", [
+    pytest.param(i, id=f"wide{i}", marks=() if i == 0 else pytest.mark.heavy)
+    for i in range(len(programs.WIDE_SPECS))])
 def test_a_wide_program_compares_the_cost_models_half_compute(index):
     """Its mixed run decides by the suite's table, whose cost model converts the wide
     products: the pair compares the half compute the cost model chose with float32."""

@@ -140,7 +140,8 @@ def test_existing_destination_is_never_overwritten(models, tmp_path, capsys):
     assert dst.read_bytes() == b"keep me"
 
 
-@pytest.mark.parametrize("source", ["frozen.pb", "sm"])
+# (a frozen graph's conversion: test_convert_frozen_graph_keeps_io_types_and_numbers)
+@pytest.mark.parametrize("source", [pytest.param("frozen.pb", marks=pytest.mark.heavy), "sm"])
 def test_inspect_prints_a_table_and_json(models, source, no_cost_model):
     root = models
     proc = _cli("inspect", str(root / source), "--dtype", "bfloat16")

@@ -123,10 +123,13 @@ _IMPORTS_FIRST = textwrap.dedent("""
 """)
 
 
+# the public name and the automatic path's own module by default; the others under -m heavy
 @pytest.mark.parametrize("first", [
-    "from tf_mpt import keep_fp32", "import tf_mpt.rewrite",
-    "from tf_mpt.training import optimizer", "import tf_mpt.automatic.switch",
-    "import tf_mpt.models.sources"])
+    "from tf_mpt import keep_fp32",
+    pytest.param("import tf_mpt.rewrite", marks=pytest.mark.heavy),
+    pytest.param("from tf_mpt.training import optimizer", marks=pytest.mark.heavy),
+    "import tf_mpt.automatic.switch",
+    pytest.param("import tf_mpt.models.sources", marks=pytest.mark.heavy)])
 def test_tf_mpt_imported_before_tensorflow_enables_once_and_fully(first):
     # TF_MPT_CPU_FLAGS passes through: a run of the suite "as another CPU" reaches the script
     full_env = child_env(keep=("TF_MPT_CPU_FLAGS",))

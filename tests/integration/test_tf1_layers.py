@@ -54,7 +54,8 @@ def float32_run(tmp_path_factory):
     return metrics, prefix
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", [pytest.param("float16", marks=pytest.mark.heavy),
+                                   "bfloat16"])
 def test_v1_layers_script_trains_in_mixed_precision_with_float32_variables(
         dtype, tmp_path, float32_run):
     float32_metrics, float32_prefix = float32_run
