@@ -204,8 +204,8 @@ def main(argv=None):
                         help="skip the unfaulted copy's run (a local re-run of some faults)")
     args = parser.parse_args(argv)
     claims, faults = args.claims.split(","), args.faults.split(",")
-    for name, known in (("claim", CLAIMS), ("fault", FAULTS)):
-        unknown = [n for n in (claims if name == "claim" else faults) if n not in known]
+    for name, given, known in (("claim", claims, CLAIMS), ("fault", faults, FAULTS)):
+        unknown = [n for n in given if n not in known]
         if unknown:
             parser.error(f"unknown {name}(s) {unknown}; known: {', '.join(known)}")
     needed = [c for c in claims if any(c in FAULTS_SEEN[f] for f in faults)]

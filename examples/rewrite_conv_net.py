@@ -162,22 +162,25 @@ def interleaved_ms(sessions, batch):
     return [float(np.median(t)) for t in times]
 
 
+Runs = collections.namedtuple("Runs", "first last accuracies session")
+
+
 def run_seeds(graphs, size, steps, seeds):
-    """Trains each graph from each seed; returns per graph (first losses, last losses,
-    accuracies, the last seed's Session, still open)."""
+    """Trains each graph from each seed; returns a Runs per graph: first losses, last losses
+    and accuracies per seed, and the last seed's Session, still open."""
     held_out = make_batches(size, size.held_out // size.batch, seed=10_000)
-    runs = [([], [], [], None) for _ in graphs]
+    runs = [Runs([], [], [], None) for _ in graphs]
     for seed in range(seeds):
         initial = initial_values(graphs[0], seed)
         batches = make_batches(size, steps, seed=1 + seed)
-        for (first, last, accuracies, _), graph, k in zip(runs, graphs, range(len(graphs))):
+        for k, graph in enumerate(graphs):
             losses, accuracy, sess = train(graph, initial, batches, held_out)
-            first.append(losses[0])
-            last.append(losses[-1])
-            accuracies.append(accuracy)
-            if runs[k][3] is not None:
-                runs[k][3].close()
-            runs[k] = (first, last, accuracies, sess)
+            runs[k].first.append(losses[0])
+            runs[k].last.append(losses[-1])
+            runs[k].accuracies.append(accuracy)
+            if runs[k].session is not None:
+                runs[k].session.close()
+            runs[k] = runs[k]._replace(session=sess)
     return runs
 
 
@@ -210,9 +213,10 @@ def main():
 
     graph = build_graph(size)
     shape = f"batch {size.batch} ({size.side}x{size.side}x{CHANNELS})"
+    step_batch = make_batches(size, 1, seed=1)[0]  # (the batch a step is counted and timed on)
     if dtype is None:
         ((first, last, accuracies, sess),) = run_seeds([graph], size, args.steps, args.seeds)
-        (ms,) = interleaved_ms([sess], make_batches(size, 1, seed=1)[0])
+        (ms,) = interleaved_ms([sess], step_batch)
         sess.close()
         print(f"float32, {args.steps} steps of {shape} from {args.seeds} seeds: first loss "
               f"{np.mean(first):.4f}, last loss {np.mean(last):.4f}, accuracy "
@@ -237,20 +241,20 @@ def main():
           f"seeds; accuracy on {size.held_out} held-out images, mean and sd over the seeds")
     labels = ("float32", f"tf_mpt {dtype}")
     runs = run_seeds([graph, mixed], size, args.steps, args.seeds)
-    sessions = [sess for *_, sess in runs]
-    halves = [half_ops_per_step(sess, make_batches(size, 1, seed=1)[0]) for sess in sessions]
-    times = interleaved_ms(sessions, make_batches(size, 1, seed=1)[0])
+    sessions = [run.session for run in runs]
+    halves = [half_ops_per_step(sess, step_batch) for sess in sessions]
+    times = interleaved_ms(sessions, step_batch)
     for sess in sessions:
         sess.close()
     print(f"{'variant':18} {'first loss':>10} {'last loss':>10} {'accuracy':>9} {'sd':>6} "
           f"{'half ops':>8} {'ms/step':>8}")
-    for label, (first, last, accuracies, _), half, ms in zip(labels, runs, halves, times):
-        print(f"{label:18} {np.mean(first):10.4f} {np.mean(last):10.4f} "
-              f"{np.mean(accuracies):9.3f} {np.std(accuracies, ddof=1):6.3f} {half:8d} "
-              f"{ms:8.2f}")
-    for label, (*_, accuracies, _) in zip(labels, runs):
-        print(f"{label} accuracy per seed: " + " ".join(f"{a:.3f}" for a in accuracies))
-    points, error = difference_of_means(runs[1][2], runs[0][2])
+    for label, run, half, ms in zip(labels, runs, halves, times):
+        print(f"{label:18} {np.mean(run.first):10.4f} {np.mean(run.last):10.4f} "
+              f"{np.mean(run.accuracies):9.3f} {np.std(run.accuracies, ddof=1):6.3f} "
+              f"{half:8d} {ms:8.2f}")
+    for label, run in zip(labels, runs):
+        print(f"{label} accuracy per seed: " + " ".join(f"{a:.3f}" for a in run.accuracies))
+    points, error = difference_of_means(runs[1].accuracies, runs[0].accuracies)
     print(f"accuracy of tf_mpt {dtype} minus float32: {points:+.2f} points, standard error "
           f"{error:.2f} (difference of means over {args.seeds} seeds each way, counting "
           f"float32's own run-to-run spread)")

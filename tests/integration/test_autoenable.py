@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from support import half_ops
 from support.tolerances import FINAL_LOSS_RTOL
-from support.helpers import child_env
+from support.helpers import alternating, child_env
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TIMEOUT_S = 300
@@ -224,10 +224,8 @@ def _check_auto_decision(proc, expected):
 
 
 # each CPU kind launched one way by default, alternating; both ways under -m heavy
-@pytest.mark.parametrize("kind, flags, expected, launch", [
-    pytest.param(*case, launch, id=f"{case[0]}-{launch}",
-                 marks=() if j == i % 2 else pytest.mark.heavy)
-    for i, case in enumerate(_CPU_KINDS) for j, launch in enumerate(["env", "module"])])
+@pytest.mark.parametrize("kind, flags, expected, launch", alternating(
+    _CPU_KINDS, ["env", "module"], [kind[0] for kind in _CPU_KINDS]))
 def test_auto_dtype_follows_the_cpu_flags(kind, flags, expected, launch, tmp_path):
     script = tmp_path / "tiny.py"
     script.write_text(_TINY_TF1_SCRIPT)

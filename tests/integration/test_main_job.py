@@ -102,11 +102,11 @@ def test_the_claim_fails_for_a_mixed_run_that_is_really_worse():
     worse = tf_mpt.rewrite_graph(job.build_graph(size, gradient_scale=1 / 16),
                                  dtype="bfloat16", fetches=fetches, target="rules")
     runs = job.run_seeds([single, worse], size, size.steps, seeds)
-    for *_, sess in runs:
-        sess.close()
-    points, error = job.difference_of_means(runs[1][2], runs[0][2])
-    assert min(runs[0][2]) >= MIN_ACCURACY, runs[0][2]
-    assert not holds(points, error), (points, error, runs[0][2], runs[1][2])
+    for run in runs:
+        run.session.close()
+    points, error = job.difference_of_means(runs[1].accuracies, runs[0].accuracies)
+    assert min(runs[0].accuracies) >= MIN_ACCURACY, runs[0].accuracies
+    assert not holds(points, error), (points, error, runs[0].accuracies, runs[1].accuracies)
 
 
 def test_main_job_on_a_cpu_without_native_bfloat16_says_so_and_stays_float32():

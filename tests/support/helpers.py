@@ -136,16 +136,19 @@ def child_env(keep=()):
     return env
 
 
-def alternating(firsts, seconds):
-    """pytest params (first, second) for every pair, ids 'first-second': the i-th first runs
-    with seconds[i % len(seconds)] in the default run and with the others only under `-m
-    heavy` (.ci/run runs those after it). With at least as many firsts as seconds, each first
-    and each second is still in the default run, in fewer pairs: the default run stays within
-    its minutes on the slowest CPU, and the heavy run covers every pair."""
+def alternating(firsts, seconds, names=None):
+    """pytest params (first, second) for every pair, ids 'first-second' (`names`: the firsts'
+    names, where not str(first); a first that is a tuple gives its values one by one): the
+    i-th first runs with seconds[i % len(seconds)] in the default run and with the others only
+    under `-m heavy` (.ci/run runs those after it). With at least as many firsts as seconds,
+    each first and each second is still in the default run, in fewer pairs: the default run
+    stays within its minutes on the slowest CPU, and the heavy run covers every pair."""
     import pytest  # pylint: disable=import-outside-toplevel
+    names = names or [str(first) for first in firsts]
     params = []
-    for i, first in enumerate(firsts):
+    for i, (first, name) in enumerate(zip(firsts, names)):
+        values = first if isinstance(first, tuple) else (first,)
         for j, second in enumerate(seconds):
             marks = () if j == i % len(seconds) else (pytest.mark.heavy,)
-            params.append(pytest.param(first, second, id=f"{first}-{second}", marks=marks))
+            params.append(pytest.param(*values, second, id=f"{name}-{second}", marks=marks))
     return params

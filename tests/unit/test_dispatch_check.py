@@ -81,6 +81,12 @@ def _of(graph_def, op):
     return [n.name for n in graph_def.node if n.op == op]
 
 
+def _only_decision(result, op):
+    """The report's decision for the graph's one node of type `op`."""
+    (decision,) = [d for d in result.report.decisions.values() if d.op == op]
+    return decision
+
+
 def test_patterns_named_are_the_patterns_built():
     with tf.Graph().as_default():
         built, _ = dispatch._patterns(tf, "float16")  # pylint: disable=protected-access
@@ -99,8 +105,7 @@ def test_slow_half_kernels_stay_float32_where_the_graph_runs_here(tmp_path, monk
     assert len(_of(gd, "MatMul")) == 3 and not _half(gd, "MatMul")  # forward and gradients
     assert _half(gd, "Conv2D")  # 0.5x: as fast as float32 or faster, half
     assert result.report.dispatch_kept == {"Conv2DBackpropFilter": 195.0, "MatMul": 620.0}
-    (decision,) = [d for d in result.report.decisions.values()
-                   if d.op == "Conv2DBackpropFilter"]
+    decision = _only_decision(result, "Conv2DBackpropFilter")
     assert decision.reason == ("dispatch check: TensorFlow's float16 kernel for "
                                "Conv2DBackpropFilter (Conv2DBackpropFilter) ran 195x slower "
                                "than float32 on this CPU: kept float32")
@@ -187,8 +192,7 @@ def test_inaccurate_half_kernels_stay_float32_where_the_graph_runs_here(tmp_path
     assert result.report.numerics_kept == {"Conv2DBackpropFilter": 13.9}
     assert result.report.dispatch_kept == {}
     assert result.report.to_dict()["numerics_kept"] == {"Conv2DBackpropFilter": 13.9}
-    (decision,) = [d for d in result.report.decisions.values()
-                   if d.op == "Conv2DBackpropFilter"]
+    decision = _only_decision(result, "Conv2DBackpropFilter")
     assert decision.reason == ("numerics check: TensorFlow's bfloat16 kernel for "
                                "Conv2DBackpropFilter (Conv2DBackpropFilter) erred 14x bfloat16 "
                                "rounding against float32 on this CPU: kept float32")
@@ -214,8 +218,7 @@ def test_a_kernel_both_slow_and_inaccurate_is_reported_by_both_checks(tmp_path, 
                                       target="here", fetches=["loss", "train"])
     assert result.report.dispatch_kept == {"Conv2DBackpropFilter": 195.0, "MatMul": 620.0}
     assert result.report.numerics_kept == {"Conv2DBackpropFilter": 14.0}
-    (decision,) = [d for d in result.report.decisions.values()
-                   if d.op == "Conv2DBackpropFilter"]
+    decision = _only_decision(result, "Conv2DBackpropFilter")
     assert decision.reason.startswith("dispatch check: ")  # the first check's reason
 
 
