@@ -5,6 +5,7 @@ scale the loss. Half ops are checked in what the runtime ran (RunMetadata partit
 import dataclasses
 import os
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import tensorflow as tf
 import tf_mpt
 from tf_mpt._process import patches as _patches
 from tf_mpt._process.state import STATE
+from tf_mpt.automatic import sessions as _sessions
 from tf_mpt.automatic import switch as _autoenable
 from tf_mpt.automatic.native import rewriter as _session_rewrite
 from support.helpers import tf1
@@ -343,3 +345,16 @@ def test_the_cost_model_weighs_a_session_graph_at_the_batch_its_first_run_feeds(
         assert out.dtype == np.float32 and out.shape == (batch, width)
         assert {k for k in ran if k.startswith("matmul_") and ran[k] == tf.bfloat16} == \
             expected, batch
+
+
+@pytest.mark.parametrize("text, names", [
+    ("with tf.compat.v1.Session() as sess:\n    sess.run(y)\n", True),
+    ("tf.compat.v1.train.MonitoredTrainingSession(hooks=hooks)\n", True),
+    ("estimator = tf.estimator.Estimator(model_fn)\n", True),
+    ("model.fit(x, y)\n@tf.function\ndef step(x):\n    return x\n", False)])
+def test_the_optimizer_build_starts_early_for_a_script_that_names_sessions(
+        text, names, tmp_path, monkeypatch):
+    script = tmp_path / "train.py"
+    script.write_text("import tensorflow as tf\n" + text)
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", str(script), raising=False)
+    assert _sessions._script_names_sessions() is names

@@ -252,3 +252,63 @@ def test_a_new_build_removes_the_users_builds_unused_for_a_month(tmp_path, monke
     assert "session_rewrite-2.20.0-aaaa.so.sha256" not in left
     assert {"session_rewrite-2.20.0-bbbb.so", "session_rewrite-2.20.0-aaaa.so.lock",
             "verdicts-bfloat16-cccc.json", os.path.basename(path)} <= left, left
+
+
+# --- the build started early (build_early): beside the script, waited for by load ----------
+
+@pytest.fixture
+def fresh_state(monkeypatch):
+    """No library loaded, failed or under way in this process (as at a script's start)."""
+    for name in ("native_library", "native_failure", "native_early"):
+        monkeypatch.setattr(_native.STATE, name, None)
+    return _native.STATE
+
+
+def _gated_compiler(tmp_path):
+    """A building compiler that waits until tmp_path/gate exists (the test opens it)."""
+    return _fake_compiler(tmp_path, f'while [ ! -e {tmp_path / "gate"} ]; do sleep 0.02; done\n'
+                                    'while [ "$1" != -o ]; do shift; done\n'
+                                    'echo built > "$2"\n'
+                                    f'echo x >> {tmp_path / "builds"}\n')
+
+
+def test_an_early_build_runs_in_the_background_and_is_waited_for_once(tmp_path, monkeypatch,
+                                                                      fresh_state):
+    monkeypatch.setenv("CXX", _gated_compiler(tmp_path))
+    cache = str(tmp_path / "cache")
+    _native.build_early(cache)
+    early = fresh_state.native_early
+    assert early is not None and early.thread.daemon
+    _native.build_early(cache)  # a second call starts nothing more
+    assert fresh_state.native_early is early
+    path = _native.library_path(cache)
+    assert _native._valid(path) == (False, "not built yet")  # returned before the build
+    (tmp_path / "gate").touch()
+    _native._wait_for_early()  # what load() does first
+    assert fresh_state.native_early is None and _native._valid(path) == (True, None)
+    assert _native._built_library(cache) == (path, None) and _builds(tmp_path) == 1
+
+
+def test_an_early_build_that_fails_is_the_first_sessions_failure(tmp_path, monkeypatch,
+                                                                  fresh_state):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    _native.build_early(str(tmp_path / "cache"))
+    with pytest.raises(_native.NativeUnavailable, match=r"no C\+\+ compiler"):
+        _native.load(str(tmp_path / "cache"))
+    assert isinstance(fresh_state.native_failure, _native.NativeUnavailable)
+
+
+def test_an_early_build_nothing_waited_for_is_killed_at_exit(tmp_path, monkeypatch,
+                                                             fresh_state):
+    monkeypatch.setenv("CXX", _gated_compiler(tmp_path))
+    cache = tmp_path / "cache"
+    _native.build_early(str(cache))
+    early = fresh_state.native_early
+    while not _native._COMPILING:  # the thread has started the compiler
+        early.thread.join(0.02)
+    _native._kill_compilers()  # what the exit runs
+    early.thread.join()
+    assert isinstance(early.failure, _native.NativeUnavailable)
+    assert "failed (exit -9)" in str(early.failure)
+    assert [name for name in os.listdir(cache) if name.endswith(".so")] == []
+    assert _builds(tmp_path) == 0

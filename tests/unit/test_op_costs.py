@@ -5,6 +5,7 @@ import base64
 import json
 import logging
 import re
+import signal
 
 import numpy as np
 import pytest
@@ -87,6 +88,9 @@ def test_a_node_spec_holds_what_its_kernel_time_depends_on():
     assert json.dumps(other, sort_keys=True) != key
 
 
+# every op type timed (~13 s on a Zen 4): under -m heavy; the probe child in the default run:
+# test_one_child_process_measures_everything_a_process_asks (one op type and one node)
+@pytest.mark.heavy
 @pytest.mark.measures_this_cpu
 def test_this_cpu_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch, caplog):
     config = _config.Config.from_env({_config.TF_MPT_CACHE_DIR: str(tmp_path)})
@@ -376,7 +380,7 @@ def test_this_cpu_is_measured_by_the_op_types_each_graph_needs(tmp_path, monkeyp
 @pytest.mark.measures_this_cpu
 def test_one_child_process_measures_everything_a_process_asks(tmp_path, monkeypatch):
     """The ProbeServer: one child (one TensorFlow import) answers an op-table request and a
-    node request, then exits when its stdin closes."""
+    node request, and is ended when this process discards it (at its exit)."""
     monkeypatch.setattr(_state.STATE, "probe_server", None)
     costs = op_costs.OpCosts.from_json(
         op_costs._in_child(str(tmp_path), "bfloat16", ops=["Relu", "NoSuchOp"]))
@@ -392,7 +396,17 @@ def test_one_child_process_measures_everything_a_process_asks(tmp_path, monkeypa
     assert set(times) == {key} and all(t > 0 for t in times[key])
     assert _state.STATE.probe_server is server and server.process.poll() is None
     op_costs._discard_probe_server()
-    assert server.process.returncode == 0 and _state.STATE.probe_server is None
+    assert server.process.returncode is not None and _state.STATE.probe_server is None
+
+
+def test_a_probe_server_no_rewrite_used_is_killed_not_waited_for(tmp_path, monkeypatch):
+    """Started early (its TensorFlow import under way) and never asked: the script's exit
+    ends it at once (SIGKILL) instead of waiting for its import to finish."""
+    monkeypatch.setattr(_state.STATE, "probe_server", None)
+    server = op_costs._probe_server(str(tmp_path))
+    op_costs._discard_probe_server()
+    assert server.process.returncode == -signal.SIGKILL
+    assert _state.STATE.probe_server is None and server.log.closed
 
 
 def test_every_named_op_type_has_a_probe():

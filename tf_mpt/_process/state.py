@@ -37,6 +37,7 @@ class State:
         self.native_lock = threading.Lock()
         self.native_library = None
         self.native_failure = None
+        self.native_early = None  # a build under way (library.build_early)
         # tf_mpt.automatic.native.rewriter: what the callback rewrites to, the callback
         # (alive for the process once made), the user graphs by key (for static shapes), and
         # the signals that arrived during a rewrite

@@ -9,6 +9,7 @@ float32).
 import collections.abc
 import dataclasses
 import logging
+import sys
 
 import tensorflow as tf
 
@@ -34,13 +35,17 @@ def patch_sessions(config, dtype, rewrite, loss_scaling):
     Session.run, make_callable and partial_run(_setup) are patched once each, for every
     concern: the copy path's shadow, the loss-scaling report, and the signals a rewrite
     deferred (tf_mpt.automatic.native.rewriter). The native optimizer is built (once per
-    TensorFlow version and compiler) when the first TF1 Session is created, not here: a TF2
-    script with no Session never compiles it."""
+    TensorFlow version and compiler) for the first TF1 Session, not for a TF2 script with no
+    Session: its build starts here where the main script names Sessions
+    (`_script_names_sessions`; it then runs beside the script's graph building), else when
+    the first Session is created."""
     path = None
     if rewrite:
         path = "grappler" if config.session_rewrite == "grappler" else "copy"
     if path == "grappler":
         _state.patch(BASE_SESSION, "__init__", _session_init)
+        if _script_names_sessions():
+            _native.build_early(config.cache_dir)
     if path == "copy":
         _state.patch(BASE_SESSION, "close", _session_close)
     if path is not None or loss_scaling:
@@ -49,6 +54,27 @@ def patch_sessions(config, dtype, rewrite, loss_scaling):
         _state.patch(BASE_SESSION, "partial_run_setup", _session_partial_run_setup)
         _state.patch(BASE_SESSION, "partial_run", _session_partial_run)
     return path
+
+
+_SESSION_WORDS = (b"Session", b"Estimator", b"estimator")
+_SCRIPT_BYTES = 1 << 20
+
+
+def _script_names_sessions():
+    """Whether the main script's text names a TF1 Session (Session, MonitoredTrainingSession,
+    ...) or an Estimator: a hint that its optimizer will be wanted, read from the script's
+    first MiB. Only when the build starts depends on it: a script whose Sessions come from a
+    module it imports builds at its first Session."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv else None)
+    if not path or not path.endswith(".py"):
+        return False
+    try:
+        with open(path, "rb") as script:
+            text = script.read(_SCRIPT_BYTES)
+    except OSError:
+        return False
+    return any(word in text for word in _SESSION_WORDS)
 
 
 def _native_ready():

@@ -24,9 +24,14 @@ checksum the same way; the lock file is opened without following symlinks. A com
 is interrupted or times out is killed with its process group.
 
 `load(cache_dir)` returns the ctypes library or raises NativeUnavailable saying why; the
-caller falls back to the shadow-copy path with one warning.
+caller falls back to the shadow-copy path with one warning. `build_early(cache_dir)` starts the
+build in a background thread (the automatic path, when the script names TF1 Sessions): its
+compile (~4 s on a Zen 4 core, TensorFlow's headers parsed) then runs beside the script's own
+graph building and the first rewrite's measurements, and `load` waits for what is left of it.
+A compiler still running at the process's exit is killed.
 """
 
+import atexit
 import ctypes
 import fcntl
 import hashlib
@@ -39,6 +44,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import tensorflow as tf
@@ -233,11 +239,15 @@ def _remove_unused_builds(directory, keep):
             continue
 
 
+_COMPILING = set()  # compiler processes running now (killed at exit: build_early's)
+
+
 def _run_compiler(command):
     """Runs the compiler in its own process group; kills the group if this is interrupted
     (KeyboardInterrupt, SystemExit) or the build times out."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)
+    _COMPILING.add(process)
     try:
         _, stderr = process.communicate(timeout=_BUILD_TIMEOUT_SECONDS)
     except subprocess.TimeoutExpired as error:
@@ -247,7 +257,16 @@ def _run_compiler(command):
     except BaseException:
         _kill_group(process)
         raise
+    finally:
+        _COMPILING.discard(process)
     return process.returncode, stderr
+
+
+def _kill_compilers():
+    """At exit: a build that nothing waited for (build_early's) does not outlive the process
+    (its partial file is removed by a later build, _remove_stale_partials)."""
+    for process in list(_COMPILING):
+        _kill_group(process)
 
 
 def _kill_group(process):
@@ -358,6 +377,56 @@ def _open(path):
     return library
 
 
+class _Early:
+    """A build started before any Session asked (build_early): its thread and its failure."""
+
+    def __init__(self, cache_dir):
+        self.cache_dir = cache_dir
+        self.failure = None
+        self.thread = threading.Thread(target=self._run, name="tf_mpt-native-build",
+                                       daemon=True)
+
+    def _run(self):
+        try:
+            path = library_path(self.cache_dir)
+            # only into a usable cache: a private build is this process's, made by load()
+            if _directory_unsafe_because(os.path.dirname(path)) is None and \
+                    not _valid(path)[0]:
+                _build(path)
+        except NativeUnavailable as error:  # no compiler, a failed compile: load() says so
+            self.failure = error
+        except Exception as error:  # pylint: disable=broad-except
+            # anything else: load() builds again as it would have without this
+            _log.debug("tf_mpt's early build of its Grappler optimizer failed: %s", error)
+
+
+def build_early(cache_dir=None):
+    """Starts building the library now, in a background thread (the compiler is a child
+    process: the thread only waits for it), where it is neither loaded nor being built.
+    Never raises; `load` waits for it."""
+    try:
+        with STATE.native_lock:
+            if STATE.native_library is not None or STATE.native_failure is not None or \
+                    STATE.native_early is not None:
+                return
+            STATE.native_early = _Early(cache_dir)
+            atexit.register(_kill_compilers)
+            STATE.native_early.thread.start()
+    except Exception as error:  # pylint: disable=broad-except
+        _log.debug("tf_mpt did not start building its Grappler optimizer early: %s", error)
+
+
+def _wait_for_early():
+    """Joins build_early's thread, if one ran; raises the NativeUnavailable it met."""
+    early = STATE.native_early
+    if early is None:
+        return
+    early.thread.join()
+    STATE.native_early = None
+    if early.failure is not None:
+        raise early.failure
+
+
 def load(cache_dir=None):
     """The loaded library (built first if needed); raises NativeUnavailable saying why."""
     with STATE.native_lock:
@@ -365,6 +434,11 @@ def load(cache_dir=None):
             return STATE.native_library
         if STATE.native_failure is not None:
             raise STATE.native_failure
+        try:
+            _wait_for_early()
+        except NativeUnavailable as error:
+            STATE.native_failure = error
+            raise
         private = None
         try:
             path, private = _built_library(cache_dir)
