@@ -16,6 +16,7 @@ import tf_mpt
 from tf_mpt.automatic import switch as _autoenable
 from tf_mpt.automatic import optimizers as auto_scaling
 from tf_mpt._process import state as tf_mpt_state
+from tf_mpt.training import loss_scale as training_loss_scale
 from support.helpers import tf1
 
 keras = pytest.importorskip("keras")
@@ -216,8 +217,7 @@ def _tf2_loop(compiled, steps=STEPS, nan_step=None, clip=None, bare_apply=False)
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss, norm
 
-    if compiled:
-        train_step = tf.function(train_step)
+    train_step = _compile(train_step, compiled)
     losses, norms = [], []
     for i in range(steps):
         factor = tf.constant(np.nan if i == nan_step else 1.0, tf.float32)
@@ -239,7 +239,15 @@ def tf2_float32():
     return losses, norms
 
 
-COMPILED = [pytest.param(False, id="eager"), pytest.param(True, id="tf.function")]
+# eager, a tf.function, and one XLA compiles (what Keras 3 and TF's XLA guide give a GPU user)
+COMPILED = [pytest.param(False, id="eager"), pytest.param(True, id="tf.function"),
+            pytest.param("xla", id="xla")]
+
+
+def _compile(train_step, compiled):
+    if not compiled:
+        return train_step
+    return tf.function(train_step, jit_compile=compiled == "xla")
 
 
 def _first_scaled_step(compiled):
@@ -298,8 +306,7 @@ def test_tf2_none_gradients_are_skipped_as_keras_does(float16_scaled, compiled, 
         optimizer.apply_gradients(zip(grads, variables))
         return loss, grads[-1] is None
 
-    if compiled:
-        train_step = tf.function(train_step)
+    train_step = _compile(train_step, compiled)
     losses = [train_step() for _ in range(3)]
     assert all(bool(none) for _, none in losses)
     assert float(losses[-1][0]) < float(losses[0][0])
@@ -324,8 +331,7 @@ def test_a_float16_loss_is_seeded_below_inf_when_the_scale_grows_past_float16(
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    if compiled:
-        train_step = tf.function(train_step)
+    train_step = _compile(train_step, compiled)
     losses = [float(train_step())]
     scale = tf_mpt.loss_scale_of(optimizer)
     scale.current_loss_scale.assign(2.0 ** 16)
@@ -351,8 +357,7 @@ def test_a_variable_whose_none_gradient_is_filtered_out_does_not_unscale_the_res
                                    if g is not None])
         return loss / TINY
 
-    if compiled:
-        train_step = tf.function(train_step)
+    train_step = _compile(train_step, compiled)
     with caplog.at_level(logging.WARNING, logger="tf_mpt"):
         losses = [float(train_step()) for _ in range(STEPS)]
     assert "different optimizers" not in caplog.text
@@ -393,6 +398,39 @@ def test_tf2_non_finite_step_changes_no_weight_slot_or_iteration(float16_scaled,
 
 
 @pytest.mark.parametrize("compiled", COMPILED)
+def test_tf2_steps_skipped_in_a_row_warn_then_stop_the_loop(float16_scaled, compiled, capfd):
+    """Every gradient NaN: the scale halves each step, one warning after WARN_AFTER_SKIPS
+    steps in a row, and the step at max_consecutive_skips raises. In a step XLA compiles
+    (no print or assert kernel there) the same two checks run after it, in its caller."""
+    x, y = _data()
+    model = _model()
+    optimizer = keras.optimizers.SGD(0.01)
+
+    def train_step(factor):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y)) * factor
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                      model.trainable_variables))
+        return loss
+
+    train_step = _compile(train_step, compiled)
+    nan = tf.constant(np.nan, tf.float32)
+    steps, warned_at = 0, None
+    with pytest.raises(tf.errors.InvalidArgumentError, match="training steps in a row had "
+                       "non-finite"):
+        while steps < 200:
+            train_step(nan)
+            steps += 1
+            if warned_at is None and "steps in a row had non-finite" in capfd.readouterr().err:
+                warned_at = steps
+    scale = auto_scaling.loss_scale_of(optimizer)
+    assert warned_at == training_loss_scale.WARN_AFTER_SKIPS
+    assert steps == scale.max_consecutive_skips - 1  # the next step raised
+    assert float(scale.scale()) == scale.min_loss_scale  # halved all the way down
+    assert int(optimizer.iterations.numpy()) == 0
+
+
+@pytest.mark.parametrize("compiled", COMPILED)
 def test_tf2_clipping_sees_unscaled_norms(float16_scaled, tf2_float32, compiled):
     losses, norms, _, _ = _tf2_loop(compiled, clip=1.0)
     first = _first_scaled_step(compiled)
@@ -418,8 +456,7 @@ def test_tf2_gan_two_optimizers_get_their_own_scales(float16_scaled, compiled):
         g_opt.apply_gradients(zip(g_grads, generator.trainable_variables))
         d_opt.apply_gradients(zip(d_grads, discriminator.trainable_variables))
 
-    if compiled:
-        train_step = tf.function(train_step)
+    train_step = _compile(train_step, compiled)
     train_step(x, tf.constant(1.0))
     train_step(x, tf.constant(np.inf))  # the discriminator's step overflows, not the generator's
     g_scale, d_scale = auto_scaling.loss_scale_of(g_opt), auto_scaling.loss_scale_of(d_opt)
@@ -592,8 +629,7 @@ def test_a_loop_that_scales_by_hand_is_not_scaled_twice(float16_scaled, compiled
         tf_mpt.apply_scaled_gradients(optimizer, grads, model.trainable_variables, scale)
         return grads
 
-    if compiled:
-        train_step = tf.function(train_step)
+    train_step = _compile(train_step, compiled)
     for _ in range(3):
         with tf_mpt_state.bypass():
             with tf.GradientTape() as tape:

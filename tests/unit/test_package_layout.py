@@ -2,7 +2,7 @@
 
 Layers, lowest first (a module may import its own layer or a lower one, never in a circle):
     facts      _dtypes, _cpu, lists, report, _opt_out, _process/ (state, patches,
-               import_hooks, autograph)
+               import_hooks, autograph, xla)
     config     config (reads TF_MPT_*)
     costs      costs/ (kernel-time tables, their cache and the probes that measure them)
     rewrite    rewrite/ (the orchestrator and its passes)
@@ -19,7 +19,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "tf_mpt"
 LAYERS = (
     ("facts", ("tf_mpt._dtypes", "tf_mpt._cpu", "tf_mpt.lists", "tf_mpt.report",
                "tf_mpt._opt_out", "tf_mpt._process.patches", "tf_mpt._process.import_hooks",
-               "tf_mpt._process.state", "tf_mpt._process.autograph")),
+               "tf_mpt._process.state", "tf_mpt._process.autograph",
+               "tf_mpt._process.xla")),
     ("config", ("tf_mpt.config", "tf_mpt.targets")),
     ("costs", ("tf_mpt.costs",)),
     ("rewrite", ("tf_mpt.rewrite",)),

@@ -26,6 +26,7 @@ from tf_mpt.rewrite import graph_timing as _graph_timing
 from tf_mpt.rewrite import step_timing as _timing
 from tf_mpt.rewrite import type_attrs as _ta
 from tf_mpt import _dtypes
+from tf_mpt._process import xla as _xla
 from tf_mpt import config as _config
 from tf_mpt import targets as _targets
 from tf_mpt import rewrite as _rewrite
@@ -328,6 +329,11 @@ def _function_from_graph_def(cf, graph_def, library=None, jit_compile=None):
     structured_outputs = cf.structured_outputs
     args_spec, kwargs_spec = cf.structured_input_signature
 
+    unused = ()
+    if jit_compile:  # (only there: without XLA the executor prunes them, and Grappler's
+        # implementation selector chose tf_keras's LSTM's float32 original without them)
+        graph_def, unused = _without_mapped_placeholders(
+            graph_def, arg_names + capture_names, output_names + control_names)
     signature = _python_signature(cf)
     # The variables whose handles it captures: the rebuilt function reads them through the
     # variable (as the traced code did), so calls record a variable access and a
@@ -350,6 +356,8 @@ def _function_from_graph_def(cf, graph_def, library=None, jit_compile=None):
         for variable in read:
             _resource_variable_ops.variable_accessed(variable)
         input_map.update((name, graph.capture(t)) for name, t in zip(capture_names, captured))
+        for name in unused:  # (import_graph_def refuses a key it neither finds nor uses)
+            input_map.pop(name, None)
         returned = tf.graph_util.import_graph_def(
             graph_def, input_map=input_map, return_elements=output_names + control_names,
             name="tf_mpt")
@@ -363,6 +371,32 @@ def _function_from_graph_def(cf, graph_def, library=None, jit_compile=None):
     body.__name__ = f"tf_mpt_{_text(cf.name)}"
     return _TF_FUNCTION(body, autograph=False, jit_compile=jit_compile).get_concrete_function(
         *args_spec, **kwargs_spec)
+
+
+def _without_mapped_placeholders(graph_def, mapped, returned):
+    """A copy of `graph_def` without the Placeholders of its arguments and captures (the
+    tensors named in `mapped`, which import_graph_def's input_map replaces), where none is
+    itself returned. Imported, such a Placeholder would stay in the rebuilt function's body
+    with no consumer: the executor prunes it, but XLA compiles the whole body and has no
+    Placeholder kernel (a jit_compile=True function failed to compile, and so did every
+    function it was called from).
+
+    Returns (the graph, the names in `mapped` it no longer holds and nothing reads: an
+    argument the function never uses, whose input_map entry must go too)."""
+    mapped_nodes = {name.split(":")[0] for name in mapped if name.endswith(":0")}
+    # returned, or a control input (which input_map cannot stand in for): kept
+    kept_nodes = {name.split(":")[0].lstrip("^") for name in returned} | {
+        name[1:] for node in graph_def.node for name in node.input if name.startswith("^")}
+    drop = {node.name for node in graph_def.node if node.op == "Placeholder"
+            and node.name in mapped_nodes and node.name not in kept_nodes}
+    if not drop:
+        return graph_def, ()
+    read = {name.split(":")[0] for node in graph_def.node for name in node.input}
+    pruned = type(graph_def)()
+    pruned.CopyFrom(graph_def)
+    del pruned.node[:]
+    pruned.node.extend(node for node in graph_def.node if node.name not in drop)
+    return pruned, [name for name in mapped if name.split(":")[0] in drop - read]
 
 
 def _python_signature(cf):
@@ -406,6 +440,9 @@ class Function:
         self._tf_function = (tf_function if tf_function is not None
                              else _TF_FUNCTION(fn, **tf_function_kwargs))
         self._rewritten = {}
+        # checks a compiled step left to its caller (_process/xla.py), by the name of the
+        # traced function, and by the name of the function a call runs
+        self._deferred, self._deferred_by_function = {}, {}
         self._lock = threading.Lock()
         self._bound = weakref.WeakKeyDictionary()
         self._warned = set()
@@ -441,8 +478,11 @@ class Function:
     def _concrete(self, args, kwargs, called):
         """called: the arguments are a call's (values, not specs): a graph traced for any
         batch is costed at their leading size (else at TF_MPT_COST_BATCH)."""
-        original = self._tf_function.get_concrete_function(*args, **kwargs)
+        with _xla.collect() as deferred:  # checks a compiled step leaves to its caller
+            original = self._tf_function.get_concrete_function(*args, **kwargs)
         with self._lock:
+            if deferred:
+                self._deferred[original.name] = list(deferred)
             rewritten = self._rewritten.get(original.name)
             if rewritten is None:
                 if self._on_trace is not None:
@@ -450,6 +490,8 @@ class Function:
                 own = _half_ops(original.graph) if self._leave_own_half else 0
                 if own:
                     self._rewritten[original.name] = original
+                    self._deferred_by_function[original.name] = self._deferred.get(
+                        original.name, ())
                     _log.info("tf_mpt leaves tf.function %s as the script wrote it: %d of its "
                               "ops already compute in bfloat16 or float16 (the script's own "
                               "mixed precision: a layer's dtype policy, or a global one), so "
@@ -464,12 +506,15 @@ class Function:
                                               timed=True,
                                               name=getattr(self, "__name__", None)).function
                 self._rewritten[original.name] = rewritten
+                self._deferred_by_function[rewritten.name] = self._deferred.get(
+                    original.name, ())
         return rewritten
 
     def __call__(self, *args, **kwargs):
         rewritten = self._concrete(args, kwargs, called=True)
+        deferred = self._deferred_by_function.get(rewritten.name, ())
         try:
-            return rewritten(*args, **kwargs)
+            return _xla.run_after(deferred, rewritten(*args, **kwargs))
         except TypeError as error:
             # The arguments bind to the traced function but not to the one rebuilt from its
             # rewritten graph (e.g. a TF1 ref variable passed as an argument): that call runs
@@ -481,13 +526,14 @@ class Function:
                              "do not bind to its mixed-precision version (%s: %s).",
                              getattr(self, "__name__", rewritten.name), type(error).__name__,
                              str(error).splitlines()[0][:300])
-            return self._tf_function(*args, **kwargs)
+            return _xla.run_after(deferred, self._tf_function(*args, **kwargs))
 
     def __getattr__(self, name):
         # Anything else a tf.function offers (input_signature, experimental_* ...) is the
         # wrapped tf.function's.
         if name.startswith("__") or name in ("_tf_function", "_bound", "_on_trace", "_warned",
-                                             "_jit_compile", "_target", "_leave_own_half"):
+                                             "_jit_compile", "_target", "_leave_own_half",
+                                             "_deferred", "_deferred_by_function"):
             raise AttributeError(name)
         return getattr(self._tf_function, name)
 

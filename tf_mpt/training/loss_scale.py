@@ -18,6 +18,12 @@ Dynamic rule (per step, on the all-reduced gradients):
             the scale probing downward: that takes a step or two)
         if skipped_steps == max_consecutive_skips: raise, saying what happened and what to try
 
+In a step XLA compiles (jit_compile=True), which has no kernel to print or to assert, the
+warning and the stop are left out of the step and run after it, in its caller, on the state
+the step left (tf_mpt/_process/xla.py: tf_mpt.function collects them while it traces a
+compiled function and runs them after each call; where nothing collects them, one WARNING
+says they are missing).
+
 State lives in variables `tf_mpt/current_loss_scale` (float32), `tf_mpt/good_steps` and
 `tf_mpt/skipped_steps` (int64: non-finite steps in a row), which tf.compat.v1.train.Saver
 and tf.train.Checkpoint save. In a TF1 graph the scale and the skipped steps are also scalar
@@ -36,6 +42,7 @@ import sys
 
 import tensorflow as tf
 
+from tf_mpt._process import xla as _xla
 from tf_mpt.training import checkpoints as _checkpoints
 
 __all__ = ["LossScale", "StaticLossScale", "DynamicLossScale", "get", "all_finite"]
@@ -245,34 +252,57 @@ class DynamicLossScale(LossScale):
                             good.assign(tf.where(grow, tf.constant(0, tf.int64), good + 1)),
                             skipped.assign(tf.constant(0, tf.int64)))
 
+        compiled = _xla.in_xla_context()
+        if compiled:
+            _xla.defer(self, self.checks_after_step, (
+                "tf_mpt: a training step XLA compiles (jit_compile=True) scales its loss, but "
+                "nothing checks its skipped steps after it (it was not traced through "
+                f"tf_mpt.function): no warning after {WARN_AFTER_SKIPS} non-finite steps in a "
+                f"row and no stop after {self.max_consecutive_skips}. Read "
+                "tf_mpt.loss_scale_of(optimizer).skipped_steps, or compile the step with "
+                "tf_mpt.function(jit_compile=True)."))
+
         def on_non_finite():
             new_scale = tf.maximum(scale / self.multiplier, self.min_loss_scale)
             new_skipped = skipped + 1
-            check = tf.debugging.Assert(
-                new_skipped < self.max_consecutive_skips,
-                [f"tf_mpt: {self.max_consecutive_skips} training steps in a row had non-finite "
-                 "(inf/NaN) gradients and were skipped; the loss scale is now", new_scale,
-                 "(min_loss_scale is", self.min_loss_scale, "). If the loss itself is "
-                 "inf/NaN, the forward pass overflows: keep the op that overflows in float32 "
-                 "(TF_MPT_DENYLIST_ADD=<op> or tf_mpt.keep_fp32()) or use bfloat16; otherwise "
-                 "lower min_loss_scale, the learning rate, or check the input data."],
-                summarize=1, name="too_many_skipped_steps")
-            warn = tf.cond(
-                tf.equal(new_skipped, WARN_AFTER_SKIPS),
-                lambda: tf.print(
-                    f"tf_mpt: WARNING: {WARN_AFTER_SKIPS} training steps in a row had non-finite "
-                    "(inf/NaN) gradients and were skipped (no variable, slot or step counter "
-                    "changed); the loss scale is now", new_scale, ": it is fighting a real "
-                    "overflow, not probing. If the loss is inf/NaN the forward pass overflows "
-                    "(keep that op float32 or use bfloat16); else check the data and the "
-                    "learning rate.", output_stream=sys.stderr),
-                tf.no_op, name="warn_skipped_steps")
-            with tf.control_dependencies([check, warn]):
-                return tf.group(scale.assign(new_scale), good.assign(tf.constant(0, tf.int64)),
-                                skipped.assign(new_skipped))
+            updates = lambda: tf.group(  # noqa: E731
+                scale.assign(new_scale), good.assign(tf.constant(0, tf.int64)),
+                skipped.assign(new_skipped))
+            if compiled:  # checked after the step, by its caller (_process/xla.py)
+                return updates()
+            with tf.control_dependencies(self._skip_checks(new_scale, new_skipped)):
+                return updates()
 
         update_op = tf.cond(is_finite, on_finite, on_non_finite)
         return update_op, is_finite
+
+    def _skip_checks(self, new_scale, new_skipped):
+        """The stop (an Assert) and the warning (a print) on `new_skipped` steps in a row."""
+        check = tf.debugging.Assert(
+            new_skipped < self.max_consecutive_skips,
+            [f"tf_mpt: {self.max_consecutive_skips} training steps in a row had non-finite "
+             "(inf/NaN) gradients and were skipped; the loss scale is now", new_scale,
+             "(min_loss_scale is", self.min_loss_scale, "). If the loss itself is "
+             "inf/NaN, the forward pass overflows: keep the op that overflows in float32 "
+             "(TF_MPT_DENYLIST_ADD=<op> or tf_mpt.keep_fp32()) or use bfloat16; otherwise "
+             "lower min_loss_scale, the learning rate, or check the input data."],
+            summarize=1, name="too_many_skipped_steps")
+        warn = tf.cond(
+            tf.equal(new_skipped, WARN_AFTER_SKIPS),
+            lambda: tf.print(
+                f"tf_mpt: WARNING: {WARN_AFTER_SKIPS} training steps in a row had non-finite "
+                "(inf/NaN) gradients and were skipped (no variable, slot or step counter "
+                "changed); the loss scale is now", new_scale, ": it is fighting a real "
+                "overflow, not probing. If the loss is inf/NaN the forward pass overflows "
+                "(keep that op float32 or use bfloat16); else check the data and the "
+                "learning rate.", output_stream=sys.stderr),
+            tf.no_op, name="warn_skipped_steps")
+        return [check, warn]
+
+    def checks_after_step(self):
+        """_skip_checks on the state a compiled step left (in the caller of that step)."""
+        scale, _, skipped = self._state()
+        return self._skip_checks(scale.read_value(), skipped.read_value())
 
     def __repr__(self):
         return (f"DynamicLossScale(initial_loss_scale={self.initial_loss_scale:g}, "
