@@ -59,7 +59,8 @@ def _run(case, tf_mpt):
 BF16, FP32 = "MatMul:14", "MatMul:1"  # DataType enums of T
 
 
-@pytest.mark.parametrize("case", ["layer", "global"])
+# a float32 model with its own half layers by default; the global policy under -m heavy
+@pytest.mark.parametrize("case", ["layer", pytest.param("global", marks=pytest.mark.heavy)])
 def test_a_script_doing_its_own_mixed_precision_runs_as_written(case):
     plain, _ = _run(case, tf_mpt=False)
     mixed, log = _run(case, tf_mpt=True)
