@@ -123,12 +123,12 @@ _IMPORTS_FIRST = textwrap.dedent("""
 """)
 
 
-# the public name and the automatic path's own module by default; the others under -m heavy
+# the public name by default; the others under -m heavy
 @pytest.mark.parametrize("first", [
     "from tf_mpt import keep_fp32",
     pytest.param("import tf_mpt.rewrite", marks=pytest.mark.heavy),
     pytest.param("from tf_mpt.training import optimizer", marks=pytest.mark.heavy),
-    "import tf_mpt.automatic.switch",
+    pytest.param("import tf_mpt.automatic.switch", marks=pytest.mark.heavy),
     pytest.param("import tf_mpt.models.sources", marks=pytest.mark.heavy)])
 def test_tf_mpt_imported_before_tensorflow_enables_once_and_fully(first):
     # TF_MPT_CPU_FLAGS passes through: a run of the suite "as another CPU" reaches the script
@@ -204,7 +204,8 @@ _EAGER_THEN_SESSION = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("with_session", [False, True])
+# the eager script alone under -m heavy (the Session's run sees its eager part first)
+@pytest.mark.parametrize("with_session", [pytest.param(False, marks=pytest.mark.heavy), True])
 def test_the_native_optimizer_is_built_at_the_first_session_only(with_session, tmp_path):
     """An eager TF2 script never compiles the TF1 Session optimizer; the first Session does
     (here the compiler is missing: one warning then, at the Session, and the copy path)."""

@@ -72,6 +72,8 @@ def test_a_script_doing_its_own_mixed_precision_runs_as_written(case):
     assert "already compute in bfloat16 or float16 (the script's own mixed precision" in log
 
 
+# (a float32 Keras model's fit rewritten: test_autoenable.py's Keras fit script, by default)
+@pytest.mark.heavy
 def test_a_float32_model_is_still_rewritten():
     plain, _ = _run("none", tf_mpt=False)
     mixed, log = _run("none", tf_mpt=True)

@@ -13,7 +13,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from support.helpers import alternating, child_env
+from support.helpers import alternating, heavy_except, child_env
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 SCRIPT = textwrap.dedent("""
@@ -38,9 +38,9 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-# each half type through one Session path by default, alternating; both under -m heavy
-@pytest.mark.parametrize("dtype, session_rewrite",
-                         alternating(["float16", "bfloat16"], ["grappler", "copy"]))
+# float16 through the Grappler path by default; the other pairs under -m heavy
+@pytest.mark.parametrize("dtype, session_rewrite", heavy_except(
+    alternating(["float16", "bfloat16"], ["grappler", "copy"]), ("float16-grappler",)))
 def test_tf_function_calling_a_tf_function_runs_half_in_a_tf1_session(dtype, session_rewrite,
                                                                        tmp_path):
     script = tmp_path / "nested.py"

@@ -106,8 +106,11 @@ def test_queue_runners_with_monitored_training_session_never_hang(dtype, float32
     assert mean <= sum(reference["losses"][tail]) / 20 + QUEUE_LOSS_ATOL
 
 
+# queue runners by default; the iterator under -m heavy
 @pytest.mark.parametrize("pattern,state,sessions", [("queue_runners", "FIFOQueueV2", 2),
-                                                    ("initializable_iterator", "IteratorV2", 1)])
+                                                    pytest.param("initializable_iterator",
+                                                                 "IteratorV2", 1,
+                                                                 marks=pytest.mark.heavy)])
 def test_copy_path_runs_sessions_with_state_in_float32_with_one_warning_each(
         pattern, state, sessions, float32, tmp_path):
     mixed = run_pattern(pattern, tmp_path,
@@ -121,6 +124,9 @@ def test_copy_path_runs_sessions_with_state_in_float32_with_one_warning_each(
         assert mixed["losses"] == float32(pattern)["losses"]
 
 
+# (the warning and the copy path without a compiler in the default run:
+# test_faults.py::test_the_native_optimizer_is_built_at_the_first_session_only)
+@pytest.mark.heavy
 def test_without_a_compiler_the_copy_path_takes_over_with_one_warning(tmp_path):
     env = _mixed_env("bfloat16", TF_MPT_CACHE_DIR=str(tmp_path / "empty-cache"),
                      CXX=str(tmp_path / "no-such-compiler"))

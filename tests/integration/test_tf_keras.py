@@ -189,7 +189,8 @@ def test_tf_keras_legacy_optimizer_in_a_tf1_graph_with_tf_gradients(float16_scal
     assert isinstance(auto_scaling.loss_scale_of(optimizer), tf_mpt.DynamicLossScale)
 
 
-@pytest.mark.parametrize("keras_mode", ["rewrite", "policy"])
+# the policy mode in-process above (float16_scaled); its zero-code run under -m heavy
+@pytest.mark.parametrize("keras_mode", ["rewrite", pytest.param("policy", marks=pytest.mark.heavy)])
 def test_tf_keras_fit_script_under_tf_mpt_enable(keras_mode):
     """rewrite (default): tf_keras stays float32, its train_function is rewritten and the
     optimizer gets tf_mpt's scale; policy: tf_keras's mixed_float16 and LossScaleOptimizer."""

@@ -152,3 +152,16 @@ def alternating(firsts, seconds, names=None):
             marks = () if j == i % len(seconds) else (pytest.mark.heavy,)
             params.append(pytest.param(*values, second, id=f"{name}-{second}", marks=marks))
     return params
+
+
+def heavy_except(params, ids):
+    """`params` (pytest.param values, e.g. alternating's) with every one whose id is not in
+    `ids` moved under `-m heavy`: a family of subprocess runs keeps the named ones in the
+    default run (each kind once) and runs the rest with the heavy tests."""
+    import pytest  # pylint: disable=import-outside-toplevel
+    unknown = set(ids) - {param.id for param in params}
+    if unknown:
+        raise ValueError(f"no such parameters: {sorted(unknown)}")
+    return [param if param.id in ids else
+            pytest.param(*param.values, id=param.id, marks=pytest.mark.heavy)
+            for param in params]
