@@ -8,8 +8,9 @@ Placeholder that import_graph_def's input map stood in for once did ("No registe
 (jit_compile "auto" resolves to XLA there) crashed in its first step under TF_MPT_ENABLE=1.
 
 Checked here: in-process, the HLO XLA compiles holds the half dots; zero-code, a Keras 3
-`compile(jit_compile=True)` fit and a `@tf.function(jit_compile=True)` custom loop train like
-float32 (a subprocess each way).
+`compile(jit_compile=True)` fit / evaluate / predict, a `@tf.function(jit_compile=True)`
+custom loop and nested compiled functions give float32's results (a subprocess each way); a
+TF1 script with a jit_scope and auto-clustering too.
 """
 
 import json
@@ -24,11 +25,15 @@ import tensorflow as tf
 
 import tf_mpt
 from support.helpers import child_env
-from support.tolerances import FINAL_LOSS_RTOL
+from support.tolerances import FINAL_LOSS_RTOL, TOLERANCES
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TIMEOUT_S = 300
 HLO_TYPE = {"float16": "f16", "bfloat16": "bf16"}
+# a trained model's outputs, mixed against float32 (the suite's per-dtype tolerances, twice:
+# three epochs of training lie between the two runs' weights)
+OUTPUT_TOLERANCES = {dtype: {k: 2 * v for k, v in tol.items()}
+                     for dtype, tol in TOLERANCES.items()}
 
 pytestmark = pytest.mark.usefixtures("no_cost_model")
 
@@ -119,15 +124,28 @@ def step(xb, yb):
     return loss
 
 losses = [float(step(x[:128], y[:128])) for _ in range(5)]
+
+@tf.function(jit_compile=True)
+def hidden(xb):  # inference, no tape: called from another compiled function
+    return tf.nn.relu(tf.matmul(xb, w1))
+
+@tf.function(jit_compile=True)
+def predict(xb):
+    return tf.matmul(hidden(xb), w2)
+
 print(json.dumps({"fit": [float(v) for v in history.history["loss"]], "loop": losses,
-                  "loss_dtype": step(x[:128], y[:128]).dtype.name}))
+                  "loss_dtype": step(x[:128], y[:128]).dtype.name,
+                  "evaluate": float(model.evaluate(x, y, verbose=0)),
+                  "predict": model.predict(x[:64], verbose=0).ravel().tolist(),
+                  "nested": predict(x[:64]).numpy().ravel().tolist(),
+                  "nested_dtype": predict(x[:64]).dtype.name}))
 """
 
 
-def _run(env):
+def _run(env, script=_SCRIPT):
     full = child_env()
     full.update(env, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT], env=full, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", script], env=full, capture_output=True,
                           text=True, timeout=TIMEOUT_S, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
@@ -142,7 +160,55 @@ def test_keras_fit_and_a_custom_loop_compiled_by_xla_run_mixed_under_tf_mpt_enab
     assert len(converted) >= 2 and all(int(n) > 0 for n in converted), log[-3000:]
     assert "Placeholder" not in log and "left tf.function" not in log, log[-3000:]
     assert mixed["loss_dtype"] == plain["loss_dtype"] == "float32"
+    assert mixed["nested_dtype"] == plain["nested_dtype"] == "float32"
     for key in ("fit", "loop"):
         np.testing.assert_allclose(mixed[key], plain[key], rtol=FINAL_LOSS_RTOL[dtype],
                                    err_msg=key)
         assert mixed[key][-1] < mixed[key][0], key
+    np.testing.assert_allclose(mixed["evaluate"], plain["evaluate"],
+                               rtol=FINAL_LOSS_RTOL[dtype])
+    for key in ("predict", "nested"):  # outputs of trained weights: near float32's
+        np.testing.assert_allclose(mixed[key], plain[key], **OUTPUT_TOLERANCES[dtype],
+                                   err_msg=key)
+
+
+# A TF1 script with XLA on both ways a TF1 user switches it on: a jit_scope around the model
+# and auto-clustering (global_jit_level; on a CPU XLA clusters nothing without
+# --tf_xla_cpu_global_jit).
+_TF1_SCRIPT = """
+import json
+import numpy as np
+import tensorflow as tf
+tf1 = tf.compat.v1
+tf1.disable_eager_execution()
+rng = np.random.RandomState(0)
+x_np = rng.randn(256, 32).astype(np.float32)
+y_np = (x_np[:, :1] - x_np[:, 1:2] > 0).astype(np.float32)
+tf1.set_random_seed(0)
+x = tf1.placeholder(tf.float32, [None, 32], name="x")
+y = tf1.placeholder(tf.float32, [None, 1], name="y")
+w1 = tf1.get_variable("w1", [32, 64], initializer=tf1.glorot_uniform_initializer(seed=1))
+w2 = tf1.get_variable("w2", [64, 1], initializer=tf1.glorot_uniform_initializer(seed=2))
+with tf.xla.experimental.jit_scope():
+    hidden = tf.nn.relu(tf.matmul(x, w1))
+logits = tf.matmul(hidden, w2)
+loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits))
+train = tf1.train.GradientDescentOptimizer(0.5).minimize(loss)
+config = tf1.ConfigProto()
+config.graph_options.optimizer_options.global_jit_level = tf1.OptimizerOptions.ON_1
+with tf1.Session(config=config) as sess:
+    sess.run(tf1.global_variables_initializer())
+    losses = [float(sess.run([loss, train], {x: x_np, y: y_np})[0]) for _ in range(20)]
+print(json.dumps({"losses": losses}))
+"""
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("float16", marks=pytest.mark.heavy)])
+def test_a_tf1_script_with_a_jit_scope_and_auto_clustering_runs_mixed(dtype):
+    xla = {"TF_XLA_FLAGS": "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit"}
+    plain, _ = _run(xla, _TF1_SCRIPT)
+    mixed, log = _run(dict(xla, TF_MPT_ENABLE="1", TF_MPT_DTYPE=dtype, TF_MPT_COST_MODEL="0"),
+                      _TF1_SCRIPT)
+    assert re.search(rf"tf_mpt: Converted [1-9]\d*/\d+ nodes to {dtype}", log), log[-3000:]
+    np.testing.assert_allclose(mixed["losses"], plain["losses"], rtol=FINAL_LOSS_RTOL[dtype])
+    assert mixed["losses"][-1] < mixed["losses"][0] / 2

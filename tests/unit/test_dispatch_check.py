@@ -477,8 +477,10 @@ def test_the_early_child_writes_each_ratio_as_it_is_done_and_caches_them(tmp_pat
     cache = str(tmp_path / "cache" / "dispatch.json")
     early = dispatch._spawn("float16", ["Relu", "Tanh"], cache)  # pylint: disable=protected-access
     try:
-        first = early.wait_for(["Relu"], timeout=300)
-        assert "Relu" in first.dispatch and first.dispatch["Relu"] > 0
+        first = early.wait_for(["Tanh"], timeout=300)  # the child is told to measure it next
+        assert "Tanh" in first.dispatch and first.dispatch["Tanh"] > 0
+        with open(os.path.join(early.directory, dispatch._WANTED)) as f:  # pylint: disable=protected-access
+            assert json.load(f) == ["Tanh"]
         early.proc.wait(timeout=300)
         assert early.proc.returncode == 0
         with open(cache) as f:
@@ -487,6 +489,15 @@ def test_the_early_child_writes_each_ratio_as_it_is_done_and_caches_them(tmp_pat
     finally:
         early.stop()
     assert not os.path.exists(early.directory)
+
+
+def test_the_patterns_a_rewrite_waits_for_are_measured_next():
+    order = []
+    asked = iter([set(), {"Tanh"}, set()])  # before the first pattern, nothing yet
+    dispatch.measure("bfloat16", ["Relu", "Mul", "Tanh"],
+                     done=lambda ratios: order.append(sorted(ratios.dispatch)),
+                     wanted=lambda: next(asked))
+    assert order == [["Relu"], ["Relu", "Tanh"], ["Mul", "Relu", "Tanh"]]
 
 
 def _child_ratios(tmp_path, dtype, ops, onednn):

@@ -74,12 +74,16 @@ class State:
 STATE = State()
 
 
+_WARNED_LOCK = threading.Lock()
+
+
 def warn_once(key, message, *args, level=logging.WARNING):
     """Logs `message % args` (WARNING, or `level`) the first time `key` is seen (until
     disable())."""
-    if key in STATE.warned:
-        return
-    STATE.warned.add(key)
+    with _WARNED_LOCK:  # two threads may meet the same first time (two traces at once)
+        if key in STATE.warned:
+            return
+        STATE.warned.add(key)
     _log.log(level, message, *args)
 
 

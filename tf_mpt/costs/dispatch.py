@@ -20,7 +20,7 @@ The ratios are measured once per machine, TensorFlow version and dtype, in a chi
 (`python -m tf_mpt.costs.dispatch`), and cached beside the op table. The automatic path starts
 that child when it is switched on (`start_early`: every pattern, the common ones first, each
 written as it is done), so the script's own start-up hides it and the first rewrite waits
-only for the patterns of its op types; a rewrite with no child under way measures only the
+only for the patterns of its op types, which the child then measures next; a rewrite with no child under way measures only the
 op types its graph has; a cost table standing in for this CPU (TF_MPT_OP_COSTS) supplies them instead (its
 "dispatch" entry; none: nothing is checked), so tests never measure.
 
@@ -332,8 +332,14 @@ class _Early:
 
     def wait_for(self, patterns, timeout=CHILD_TIMEOUT_SECONDS):
         """The Ratios the child has measured once it has every one of `patterns`, or has
-        ended (then: what it measured), or `timeout` seconds have passed."""
+        ended (then: what it measured), or `timeout` seconds have passed. The child is told
+        to measure those next (its file of wanted patterns)."""
         deadline = time.monotonic() + timeout
+        missing = sorted(set(patterns) - set(self.done().dispatch))
+        if missing:
+            from tf_mpt.costs import op_costs  # pylint: disable=import-outside-toplevel
+            op_costs._write_atomically(  # pylint: disable=protected-access
+                os.path.join(self.directory, _WANTED), json.dumps(missing))
         while True:
             found = self.done()
             if all(p in found.dispatch for p in patterns) or self.proc.poll() is not None or \
@@ -352,6 +358,7 @@ class _Early:
 
 _EARLY = {}  # dtype -> _Early
 _OUT = "dispatch.json"  # (an early child's file of ratios, in its directory)
+_WANTED = "wanted.json"  # (the patterns a rewrite waits for: the child measures them next)
 
 
 def start_early(config, dtype):
@@ -475,12 +482,13 @@ def pattern_graph(tf, pattern, f32, dtype, rounded_to=None):
     return graph, init, target, out
 
 
-def measure(dtype, ops, done=None):
+def measure(dtype, ops, done=None, wanted=None):
     """The Ratios of the patterns of the op types `ops` (in that order where it is a list),
     measured here (in this process: the child's). Each pattern runs in float32 and in `dtype`
     on the same values (rounded to `dtype`): RUNS timed runs of one element each, then one
     run fetching the whole output for its error ratio (none where the half run was stopped).
-    `done(Ratios so far)` is called after each pattern."""
+    `done(Ratios so far)` is called after each pattern; `wanted()`, before each, names the
+    patterns to measure next (a rewrite waits for them), if any are left."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     tf1 = tf.compat.v1
     half = tf.as_dtype(dtype)
@@ -488,11 +496,13 @@ def measure(dtype, ops, done=None):
     with tf.Graph().as_default():
         patterns, f32 = _patterns(tf, dtype)
     rank = {op: index for index, op in enumerate(ops)} if isinstance(ops, list) else {}
-    for pattern in sorted(patterns, key=lambda p: (rank.get(op_of(p), len(rank)),
-                                                   FIRST.index(p) if p in FIRST else len(FIRST),
-                                                   p)):
-        if op_of(pattern) not in ops:
-            continue
+    queue = [p for p in sorted(patterns, key=lambda p: (
+        rank.get(op_of(p), len(rank)), FIRST.index(p) if p in FIRST else len(FIRST), p))
+        if op_of(p) in ops]
+    while queue:
+        asked = wanted() if wanted is not None else ()
+        pattern = next((p for p in queue if p in asked), queue[0])
+        queue.remove(pattern)
         seconds, outputs = {}, {}
         for name, dt in (("float32", tf.float32), ("half", half)):
             graph, init, target, out = pattern_graph(tf, patterns[pattern], f32, dt, half)
@@ -538,7 +548,14 @@ def _main(argv):
     def done(results):
         if options.out:
             write(options.out, results.to_json())
-    result = measure(options.dtype, ops, done)
+
+    def wanted():
+        try:
+            with open(os.path.join(os.path.dirname(options.out), _WANTED)) as f:
+                return set(json.load(f))
+        except (OSError, ValueError, TypeError):
+            return set()
+    result = measure(options.dtype, ops, done, wanted if options.out else None)
     done(result)
     if options.cache:
         merged = _read(options.cache).merged(result)
