@@ -189,15 +189,19 @@ def test_tf_keras_legacy_optimizer_in_a_tf1_graph_with_tf_gradients(float16_scal
     assert isinstance(auto_scaling.loss_scale_of(optimizer), tf_mpt.DynamicLossScale)
 
 
-# the policy mode in-process above (float16_scaled); its zero-code run under -m heavy
-@pytest.mark.parametrize("keras_mode", ["rewrite", pytest.param("policy", marks=pytest.mark.heavy)])
-def test_tf_keras_fit_script_under_tf_mpt_enable(keras_mode):
+# the policy mode in-process above (float16_scaled); its zero-code runs under -m heavy
+@pytest.mark.parametrize("keras_mode, jit", [
+    ("rewrite", False), ("rewrite", True),
+    pytest.param("policy", False, marks=pytest.mark.heavy),
+    pytest.param("policy", True, marks=pytest.mark.heavy)])
+def test_tf_keras_fit_script_under_tf_mpt_enable(keras_mode, jit):
     """rewrite (default): tf_keras stays float32, its train_function is rewritten and the
-    optimizer gets tf_mpt's scale; policy: tf_keras's mixed_float16 and LossScaleOptimizer."""
+    optimizer gets tf_mpt's scale; policy: tf_keras's mixed_float16 and LossScaleOptimizer.
+    With jit: compile(jit_compile=True), the steps XLA compiles."""
     script = ("import numpy as np, tensorflow as tf, tf_mpt\n"
               "m = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(4),\n"
               "                         tf.keras.layers.Dense(1, dtype='float32')])\n"
-              "m.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss='mse')\n"
+              f"m.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss='mse', jit_compile={jit})\n"
               "h = m.fit(np.ones((32, 8), 'float32'), np.ones((32, 1), 'float32'), verbose=0)\n"
               "print('module', type(m).__module__.split('.')[0])\n"
               "print('policy', m.layers[0].dtype_policy.name)\n"

@@ -14,6 +14,7 @@ TF1 script with a jit_scope and auto-clustering too.
 """
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -24,6 +25,7 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
+from tf_mpt.rewrite import tf_functions
 from support.helpers import child_env
 from support.tolerances import FINAL_LOSS_RTOL, TOLERANCES
 
@@ -70,17 +72,36 @@ def test_a_jit_compiled_function_runs_rewritten_and_its_hlo_holds_half_dots(dtyp
         else:
             compiled = tf_mpt.function(step, dtype=dtype, jit_compile=True)
         losses[way] = [float(compiled(x, y)) for _ in range(5)]
+        # what XLA compiles, as tf.function's method shows it: the rewritten program
+        dots = _hlo_dots(compiled.experimental_get_compiler_ir(x, y)(stage="hlo"))
         if way == "mixed":
-            rewritten = compiled.get_concrete_function(x, y)
-            assert rewritten.function_def.attr["_XlaMustCompile"].b
-            # what XLA compiles: the rewritten function called from a compiled one
-            outer = tf.function(lambda a, b: rewritten(a, b), jit_compile=True)
-            dots = _hlo_dots(outer.experimental_get_compiler_ir(x, y)(stage="hlo"))
+            assert compiled.get_concrete_function(x, y).function_def.attr[
+                "_XlaMustCompile"].b
             # forward: two products; backward: two more (the first layer's input gradient
             # is not needed)
             assert dots.count(HLO_TYPE[dtype]) >= 4, dots
+        else:
+            assert dots and set(dots) == {"f32"}, dots
     np.testing.assert_allclose(losses["mixed"], losses["float32"], rtol=FINAL_LOSS_RTOL[dtype])
     assert losses["mixed"][-1] < losses["mixed"][0]
+
+
+def test_a_rewrite_xla_cannot_compile_runs_as_written_with_one_warning(monkeypatch, caplog):
+    """Planted: the arguments' Placeholders left in the rebuilt body (the fault that crashed
+    every Keras 3 fit on a GPU machine). The first call fails to compile before anything
+    runs; it and the later calls run the float32 function, one WARNING saying why."""
+    monkeypatch.setattr(tf_functions, "_without_mapped_placeholders",
+                        lambda graph_def, mapped, returned: (graph_def, ()))
+    step, x, y = _dense_step()
+    compiled = tf_mpt.function(step, dtype="bfloat16", jit_compile=True)
+    with caplog.at_level(logging.WARNING, logger="tf_mpt"):
+        losses = [float(compiled(x, y)) for _ in range(3)]
+    warnings = [r.getMessage() for r in caplog.records
+                if "could not compile its mixed-precision version" in r.getMessage()]
+    assert len(warnings) == 1 and "Placeholder" in warnings[0], warnings
+    step, x, y = _dense_step()
+    plain = tf.function(step, jit_compile=True)
+    assert losses == pytest.approx([float(plain(x, y)) for _ in range(3)], rel=1e-6)
 
 
 def test_an_unused_argument_of_a_jit_compiled_function_is_no_obstacle():
@@ -142,20 +163,36 @@ print(json.dumps({"fit": [float(v) for v in history.history["loss"]], "loop": lo
 """
 
 
-def _run(env, script=_SCRIPT):
+def _run(env, script=_SCRIPT, module=False, directory=None):
+    """The script run as a user runs it (`module`: `python -m tf_mpt script.py`, the script
+    written to `directory`)."""
     full = child_env()
     full.update(env, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-c", script], env=full, capture_output=True,
-                          text=True, timeout=TIMEOUT_S, cwd=ROOT)
+    if module:
+        path = os.path.join(directory, "train.py")
+        with open(path, "w") as f:
+            f.write(script)
+        command = [sys.executable, "-m", "tf_mpt", path]
+    else:
+        command = [sys.executable, "-c", script]
+    proc = subprocess.run(command, env=full, capture_output=True, text=True,
+                          timeout=TIMEOUT_S, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("float16", marks=pytest.mark.heavy)])
-def test_keras_fit_and_a_custom_loop_compiled_by_xla_run_mixed_under_tf_mpt_enable(dtype):
+@pytest.mark.parametrize("dtype, launch", [
+    ("bfloat16", "env"), pytest.param("float16", "env", marks=pytest.mark.heavy),
+    pytest.param("float16", "module", marks=pytest.mark.heavy)])
+def test_keras_fit_and_a_custom_loop_compiled_by_xla_run_mixed_under_tf_mpt_enable(
+        dtype, launch, tmp_path):
     plain, _ = _run({})
     # the cost model off: these layers are small (the rewrite under XLA is under test here)
-    mixed, log = _run({"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": dtype, "TF_MPT_COST_MODEL": "0"})
+    env = {"TF_MPT_DTYPE": dtype, "TF_MPT_COST_MODEL": "0"}
+    if launch == "env":
+        mixed, log = _run(dict(env, TF_MPT_ENABLE="1"))
+    else:
+        mixed, log = _run(env, module=True, directory=str(tmp_path))
     converted = re.findall(rf"tf_mpt: Converted (\d+)/\d+ nodes to {dtype}", log)
     assert len(converted) >= 2 and all(int(n) > 0 for n in converted), log[-3000:]
     assert "Placeholder" not in log and "left tf.function" not in log, log[-3000:]

@@ -67,3 +67,21 @@ def run_after(checks, result):
     with tf.control_dependencies(ops):
         return tf.nest.map_structure(
             lambda t: tf.identity(t) if isinstance(t, tf.Tensor) else t, result)
+
+
+# What TensorFlow says when XLA cannot compile a function (raised before any of it runs).
+_COMPILE_FAILURES = ("Detected unsupported operations when trying to compile",
+                     "tf2xla conversion failed", "for XLA_CPU_JIT devices",
+                     "for XLA_GPU_JIT devices")
+
+
+def failed_to_compile(error):
+    """Whether a tf.errors.OpError says XLA could not compile the function."""
+    text = str(getattr(error, "message", "") or error)
+    return any(marker in text for marker in _COMPILE_FAILURES)
+
+
+def first_line(error):
+    """The first line that says why, of an OpError's message (at most 300 characters)."""
+    text = str(getattr(error, "message", "") or error).strip()
+    return (text.splitlines() or [""])[0][:300]

@@ -26,6 +26,7 @@ from tf_mpt.rewrite import graph_timing as _graph_timing
 from tf_mpt.rewrite import step_timing as _timing
 from tf_mpt.rewrite import type_attrs as _ta
 from tf_mpt import _dtypes
+from tf_mpt._process import state as _state
 from tf_mpt._process import xla as _xla
 from tf_mpt import config as _config
 from tf_mpt import targets as _targets
@@ -527,6 +528,36 @@ class Function:
                              getattr(self, "__name__", rewritten.name), type(error).__name__,
                              str(error).splitlines()[0][:300])
             return _xla.run_after(deferred, self._tf_function(*args, **kwargs))
+        except tf.errors.OpError as error:
+            if not (self._jit_compile and _xla.failed_to_compile(error)):
+                raise
+            return self._as_written(args, kwargs, error)
+
+    def _as_written(self, args, kwargs, error):
+        """XLA could not compile the rewritten program (before running any of it): this call
+        and the later ones with these arguments run the function as the script wrote it,
+        with one WARNING saying why (a float32 program XLA cannot compile fails as without
+        tf_mpt)."""
+        original = self._tf_function.get_concrete_function(*args, **kwargs)
+        with self._lock:
+            self._rewritten[original.name] = original
+            self._deferred_by_function[original.name] = self._deferred.get(original.name, ())
+        _state.warn_once(
+            ("xla refused the rewrite", _text(original.name)),
+            "tf_mpt runs tf.function %s in float32, as written: XLA (jit_compile=True) could "
+            "not compile its mixed-precision version (%s)", getattr(self, "__name__", "?"),
+            _xla.first_line(error))
+        return _xla.run_after(self._deferred_by_function[original.name],
+                              self._tf_function(*args, **kwargs))
+
+    def experimental_get_compiler_ir(self, *args, **kwargs):
+        """What XLA compiles for these arguments, as tf.function's method gives it: the
+        rewritten function's program (the wrapped float32 one's would show what no longer
+        runs), called from a compiled function."""
+        rewritten = self._concrete(args, kwargs, called=True)
+        caller = _TF_FUNCTION(lambda *a, **k: rewritten(*a, **k), jit_compile=True,
+                              autograph=False)
+        return caller.experimental_get_compiler_ir(*args, **kwargs)
 
     def __getattr__(self, name):
         # Anything else a tf.function offers (input_signature, experimental_* ...) is the
