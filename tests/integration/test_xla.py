@@ -104,6 +104,53 @@ def test_a_rewrite_xla_cannot_compile_runs_as_written_with_one_warning(monkeypat
     assert losses == pytest.approx([float(plain(x, y)) for _ in range(3)], rel=1e-6)
 
 
+@pytest.mark.parametrize("jit", [False, True], ids=["tf.function", "xla"])
+def test_a_loss_scale_grows_and_backs_off_inside_a_compiled_step(jit):
+    """float16, tf_mpt's TF2 helpers in a step XLA compiles: two good steps grow the scale
+    (increment_period 2), a NaN step halves it and changes no weight, then it trains on."""
+    keras = pytest.importorskip("keras")
+    rng = np.random.RandomState(0)
+    w = tf.Variable(rng.randn(16, 1).astype(np.float32) / 4)
+    x = tf.constant(rng.randn(64, 16).astype(np.float32))
+    y = tf.constant(rng.randn(64, 1).astype(np.float32))
+    scale = tf_mpt.DynamicLossScale(initial_loss_scale=2.0 ** 4, increment_period=2)
+    optimizer = keras.optimizers.SGD(0.05)
+
+    def step(factor):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - y)) * factor
+            scaled = tf_mpt.scale_loss(loss, scale)
+        grads = tape.gradient(scaled, [w])
+        tf_mpt.apply_scaled_gradients(optimizer, grads, [w], scale)
+        return loss
+
+    compiled = tf_mpt.function(step, dtype="float16", jit_compile=jit)
+    scales, weights = [], []
+    for factor in (1.0, 1.0, np.nan, 1.0):
+        before = w.numpy()
+        compiled(tf.constant(factor, tf.float32))
+        scales.append(float(scale.scale()))
+        weights.append(np.array_equal(w.numpy(), before))
+    assert scales == [2.0 ** 4, 2.0 ** 5, 2.0 ** 4, 2.0 ** 4], scales
+    assert weights == [False, False, True, False]  # the NaN step changed nothing
+
+
+def test_a_compiled_convolution_runs_in_half():
+    rng = np.random.RandomState(0)
+    kernel = tf.Variable(rng.randn(3, 3, 8, 16).astype(np.float32) / 8)
+    images = tf.constant(rng.randn(4, 16, 16, 8).astype(np.float32))
+
+    def features(images):
+        return tf.reduce_mean(tf.nn.relu(tf.nn.conv2d(images, kernel, 1, "SAME")))
+
+    compiled = tf_mpt.function(features, dtype="bfloat16", jit_compile=True)
+    hlo = compiled.experimental_get_compiler_ir(images)(stage="hlo")
+    convolutions = re.findall(r"= (\w+)\[[^\]]*\][^ ]* convolution\(", hlo)
+    assert convolutions == ["bf16"], convolutions
+    expected = float(tf.function(features, jit_compile=True)(images))
+    assert float(compiled(images)) == pytest.approx(expected, rel=FINAL_LOSS_RTOL["bfloat16"])
+
+
 def test_an_unused_argument_of_a_jit_compiled_function_is_no_obstacle():
     w = tf.Variable(tf.ones([8, 8]))
 
