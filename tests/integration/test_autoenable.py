@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from support import half_ops
 from support.tolerances import FINAL_LOSS_RTOL
-from support.helpers import alternating, child_env
+from support.helpers import alternating, child_env, heavy_except
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TIMEOUT_S = 300
@@ -241,16 +241,9 @@ def _check_auto_decision(proc, expected):
 # In the default run one kind of each verdict (float32, bfloat16), each launched one way;
 # every kind both ways under -m heavy (test_targets.py and test_cpu.py decide for every kind
 # in-process)
-_DEFAULT_KINDS = ("zen3_avx2_only", "zen4_avx512_bf16")
-
-
-def _cpu_kind_params():
-    params = alternating(_CPU_KINDS, ["env", "module"], [kind[0] for kind in _CPU_KINDS])
-    return [param if param.values[0] in _DEFAULT_KINDS else
-            pytest.param(*param.values, id=param.id, marks=_SECOND) for param in params]
-
-
-@pytest.mark.parametrize("kind, flags, expected, launch", _cpu_kind_params())
+@pytest.mark.parametrize("kind, flags, expected, launch", heavy_except(
+    alternating(_CPU_KINDS, ["env", "module"], [kind[0] for kind in _CPU_KINDS]),
+    ("zen3_avx2_only-env", "zen4_avx512_bf16-module")))
 def test_auto_dtype_follows_the_cpu_flags(kind, flags, expected, launch, tmp_path):
     script = tmp_path / "tiny.py"
     script.write_text(_TINY_TF1_SCRIPT)

@@ -479,7 +479,8 @@ def test_the_early_child_writes_each_ratio_as_it_is_done_and_caches_them(tmp_pat
     try:
         first = early.wait_for(["Tanh"], timeout=300)  # the child is told to measure it next
         assert "Tanh" in first.dispatch and first.dispatch["Tanh"] > 0
-        with open(os.path.join(early.directory, dispatch._WANTED)) as f:  # pylint: disable=protected-access
+        wanted = os.path.join(early.directory, dispatch._WANTED)  # pylint: disable=protected-access
+        with open(wanted) as f:
             assert json.load(f) == ["Tanh"]
         early.proc.wait(timeout=300)
         assert early.proc.returncode == 0

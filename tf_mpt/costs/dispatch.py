@@ -20,9 +20,10 @@ The ratios are measured once per machine, TensorFlow version and dtype, in a chi
 (`python -m tf_mpt.costs.dispatch`), and cached beside the op table. The automatic path starts
 that child when it is switched on (`start_early`: every pattern, the common ones first, each
 written as it is done), so the script's own start-up hides it and the first rewrite waits
-only for the patterns of its op types, which the child then measures next; a rewrite with no child under way measures only the
-op types its graph has; a cost table standing in for this CPU (TF_MPT_OP_COSTS) supplies them instead (its
-"dispatch" entry; none: nothing is checked), so tests never measure.
+only for the patterns of its op types, which the child then measures next; a rewrite with no
+child under way measures only the op types its graph has; a cost table standing in for this
+CPU (TF_MPT_OP_COSTS) supplies them instead (its "dispatch" entry; none: nothing is
+checked), so tests never measure.
 
 The numerics check rides in the same child: each pattern also runs once more in float32 and in
 the half type on the same inputs (the float32 graph's values rounded to the half type first),

@@ -26,7 +26,6 @@ from tf_mpt.rewrite import graph_timing as _graph_timing
 from tf_mpt.rewrite import step_timing as _timing
 from tf_mpt.rewrite import type_attrs as _ta
 from tf_mpt import _dtypes
-from tf_mpt._process import state as _state
 from tf_mpt._process import xla as _xla
 from tf_mpt import config as _config
 from tf_mpt import targets as _targets
@@ -442,8 +441,8 @@ class Function:
                              else _TF_FUNCTION(fn, **tf_function_kwargs))
         self._rewritten = {}
         # checks a compiled step left to its caller (_process/xla.py), by the name of the
-        # traced function, and by the name of the function a call runs
-        self._deferred, self._deferred_by_function = {}, {}
+        # function a call runs
+        self._deferred = {}
         self._lock = threading.Lock()
         self._bound = weakref.WeakKeyDictionary()
         self._warned = set()
@@ -482,8 +481,6 @@ class Function:
         with _xla.collect() as deferred:  # checks a compiled step leaves to its caller
             original = self._tf_function.get_concrete_function(*args, **kwargs)
         with self._lock:
-            if deferred:
-                self._deferred[original.name] = list(deferred)
             rewritten = self._rewritten.get(original.name)
             if rewritten is None:
                 if self._on_trace is not None:
@@ -491,8 +488,7 @@ class Function:
                 own = _half_ops(original.graph) if self._leave_own_half else 0
                 if own:
                     self._rewritten[original.name] = original
-                    self._deferred_by_function[original.name] = self._deferred.get(
-                        original.name, ())
+                    self._deferred[original.name] = list(deferred)
                     _log.info("tf_mpt leaves tf.function %s as the script wrote it: %d of its "
                               "ops already compute in bfloat16 or float16 (the script's own "
                               "mixed precision: a layer's dtype policy, or a global one), so "
@@ -507,13 +503,12 @@ class Function:
                                               timed=True,
                                               name=getattr(self, "__name__", None)).function
                 self._rewritten[original.name] = rewritten
-                self._deferred_by_function[rewritten.name] = self._deferred.get(
-                    original.name, ())
+                self._deferred[rewritten.name] = list(deferred)
         return rewritten
 
     def __call__(self, *args, **kwargs):
         rewritten = self._concrete(args, kwargs, called=True)
-        deferred = self._deferred_by_function.get(rewritten.name, ())
+        deferred = self._deferred.get(rewritten.name, ())
         try:
             return _xla.run_after(deferred, rewritten(*args, **kwargs))
         except TypeError as error:
@@ -531,9 +526,9 @@ class Function:
         except tf.errors.OpError as error:
             if not (self._jit_compile and _xla.failed_to_compile(error)):
                 raise
-            return self._as_written(args, kwargs, error)
+            return self._as_written(args, kwargs, error, deferred)
 
-    def _as_written(self, args, kwargs, error):
+    def _as_written(self, args, kwargs, error, deferred):
         """XLA could not compile the rewritten program (before running any of it): this call
         and the later ones with these arguments run the function as the script wrote it,
         with one WARNING saying why (a float32 program XLA cannot compile fails as without
@@ -541,14 +536,14 @@ class Function:
         original = self._tf_function.get_concrete_function(*args, **kwargs)
         with self._lock:
             self._rewritten[original.name] = original
-            self._deferred_by_function[original.name] = self._deferred.get(original.name, ())
-        _state.warn_once(
-            ("xla refused the rewrite", _text(original.name)),
-            "tf_mpt runs tf.function %s in float32, as written: XLA (jit_compile=True) could "
-            "not compile its mixed-precision version (%s)", getattr(self, "__name__", "?"),
-            _xla.first_line(error))
-        return _xla.run_after(self._deferred_by_function[original.name],
-                              self._tf_function(*args, **kwargs))
+            self._deferred[original.name] = deferred
+        key = ("xla refused the rewrite", _text(original.name))
+        if key not in self._warned:
+            self._warned.add(key)
+            _log.warning("tf_mpt runs tf.function %s in float32, as written: XLA "
+                         "(jit_compile=True) could not compile its mixed-precision version "
+                         "(%s)", getattr(self, "__name__", "?"), _xla.first_line(error))
+        return _xla.run_after(deferred, self._tf_function(*args, **kwargs))
 
     def experimental_get_compiler_ir(self, *args, **kwargs):
         """What XLA compiles for these arguments, as tf.function's method gives it: the
@@ -564,7 +559,7 @@ class Function:
         # wrapped tf.function's.
         if name.startswith("__") or name in ("_tf_function", "_bound", "_on_trace", "_warned",
                                              "_jit_compile", "_target", "_leave_own_half",
-                                             "_deferred", "_deferred_by_function"):
+                                             "_deferred"):
             raise AttributeError(name)
         return getattr(self._tf_function, name)
 

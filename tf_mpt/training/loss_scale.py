@@ -265,13 +265,11 @@ class DynamicLossScale(LossScale):
         def on_non_finite():
             new_scale = tf.maximum(scale / self.multiplier, self.min_loss_scale)
             new_skipped = skipped + 1
-            updates = lambda: tf.group(  # noqa: E731
-                scale.assign(new_scale), good.assign(tf.constant(0, tf.int64)),
-                skipped.assign(new_skipped))
-            if compiled:  # checked after the step, by its caller (_process/xla.py)
-                return updates()
-            with tf.control_dependencies(self._skip_checks(new_scale, new_skipped)):
-                return updates()
+            # compiled: checked after the step, by its caller (_process/xla.py)
+            checks = [] if compiled else self._skip_checks(new_scale, new_skipped)
+            with tf.control_dependencies(checks):
+                return tf.group(scale.assign(new_scale), good.assign(tf.constant(0, tf.int64)),
+                                skipped.assign(new_skipped))
 
         update_op = tf.cond(is_finite, on_finite, on_non_finite)
         return update_op, is_finite
