@@ -16,7 +16,8 @@ import tempfile
 import keras
 import numpy as np
 import tensorflow as tf
-from sklearn.datasets import load_digits
+
+from digits_data import load_digits
 
 from tf_mpt import cli
 

@@ -9,7 +9,8 @@ import time
 
 import keras
 import numpy as np
-from sklearn.datasets import load_digits
+
+from digits_data import load_digits
 
 
 class StepTimer(keras.callbacks.Callback):

@@ -18,7 +18,8 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
+
+from digits_data import load_digits  # noqa: E402
 
 tf1 = tf.compat.v1
 tf1.disable_v2_behavior()

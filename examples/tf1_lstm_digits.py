@@ -12,7 +12,8 @@ import time
 
 import numpy as np
 import tensorflow as tf
-from sklearn.datasets import load_digits
+
+from digits_data import load_digits
 
 tf1 = tf.compat.v1
 tf1.disable_v2_behavior()

@@ -11,7 +11,8 @@ import time
 import keras
 import numpy as np
 import tensorflow as tf
-from sklearn.datasets import load_digits
+
+from digits_data import load_digits
 
 
 def main():

@@ -1,4 +1,5 @@
-"""Training parity on scikit-learn's digits: mixed precision reaches float32's test accuracy.
+"""Training parity on the examples' digits (UCI's, as scikit-learn ships them): mixed
+precision reaches float32's test accuracy.
 
 Three ways to train in mixed precision, each against the same float32 run (same seed, same
 batches): the model built in half with float32 master weights + LossScaleOptimizer; the

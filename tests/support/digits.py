@@ -1,4 +1,8 @@
-"""scikit-learn's digits (1797 8x8 images, shipped with the package) and TF1 models on it."""
+"""The examples' digits (examples/digits.npz: 1797 8x8 images, UCI's set as scikit-learn ships
+it) and TF1 models on them."""
+
+import os
+import types
 
 import numpy as np
 import tensorflow as tf
@@ -6,6 +10,8 @@ import tensorflow as tf
 import tf_mpt
 
 tf1 = tf.compat.v1
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples",
+                    "digits.npz")
 
 BATCH = 64
 TRAIN = 1408  # 22 batches; the remaining 389 images are the test set
@@ -13,8 +19,9 @@ TRAIN = 1408  # 22 batches; the remaining 389 images are the test set
 
 def load():
     """(x_train, y_train, x_test, y_test), images scaled to [0, 1], shuffled with a fixed seed."""
-    from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
-    digits = load_digits()
+    with np.load(DATA) as stored:
+        digits = types.SimpleNamespace(images=stored["images"].astype(np.float64),
+                                       target=stored["target"].astype(np.int64))
     order = np.random.RandomState(0).permutation(len(digits.target))
     x = (digits.images[order] / 16.0).astype(np.float32)[..., None]
     y = digits.target[order].astype(np.int32)
