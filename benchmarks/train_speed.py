@@ -64,7 +64,7 @@ MEMORY_STEPS training steps. Two numbers per variant:
   ValueError, as with TF_ENABLE_ONEDNN_OPTS=0).
 
 Accuracy (section 'accuracy'): the training-parity tasks of tests/support/digits.py (an MLP
-and a conv net on scikit-learn's digits, which must be installed), trained with the same seed
+and a conv net on the examples' 8x8 digits), trained with the same seed
 and minibatches for the same number of epochs by each variant: fp32 is the float32 graph;
 tf_mpt its rewrite (with tf_mpt.LossScaleOptimizer when the dtype is float16); Grappler the
 float32 graph in the timing's Session config. The table gives test accuracy (389 images, so

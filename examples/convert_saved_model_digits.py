@@ -1,4 +1,4 @@
-"""Serving in half precision: train a Keras model on scikit-learn's digits in float32, export
+"""Serving in half precision: train a Keras model on the 8x8 digits in float32, export
 it as a SavedModel, convert it with `tf-mpt convert`, and compare the two.
 
     python examples/convert_saved_model_digits.py [--dtype bfloat16] [--epochs 6]

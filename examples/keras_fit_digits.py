@@ -1,4 +1,4 @@
-"""A plain Keras script: model.compile + model.fit on scikit-learn's digits.
+"""A plain Keras script: model.compile + model.fit on the 8x8 digits.
 
 Nothing here mentions tf_mpt. Under `TF_MPT_ENABLE=1` Keras's own mixed precision policy is
 set before the model is built. Prints the final test accuracy and the median step time.

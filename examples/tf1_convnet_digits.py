@@ -1,4 +1,4 @@
-"""A plain TF1 Session script: a conv net with batch norm on scikit-learn's digits.
+"""A plain TF1 Session script: a conv net with batch norm on the 8x8 digits.
 
 conv 3x3 -> fused batch norm -> relu -> max pool -> conv -> relu -> dense, trained with
 tf.compat.v1.train.MomentumOptimizer. Nothing here mentions tf_mpt. Run it in mixed

@@ -1,4 +1,4 @@
-"""A plain TF1 Session script: an LSTM over a tf.compat.v1.while_loop on scikit-learn's digits.
+"""A plain TF1 Session script: an LSTM over a tf.compat.v1.while_loop on the 8x8 digits.
 
 Each 8x8 digit is read as a sequence of 8 rows; the LSTM (hand-written, its states carried by
 a v1 while loop, its outputs collected in a TensorArray) feeds a dense classifier trained with

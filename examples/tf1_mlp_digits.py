@@ -1,4 +1,4 @@
-"""A plain TF1 Session script: an MLP on scikit-learn's digits, trained with Momentum.
+"""A plain TF1 Session script: an MLP on the 8x8 digits, trained with Momentum.
 
 Nothing here mentions tf_mpt. Run it in mixed precision with
 `TF_MPT_ENABLE=1 python examples/tf1_mlp_digits.py` or `python -m tf_mpt examples/...`.
