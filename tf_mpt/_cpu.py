@@ -9,7 +9,12 @@ No TensorFlow import. The flags come from /proc/cpuinfo, or from TF_MPT_CPU_FLAG
                        pass, tensorflow/core/util/util.cc; without them that pass is a no-op)
 """
 
+import glob
+import os
+
 CPUINFO = "/proc/cpuinfo"
+# device files of GPUs TensorFlow could run on: NVIDIA's, WSL's, AMD's (ROCm)
+GPU_DEVICE_FILES = ("/dev/nvidia[0-9]*", "/dev/dxg", "/dev/kfd")
 NATIVE_BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16")
 GRAPPLER_BFLOAT16_FLAGS = ("avx512f", "avx_ne_convert")
 
@@ -35,6 +40,13 @@ def real_cpu_flags(path=CPUINFO):
 def cpu_model(path=CPUINFO):
     """The CPU's model name, or 'unknown CPU'."""
     return (_first("model name", path) or "").strip() or "unknown CPU"
+
+
+def gpu_device_present(patterns=GPU_DEVICE_FILES):
+    """Whether this machine has a GPU device file (without TensorFlow: whether TensorFlow can
+    see a GPU needs its import; none of these files, it sees none)."""
+    return any(glob.glob(pattern) if "*" in pattern else os.path.exists(pattern)
+               for pattern in patterns)
 
 
 def cpu_flags(config=None):

@@ -197,6 +197,9 @@ print(json.dumps({"values": [float(v) for v in y.ravel()]}))
 """
 
 
+# under -m heavy (two more launches): the default run's fast profile judges real half compute
+# through the same counting, which fails where it counts none
+@pytest.mark.heavy
 def test_the_observer_counts_the_half_ops_a_run_executed():
     """In a tf.function and a TF1 Session: a bfloat16 run counts its MatMuls (and the
     Session's Relu), a float32 run counts none, and only the pair of the two is real half
@@ -228,8 +231,8 @@ def test_the_observer_reads_onednns_renames_as_the_op_they_run():
 # profiles
 
 # The fast profile's programs (the most-covering first in each kind), in two parts: the first
-# two TF1 and two TF2 programs in the default run, the rest under -m heavy.
-DEFAULT_PART = {"tf1": 2, "tf2": 2}
+# TF1 and the first TF2 program in the default run, the rest under -m heavy.
+DEFAULT_PART = {"tf1": 1, "tf2": 1}
 
 
 def _fast_part(heavy):

@@ -242,6 +242,13 @@ def tf2_float32():
 # eager, a tf.function, and one XLA compiles (what Keras 3 and TF's XLA guide give a GPU user)
 COMPILED = [pytest.param(False, id="eager"), pytest.param(True, id="tf.function"),
             pytest.param("xla", id="xla")]
+# Each test runs compiled by XLA in the default run and, in turn, eager or in a tf.function
+# (every test runs all three under -m heavy): each way stays in the default run, in half of
+# the tests, within its minutes on the slowest CPU.
+COMPILED_EAGER = [COMPILED[0], pytest.param(True, id="tf.function", marks=pytest.mark.heavy),
+                  COMPILED[2]]
+COMPILED_FUNCTION = [pytest.param(False, id="eager", marks=pytest.mark.heavy), COMPILED[1],
+                     COMPILED[2]]
 
 
 def _compile(train_step, compiled):
@@ -256,7 +263,7 @@ def _first_scaled_step(compiled):
     return 0 if compiled else 1
 
 
-@pytest.mark.parametrize("compiled", COMPILED)
+@pytest.mark.parametrize("compiled", COMPILED_EAGER)
 def test_tf2_custom_loop_trains_like_float32_with_scaling(float16_scaled, tf2_float32,
                                                           compiled):
     losses, norms, model, optimizer = _tf2_loop(compiled)
@@ -270,7 +277,7 @@ def test_tf2_custom_loop_trains_like_float32_with_scaling(float16_scaled, tf2_fl
     np.testing.assert_allclose(norms[first], tf2_float32[1][first], rtol=FINAL_LOSS_RTOL)
 
 
-@pytest.mark.parametrize("compiled", COMPILED)
+@pytest.mark.parametrize("compiled", COMPILED_FUNCTION)
 def test_tf2_bare_optimizer_apply_is_scaled_and_skips_a_nan_step(float16_scaled, tf2_float32,
                                                                   compiled):
     """optimizer.apply(grads) without variables pairs them with the built optimizer's."""
@@ -292,7 +299,7 @@ def _model_with_an_unused_variable():
     return x, y, model, unused, keras.optimizers.SGD(0.01), model.trainable_variables + [unused]
 
 
-@pytest.mark.parametrize("compiled", COMPILED)
+@pytest.mark.parametrize("compiled", COMPILED_EAGER)
 def test_tf2_none_gradients_are_skipped_as_keras_does(float16_scaled, compiled, caplog):
     """A variable the loss does not touch (a frozen head, a GAN's other network) gets a None
     gradient: the optimizer is built on every variable, as Keras builds it, and applies the
@@ -315,7 +322,7 @@ def test_tf2_none_gradients_are_skipped_as_keras_does(float16_scaled, compiled, 
     assert isinstance(tf_mpt.loss_scale_of(optimizer), tf_mpt.DynamicLossScale)
 
 
-@pytest.mark.parametrize("compiled", COMPILED)
+@pytest.mark.parametrize("compiled", COMPILED_FUNCTION)
 def test_a_float16_loss_is_seeded_below_inf_when_the_scale_grows_past_float16(
         float16_scaled, compiled):
     """A Keras model under the mixed policy returns a float16 loss; cast(2**16, float16) is
@@ -341,7 +348,7 @@ def test_a_float16_loss_is_seeded_below_inf_when_the_scale_grows_past_float16(
     assert int(optimizer.iterations.numpy()) == 5 and losses[-1] < losses[0]
 
 
-@pytest.mark.parametrize("compiled", COMPILED)
+@pytest.mark.parametrize("compiled", COMPILED_EAGER)
 def test_a_variable_whose_none_gradient_is_filtered_out_does_not_unscale_the_rest(
         float16_scaled, compiled, caplog):
     """The script drops None gradients before applying (a GAN generator with an unused
@@ -379,7 +386,7 @@ def test_a_static_scale_from_the_environment_is_usable_through_loss_scale_of(tf2
         _autoenable.disable()
 
 
-@pytest.mark.parametrize("compiled", COMPILED)
+@pytest.mark.parametrize("compiled", COMPILED_FUNCTION)
 def test_tf2_custom_loop_does_not_train_in_float16_without_scaling(
         float16_unscaled, tf2_float32, compiled):
     losses, _, _, optimizer = _tf2_loop(compiled)
@@ -388,7 +395,7 @@ def test_tf2_custom_loop_does_not_train_in_float16_without_scaling(
     assert tf2_float32[0][-1] < UNTRAINED_FRACTION * tf2_float32[0][0]
 
 
-@pytest.mark.parametrize("compiled", COMPILED)
+@pytest.mark.parametrize("compiled", COMPILED_EAGER)
 def test_tf2_non_finite_step_changes_no_weight_slot_or_iteration(float16_scaled, compiled):
     _, _, _, optimizer = _tf2_loop(compiled, steps=4, nan_step=2)  # the loop checks
     scale = auto_scaling.loss_scale_of(optimizer)
@@ -397,7 +404,7 @@ def test_tf2_non_finite_step_changes_no_weight_slot_or_iteration(float16_scaled,
     assert int(optimizer.iterations.numpy()) == 3
 
 
-@pytest.mark.parametrize("compiled", COMPILED)
+@pytest.mark.parametrize("compiled", COMPILED_FUNCTION)
 def test_tf2_steps_skipped_in_a_row_warn_then_stop_the_loop(float16_scaled, compiled, capfd):
     """Every gradient NaN: the scale halves each step, one warning after WARN_AFTER_SKIPS
     steps in a row, and the step at max_consecutive_skips raises. In a step XLA compiles
@@ -430,7 +437,7 @@ def test_tf2_steps_skipped_in_a_row_warn_then_stop_the_loop(float16_scaled, comp
     assert int(optimizer.iterations.numpy()) == 0
 
 
-@pytest.mark.parametrize("compiled", COMPILED)
+@pytest.mark.parametrize("compiled", COMPILED_EAGER)
 def test_tf2_clipping_sees_unscaled_norms(float16_scaled, tf2_float32, compiled):
     losses, norms, _, _ = _tf2_loop(compiled, clip=1.0)
     first = _first_scaled_step(compiled)
@@ -438,7 +445,7 @@ def test_tf2_clipping_sees_unscaled_norms(float16_scaled, tf2_float32, compiled)
     assert all(n < 1e3 for n in norms)  # never the scaled (x 32768) norm
 
 
-@pytest.mark.parametrize("compiled", COMPILED)
+@pytest.mark.parametrize("compiled", COMPILED_FUNCTION)
 def test_tf2_gan_two_optimizers_get_their_own_scales(float16_scaled, compiled):
     generator, discriminator = _model(1), _model(2)
     g_opt, d_opt = keras.optimizers.Adam(1e-3), keras.optimizers.Adam(1e-3)
@@ -614,7 +621,7 @@ def test_tf2_custom_loop_under_a_distribution_strategy_is_scaled(float16_scaled)
     np.testing.assert_allclose(w.numpy(), [0.8, 1.6], rtol=1e-3)
 
 
-@pytest.mark.parametrize("compiled", COMPILED)
+@pytest.mark.parametrize("compiled", COMPILED_EAGER)
 def test_a_loop_that_scales_by_hand_is_not_scaled_twice(float16_scaled, compiled):
     model = _model()
     optimizer = keras.optimizers.SGD(0.01)

@@ -271,6 +271,9 @@ def test_auto_dtype_on_this_cpu(tmp_path):
     _check_auto_decision(proc, expected)
 
 
+# under -m heavy: float16's loss scaling in a zero-code TF1 script stays in the default run
+# (test_auto_loss_scaling.py's tf.gradients script)
+@pytest.mark.heavy
 def test_float16_turns_loss_scaling_on_and_a_sub_switch_turns_it_off():
     name, args = "tf1_mlp_digits", ["--epochs", "1"]
     on = _run([f"examples/{name}.py", *args], {"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": "float16"})
@@ -309,6 +312,8 @@ def test_python_m_tf_mpt_without_a_script_prints_usage():
     assert proc.returncode == 2 and "usage: python -m tf_mpt script.py" in proc.stderr
 
 
+# under -m heavy: tf_keras under TF_MPT_ENABLE=1 stays in the default run (test_tf_keras.py)
+@pytest.mark.heavy
 @pytest.mark.skipif(importlib.util.find_spec("tf_keras") is None,
                     reason='needs tf_keras: python -m pip install --no-deps "tf_keras==2.21.*"')
 def test_tf_keras_imported_after_tf_mpt_enable_gets_its_policy_and_scaling():

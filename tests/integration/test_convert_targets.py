@@ -106,6 +106,9 @@ def test_the_same_model_converts_to_the_same_bytes_on_every_cpu(saved_model, tmp
     assert _half_ops(str(tmp_path / "zen3" / "auto")) == ["Conv2D", "Conv2D", "MatMul"]
 
 
+# under -m heavy (it measures the model here): the table target's replay on other CPUs stays
+# in the default run (test_graph_timing.py's, and the Zen 4 table above)
+@pytest.mark.heavy
 def test_a_measured_table_decides_on_another_machine_without_measuring(saved_model, tmp_path,
                                                                        capsys, monkeypatch):
     """`tf-mpt measure --model` on the serving machine (here), then `convert --target FILE`

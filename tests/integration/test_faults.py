@@ -170,7 +170,9 @@ _REMOTE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("session_rewrite", ["grappler",
+# under -m heavy (a second TensorFlow server): what runs float32 with one warning stays in the
+# default run (the copy path's Sessions with state, test_session_patterns.py)
+@pytest.mark.parametrize("session_rewrite", [pytest.param("grappler", marks=pytest.mark.heavy),
                                              pytest.param("copy", marks=pytest.mark.heavy)])
 def test_a_session_on_a_remote_master_says_once_that_it_runs_float32(session_rewrite):
     full_env = child_env()

@@ -309,6 +309,8 @@ def _graph_without_allow_ops():
     return graph.as_graph_def()
 
 
+# under -m heavy: the oracle's other report of its child (a failing one) is in the default run
+@pytest.mark.heavy
 def test_oracle_reports_a_noop_as_a_skip_reason(monkeypatch):
     """With oneDNN off the bf16 pass silently does nothing, as on CPUs without AVX512F."""
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")

@@ -118,6 +118,10 @@ def test_main_job_on_a_cpu_without_native_bfloat16_says_so_and_stays_float32():
                      r"images", out, re.M), out
 
 
+# under -m heavy: an explicit bfloat16 honoured on a CPU without it stays in the default run
+# (test_convert_targets.py's Zen 3 `auto` conversion: every convolution and product bfloat16),
+# and the main job on such a CPU too (the test above)
+@pytest.mark.heavy
 def test_main_job_asked_for_bfloat16_on_a_cpu_without_it_writes_the_bfloat16_graph():
     """An explicit --dtype is honoured on every CPU: the target is then the op lists (this
     CPU's emulated kernels say nothing about the machine that will run the model), never a

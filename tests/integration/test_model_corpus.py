@@ -139,6 +139,9 @@ def _grappler_result(name, dtype):
     return _grappler(dtype, tuple(names))[name]
 
 
+# float16 under -m heavy (Grappler's float16 pass, in the grappler_compare tests' default run)
+@pytest.mark.parametrize("half_dtype", [
+    "bfloat16", pytest.param("float16", marks=pytest.mark.heavy)])
 @pytest.mark.parametrize("name", MODELS)
 def test_converts_what_grappler_converts_with_no_more_casts(name, half_dtype):
     graph_def, info = _grappler_result(name, half_dtype)

@@ -189,9 +189,10 @@ def test_tf_keras_legacy_optimizer_in_a_tf1_graph_with_tf_gradients(float16_scal
     assert isinstance(auto_scaling.loss_scale_of(optimizer), tf_mpt.DynamicLossScale)
 
 
-# the policy mode in-process above (float16_scaled); its zero-code runs under -m heavy
+# the policy mode in-process above (float16_scaled); its zero-code runs, and the rewrite's
+# without XLA (test_autoenable.py runs Keras 3's), under -m heavy
 @pytest.mark.parametrize("keras_mode, jit", [
-    ("rewrite", False), ("rewrite", True),
+    pytest.param("rewrite", False, marks=pytest.mark.heavy), ("rewrite", True),
     pytest.param("policy", False, marks=pytest.mark.heavy),
     pytest.param("policy", True, marks=pytest.mark.heavy)])
 def test_tf_keras_fit_script_under_tf_mpt_enable(keras_mode, jit):

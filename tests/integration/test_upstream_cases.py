@@ -338,6 +338,10 @@ def _grappler(dtype):
     return dict(zip(GRAPPLER_CASES, results))
 
 
+# Grappler runs each case in both half types; float16 under -m heavy (test_model_corpus.py's
+# and test_grappler_compare.py's float16 comparisons stay in the default run)
+@pytest.mark.parametrize("half_dtype", [
+    "bfloat16", pytest.param("float16", marks=pytest.mark.heavy)])
 @pytest.mark.parametrize("case_name", GRAPPLER_CASES)
 def test_no_fewer_conversions_and_no_more_casts_than_grappler(case_name, half_dtype):
     """Every node Grappler converts, tf_mpt converts too, except clear ops the minimum cut

@@ -27,7 +27,7 @@ import tensorflow as tf
 import tf_mpt
 from tf_mpt import _cpu
 from tf_mpt.costs import dispatch
-from support import half_ops
+from support import half_ops, helpers
 from support.helpers import cli_main
 from support.helpers import tf1
 
@@ -333,7 +333,18 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("target", ["rules", pytest.param("auto", marks=pytest.mark.heavy)])
+def _run_cache(tmp_path):
+    """The run's cache directory, where the suite builds the Grappler optimizer once (a
+    directory of the test's own would build it again: 4 s of a Zen 4 core); the table stands
+    in for this CPU, so the script measures nothing and the cache holds no ratio of it."""
+    return os.environ.get(helpers.RUN_CACHE) or str(tmp_path / "cache")
+
+
+# under -m heavy (float16 convolutions run oneDNN's reference kernels on a CPU: 7 s of a Zen 4
+# core): the automatic path reading the check's ratios and keeping a kernel float32 with its
+# WARNING is test_the_automatic_path_keeps_an_inaccurate_kernel_float32's in the default run
+@pytest.mark.heavy
+@pytest.mark.parametrize("target", ["rules", "auto"])
 def test_the_automatic_path_checks_whatever_the_target(tmp_path, target):
     """TF_MPT_ENABLE=1 TF_MPT_DTYPE=float16: the Session's graph runs here, so the table's
     195x Conv2DBackpropFilter stays float32 (the Conv2D runs half), with the WARNING."""
@@ -341,7 +352,7 @@ def test_the_automatic_path_checks_whatever_the_target(tmp_path, target):
     script.write_text(_SCRIPT)
     env = dict(os.environ, TF_MPT_ENABLE="1", TF_MPT_DTYPE="float16", TF_MPT_TARGET=target,
                TF_MPT_OP_COSTS=_table(tmp_path), TF_CPP_MIN_LOG_LEVEL="2",
-               TF_MPT_CACHE_DIR=str(tmp_path / "cache"))
+               TF_MPT_CACHE_DIR=_run_cache(tmp_path))
     proc = subprocess.run([sys.executable, str(script)], env=half_ops.observed_env(env),
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -355,7 +366,6 @@ def test_the_automatic_path_checks_whatever_the_target(tmp_path, target):
         proc.stderr
 
 
-@pytest.mark.heavy
 def test_the_automatic_path_keeps_an_inaccurate_kernel_float32(tmp_path):
     """TF_MPT_ENABLE=1 TF_MPT_DTYPE=bfloat16: the table's 13.9x Conv2DBackpropFilter runs
     float32, the Conv2D (1x) and the MatMuls (2.2x) run bfloat16, with the WARNING."""
@@ -363,7 +373,7 @@ def test_the_automatic_path_keeps_an_inaccurate_kernel_float32(tmp_path):
     script.write_text(_SCRIPT)
     env = dict(os.environ, TF_MPT_ENABLE="1", TF_MPT_DTYPE="bfloat16", TF_MPT_TARGET="rules",
                TF_MPT_OP_COSTS=_table(tmp_path, "bfloat16", {}, EIGEN_BFLOAT16),
-               TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_CACHE_DIR=str(tmp_path / "cache"))
+               TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_CACHE_DIR=_run_cache(tmp_path))
     proc = subprocess.run([sys.executable, str(script)], env=half_ops.observed_env(env),
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -377,6 +387,9 @@ def test_the_automatic_path_keeps_an_inaccurate_kernel_float32(tmp_path):
         "of float32's result to bfloat16" in proc.stderr
 
 
+# under -m heavy (a child measuring this CPU): the early child measuring and caching stays in
+# the default run, and the child's reading of the cache (it measures only what it lacks)
+@pytest.mark.heavy
 @pytest.mark.measures_this_cpu
 def test_the_ratio_is_measured_in_a_child_once_then_cached(tmp_path, monkeypatch):
     monkeypatch.delenv("TF_MPT_OP_COSTS")
@@ -542,7 +555,8 @@ def test_eigens_bfloat16_filter_gradient_is_inaccurate_and_onednns_is_not(tmp_pa
             assert ratio == pytest.approx(off.numerics[pattern], rel=0.05), (pattern, on, off)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+# float16 under -m heavy (the patterns are the same graphs in either half type)
+@pytest.mark.parametrize("dtype", [pytest.param("float16", marks=pytest.mark.heavy), "bfloat16"])
 def test_every_pattern_runs_its_op_as_tensorflow_runs_it(dtype):
     """What is timed is the pattern: a run's trace has a node of the op type checked (or the
     kernel the remapper fused it into), not only the fetch (a NoOp target grouping the
@@ -588,3 +602,182 @@ def test_switched_off_nothing_is_checked_and_a_bad_value_is_refused(tmp_path, mo
     assert started == []
     with pytest.raises(ValueError, match="TF_MPT_DISPATCH_CHECK.*'sometimes'"):
         tf_mpt.Config.from_env({"TF_MPT_DISPATCH_CHECK": "sometimes"})
+
+
+class _FakeProc:
+    """A child that never runs: poll() None until killed."""
+
+    def __init__(self):
+        self.returncode = None
+
+    def poll(self):
+        return self.returncode
+
+    def kill(self):
+        self.returncode = -9
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """start_beside_import's children recorded, not run: [(command, env)]; no GPU device."""
+    children = []
+
+    def popen(command, env=None, **kwargs):
+        children.append((command, env))
+        return _FakeProc()
+    monkeypatch.setattr(dispatch.subprocess, "Popen", popen)
+    monkeypatch.setattr(dispatch, "_STARTED", {})
+    monkeypatch.setattr(dispatch, "_EARLY", {})
+    monkeypatch.setattr(_cpu, "gpu_device_present", lambda: False)
+    monkeypatch.delenv("TF_MPT_OP_COSTS")
+    return children
+
+
+def _switched_on(tmp_path, **extra):
+    return tf_mpt.Config.from_env(dict(dict(TF_MPT_ENABLE="1", TF_MPT_DTYPE="bfloat16",
+                                            TF_MPT_CACHE_DIR=str(tmp_path)), **extra))
+
+
+def test_the_check_starts_beside_tensorflows_import_where_its_graphs_run_here(
+        tmp_path, launched, monkeypatch):
+    """The child of the dtype the automatic path will use, told this CPU's cache directory
+    and identity (it keys the file by its own TensorFlow's version and oneDNN), in the
+    script's environment (no TF_MPT_ switch: never rewritten; oneDNN as the script's
+    TensorFlow will read it)."""
+    monkeypatch.setenv("TF_MPT_ENABLE", "1")
+    config = _switched_on(tmp_path)
+    dispatch.start_beside_import(config)
+    ((command, env),) = launched
+    assert command[command.index("--dtype") + 1] == "bfloat16"
+    assert command[command.index("--cache-dir") + 1] == str(tmp_path)
+    assert command[command.index("--machine") + 1] == _cpu.identity(config)
+    assert "--cache" not in command
+    assert not any(name.startswith("TF_MPT_") and name != "TF_MPT_CACHE_DIR" for name in env)
+    assert env.get("TF_ENABLE_ONEDNN_OPTS") == os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+    dispatch.start_beside_import(config)  # once per dtype
+    assert len(launched) == 1
+
+
+@pytest.mark.parametrize("why, extra", [
+    ("a table stands in for this CPU", {"TF_MPT_OP_COSTS": "table.json"}),
+    ("the check is off", {"TF_MPT_DISPATCH_CHECK": "0"}),
+    ("no graph rewrite (loss scaling alone)", {"TF_MPT_GRAPH_REWRITE": "0"}),
+    ("auto without native bfloat16", {"TF_MPT_DTYPE": "auto", "TF_MPT_CPU_FLAGS": "avx2"}),
+    ("a GPU device", {})])
+def test_the_check_does_not_start_beside_the_import_where_that_is_unsure(
+        tmp_path, launched, monkeypatch, why, extra):
+    if why == "a GPU device":
+        monkeypatch.setattr(_cpu, "gpu_device_present", lambda: True)
+    config = _switched_on(tmp_path, **extra)
+    dispatch.start_beside_import(config)
+    assert launched == [], why
+
+
+def test_the_automatic_path_adopts_the_child_or_stops_it(tmp_path, launched, monkeypatch):
+    spawned = []
+    monkeypatch.setattr(dispatch, "_spawn", lambda dtype, ops, cache: spawned.append(cache))
+    config = _switched_on(tmp_path)
+    dispatch.start_beside_import(config)
+    started = dispatch._STARTED["bfloat16"]  # pylint: disable=protected-access
+    dispatch.start_early(config, "bfloat16")
+    # pylint: disable=protected-access
+    assert dispatch._EARLY["bfloat16"] is started and spawned == []
+    assert started.onednn == dispatch.onednn_on() and started.proc.poll() is None
+    # started for another cache directory (the script changed TF_MPT_CACHE_DIR): stopped,
+    # and a child of the right one started
+    monkeypatch.setattr(dispatch, "_EARLY", {})
+    dispatch.start_beside_import(config)
+    other = dispatch._STARTED["bfloat16"]  # pylint: disable=protected-access
+    dispatch.start_early(_switched_on(tmp_path / "elsewhere"), "bfloat16")
+    assert other.proc.poll() == -9 and not os.path.exists(other.directory)
+    assert len(spawned) == 1 and spawned[0].startswith(str(tmp_path / "elsewhere"))
+    # the automatic path found a GPU (or no half type): stop_started ends what is left
+    dispatch.start_beside_import(_switched_on(tmp_path, TF_MPT_DTYPE="float16"))
+    left = dispatch._STARTED["float16"]  # pylint: disable=protected-access
+    dispatch.stop_started()
+    assert left.proc.poll() == -9 and dispatch._STARTED == {}  # pylint: disable=protected-access
+
+
+def test_a_child_running_other_kernels_than_the_script_is_not_read(tmp_path):
+    """The script set TF_ENABLE_ONEDNN_OPTS itself before importing TensorFlow: the child
+    started beside the import runs the other kernels; its ratios are not this process's."""
+    early = dispatch._Early(_FakeProc(), str(tmp_path))  # pylint: disable=protected-access
+    early.onednn = True
+    with open(early.out, "w") as f:
+        json.dump({"onednn": True, "dispatch": {"MatMul": 1.5}, "numerics": {}}, f)
+    assert early.wait_for(["MatMul"], timeout=5) == dispatch.Ratios({"MatMul": 1.5}, {})
+    with open(early.out, "w") as f:
+        json.dump({"onednn": False, "dispatch": {"MatMul": 1.5}, "numerics": {}}, f)
+    assert early.done() == dispatch.Ratios()
+    assert early.wait_for(["MatMul"], timeout=5) == dispatch.Ratios()
+    assert early.proc.poll() == -9  # stopped: the rewrite measures in a child of its own
+
+
+@pytest.mark.measures_this_cpu
+def test_the_child_reads_this_cpus_cache_and_measures_only_what_it_lacks(tmp_path,
+                                                                         monkeypatch):
+    machine = "a CPU: avx512_bf16"
+    cache = dispatch._cache_file(  # pylint: disable=protected-access
+        str(tmp_path), machine, "bfloat16", dispatch.onednn_on())
+    lacking = "Relu"
+    known = dispatch.Ratios({p: 1.25 for p in dispatch.PATTERNS if p != lacking},
+                            {p: 2.0 for p in dispatch.PATTERNS if p != lacking})
+    with open(cache, "w") as f:
+        f.write(known.to_json())
+    built = []
+    patterns = dispatch._patterns  # pylint: disable=protected-access
+
+    def recorded(tf, dtype):
+        found, f32 = patterns(tf, dtype)
+        for name, (shapes, build) in list(found.items()):
+            found[name] = (shapes, lambda held, name=name, build=build: (
+                built.append(name), build(held))[1])
+        return found, f32
+    monkeypatch.setattr(dispatch, "_patterns", recorded)
+    out = str(tmp_path / "run" / "dispatch.json")
+    os.makedirs(os.path.dirname(out))
+    dispatch._main([  # pylint: disable=protected-access
+        "--dtype", "bfloat16", "--out", out, "--cache-dir", str(tmp_path), "--machine", machine])
+    assert built == [lacking, lacking]  # float32 and bfloat16, nothing else
+    with open(out) as f:
+        written = json.load(f)
+    assert written["onednn"] == dispatch.onednn_on()
+    measured = dispatch.Ratios.from_json(written)
+    assert set(measured.dispatch) == set(dispatch.PATTERNS) and measured.dispatch[lacking] > 0
+    assert {p: r for p, r in measured.dispatch.items() if p != lacking} == known.dispatch
+    # the cache now holds it too
+    assert dispatch._read(cache).dispatch == measured.dispatch  # pylint: disable=protected-access
+    # the parent's path for the same machine and directory is the child's
+    config = tf_mpt.Config.from_env({"TF_MPT_CACHE_DIR": str(tmp_path)})
+    monkeypatch.setattr(_cpu, "identity", lambda config=None: machine)
+    assert dispatch._cache_path(config, "bfloat16") == cache  # pylint: disable=protected-access
+
+
+def test_a_cache_holding_every_pattern_starts_no_child_beside_the_import(
+        tmp_path, launched, monkeypatch):
+    """The runs after the first: read without importing TensorFlow (its version from the
+    installed distribution), for oneDNN on or off; one pattern missing starts the child."""
+    config = _switched_on(tmp_path)
+    machine = _cpu.identity(config)
+    cache = dispatch._cache_file(  # pylint: disable=protected-access
+        str(tmp_path), machine, "bfloat16", not dispatch.onednn_on())
+    everything = {p: 1.0 for p in dispatch.PATTERNS}
+    with open(cache, "w") as f:
+        f.write(dispatch.Ratios(everything, everything).to_json())
+    dispatch.start_beside_import(config)
+    assert launched == []
+    partial = {p: 1.0 for p in dispatch.PATTERNS if p != "Relu"}
+    with open(cache, "w") as f:
+        f.write(dispatch.Ratios(partial, partial).to_json())
+    dispatch.start_beside_import(config)
+    assert len(launched) == 1
+
+
+def test_gpu_device_files_are_what_says_a_gpu_may_be_there(tmp_path):
+    (tmp_path / "nvidia0").write_text("")
+    assert _cpu.gpu_device_present((str(tmp_path / "nvidia[0-9]*"),))
+    assert _cpu.gpu_device_present((str(tmp_path / "nvidia0"),))
+    assert not _cpu.gpu_device_present((str(tmp_path / "dxg"), str(tmp_path / "kfd[0-9]*")))

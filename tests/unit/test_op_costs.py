@@ -430,6 +430,8 @@ def test_a_measurement_that_exits_says_how_with_its_last_stderr_line(tmp_path, m
     assert _state.STATE.probe_server is None  # ended: the next measurement starts another
 
 
+# under -m heavy: the child that measures what a process asks is in the default run
+@pytest.mark.heavy
 @pytest.mark.measures_this_cpu
 def test_matrix_products_alone_are_measured_at_the_sizes_they_have():
     """A graph needing only BatchMatMulV2 (a Transformer's attention): its probes exist at

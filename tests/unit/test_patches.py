@@ -44,3 +44,24 @@ def test_disable_removes_the_start_up_import_hook():
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "hook removed"
+
+
+def test_the_import_hook_runs_before_a_watched_import_starts_and_after_it_ends(tmp_path,
+                                                                               monkeypatch):
+    """What starts the dispatch check's child as the script starts `import tensorflow`
+    (before), and enables tf_mpt once it is done (after): once each, in that order."""
+    from tf_mpt._process import import_hooks  # pylint: disable=import-outside-toplevel
+    (tmp_path / "watched_module_for_the_hook.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    name = "watched_module_for_the_hook"
+    finder = import_hooks.AfterImport(
+        [name], lambda n: seen.append(("after", n, n in sys.modules)),
+        before=lambda n: seen.append(("before", n, n in sys.modules))).install()
+    try:
+        __import__(name)
+        __import__(name)
+    finally:
+        finder.remove()
+        sys.modules.pop(name, None)
+    assert seen == [("before", name, False), ("after", name, True)]

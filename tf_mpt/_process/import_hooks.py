@@ -14,13 +14,16 @@ __all__ = ["AfterImport"]
 
 class AfterImport(importlib.abc.MetaPathFinder):
     """A sys.meta_path finder: `callback(name)` runs right after each of `names` (and, with
-    `prefix`, each module whose name starts with it) finishes its first import; the finder
-    steps aside once all of `names` are imported (never, with a prefix: remove() it)."""
+    `prefix`, each module whose name starts with it) finishes its first import, and
+    `before(name)`, where given, as each of `names` starts it; the finder steps aside once
+    all of `names` are imported (never, with a prefix: remove() it)."""
 
-    def __init__(self, names, callback, prefix=None):
+    def __init__(self, names, callback, prefix=None, before=None):
         self.names = tuple(names)
         self._prefix = prefix
         self._callback = callback
+        self._before = before  # before(name): once, as one of `names` starts importing
+        self._started = set()
         self._searching = False
 
     def install(self):
@@ -43,6 +46,9 @@ class AfterImport(importlib.abc.MetaPathFinder):
             self._searching = False
         if spec is None or spec.loader is None:
             return None
+        if self._before is not None and name in self.names and name not in self._started:
+            self._started.add(name)
+            self._before(name)
         spec.loader = _Loader(spec.loader, self, name)
         return spec
 

@@ -51,7 +51,8 @@ def _install_from_env(environ, at_startup):
         _enable(config)
     else:
         finder = _import_hooks.AfterImport(_WATCHED, _after_import(config),
-                                           prefix="tf_mpt.").install()
+                                           prefix="tf_mpt.",
+                                           before=_before_import(config)).install()
         _patches.record("<start-up import hook>", finder.remove)
     return True
 
@@ -104,6 +105,17 @@ def _initializing_tf_mpt_modules(finished=None):
 
 
 _WATCHED = ("tensorflow", "keras", "tf_keras")
+
+
+def _before_import(config):
+    """What runs as the script starts importing tensorflow: the dispatch check's child starts,
+    its TensorFlow import beside the script's own (never raises)."""
+
+    def starting(name):
+        if name == "tensorflow":
+            from tf_mpt.costs import dispatch as _dispatch  # pylint: disable=g-import-not-at-top
+            _dispatch.start_beside_import(config)
+    return starting
 
 
 def _after_import(config):

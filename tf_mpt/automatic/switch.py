@@ -49,6 +49,8 @@ def enable(config=None, *, gpu_visible=None, native_bfloat16=None):
     if native_bfloat16 is None:
         native_bfloat16 = _cpu.has_native_bfloat16(_cpu.cpu_flags(config))
     dtype = config.resolve_dtype(gpu_visible, native_bfloat16)
+    if dtype is None or gpu_visible or not config.graph_rewrite:
+        _dispatch.stop_started()  # a child started at start-up for graphs that run here
     if dtype is None:
         if not _state.STATE.stays_float32:
             _state.STATE.stays_float32 = True

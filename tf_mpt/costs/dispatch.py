@@ -18,8 +18,10 @@ max(TIMEOUT_FACTOR x float32, TIMEOUT_FLOOR_MS) is stopped: its ratio is at leas
 
 The ratios are measured once per machine, TensorFlow version and dtype, in a child process
 (`python -m tf_mpt.costs.dispatch`), and cached beside the op table. The automatic path starts
-that child when it is switched on (`start_early`: every pattern, the common ones first, each
-written as it is done), so the script's own start-up hides it and the first rewrite waits
+that child as the script starts importing TensorFlow (`start_beside_import`: the two imports
+run side by side; adopted by `start_early` when the automatic path is switched on, which
+starts one itself where none was: every pattern, the common ones first, each written as it is
+done), so the script's own start-up hides it and the first rewrite waits
 only for the patterns of its op types, which the child then measures next; a rewrite with no
 child under way measures only the op types its graph has; a cost table standing in for this
 CPU (TF_MPT_OP_COSTS) supplies them instead (its "dispatch" entry; none: nothing is
@@ -322,14 +324,43 @@ def _listed(worst):
 
 
 class _Early:
-    """A child measuring every pattern, started before any graph asked (`start_early`)."""
+    """A child measuring every pattern, started before any graph asked (`start_early`; or
+    `start_beside_import`, as TensorFlow starts importing: `machine` and `cache_dir` are what
+    it was started for, and `onednn`, once this process's TensorFlow has said it, the kernels
+    its ratios must be of)."""
 
-    def __init__(self, proc, directory):
+    def __init__(self, proc, directory, machine=None, cache_dir=None):
         self.proc, self.directory = proc, directory
         self.out = os.path.join(directory, _OUT)
+        self.machine, self.cache_dir, self.onednn = machine, cache_dir, None
 
     def done(self):
-        return _read(self.out)
+        """What the child has measured; nothing where it runs other kernels than this
+        process (a child started beside the import whose TensorFlow set oneDNN otherwise: the
+        script changed TF_ENABLE_ONEDNN_OPTS before its import)."""
+        try:
+            with open(self.out) as f:
+                data = json.load(f)
+            found = Ratios.from_json(data)
+        except (OSError, ValueError, AttributeError, TypeError):
+            return Ratios()
+        if self.onednn is not None and data.get("onednn", self.onednn) != self.onednn:
+            return Ratios()
+        return found
+
+    def disagrees(self):
+        """Whether the child said it runs other kernels than this process (then: stopped)."""
+        if self.onednn is None:
+            return False
+        try:
+            with open(self.out) as f:
+                said = json.load(f).get("onednn", self.onednn)
+        except (OSError, ValueError, AttributeError, TypeError):
+            return False
+        if said != self.onednn:
+            self.stop()
+            return True
+        return False
 
     def wait_for(self, patterns, timeout=CHILD_TIMEOUT_SECONDS):
         """The Ratios the child has measured once it has every one of `patterns`, or has
@@ -342,6 +373,8 @@ class _Early:
             op_costs._write_atomically(  # pylint: disable=protected-access
                 os.path.join(self.directory, _WANTED), json.dumps(missing))
         while True:
+            if self.disagrees():
+                return Ratios()
             found = self.done()
             if all(p in found.dispatch for p in patterns) or self.proc.poll() is not None or \
                     time.monotonic() > deadline:
@@ -358,6 +391,7 @@ class _Early:
 
 
 _EARLY = {}  # dtype -> _Early
+_STARTED = {}  # dtype -> _Early started by start_beside_import, until start_early adopts it
 _OUT = "dispatch.json"  # (an early child's file of ratios, in its directory)
 _WANTED = "wanted.json"  # (the patterns a rewrite waits for: the child measures them next)
 
@@ -367,8 +401,19 @@ def start_early(config, dtype):
     rewrite in this process will check them (no table stands in for this CPU, and its cache
     lacks some): the automatic path calls it when it is switched on. Never raises."""
     try:
+        started = _STARTED.pop(dtype, None)
+        stop_started()
         if config.op_costs or not config.dispatch_check or dtype in _EARLY:
+            if started is not None:
+                started.stop()
             return
+        if started is not None:
+            if started.proc.poll() in (None, 0) and started.machine == _cpu.identity(config) \
+                    and started.cache_dir == _cache_dir(config):
+                started.onednn = onednn_on()
+                _EARLY[dtype] = started
+                return
+            started.stop()
         cache = _cache_path(config, dtype)
         known = _read(cache)
         missing = [p for p in FIRST + PATTERNS if p not in known.dispatch]
@@ -383,6 +428,76 @@ def start_early(config, dtype):
         _state.warn_once(("dispatch early", dtype),
                          "tf_mpt did not start checking %s kernels early (%s: %s); the first "
                          "rewrite checks them", dtype, type(error).__name__, error, level=10)
+
+
+def start_beside_import(config):
+    """As the script starts importing TensorFlow (the automatic path's start-up hook sees
+    it): starts the check's child for the half type this process's rewrites will run here,
+    so that its TensorFlow import runs beside the script's own (2.6 s of a Zen 4 core, more
+    on a slower one) instead of after it; a process that never imports TensorFlow starts
+    none. Only where that is known without TensorFlow: the
+    graph rewrite is on, no table stands in for this CPU, the check is on, the dtype is a half
+    type here (`auto` resolved as without a GPU) and the machine has no GPU device (with one,
+    the graphs may run there: `start_early` decides once TensorFlow has said). The child
+    reads this CPU's cache itself and measures only what it lacks; whether oneDNN is on is
+    its TensorFlow's (the script's environment at start), checked against the script's when
+    `start_early` adopts it; a child nothing adopts is stopped, and killed at the exit. A
+    cache that holds every pattern already (the runs after the first) starts none.
+    Never raises."""
+    try:
+        if not config.graph_rewrite or config.op_costs or not config.dispatch_check or \
+                _cpu.gpu_device_present():
+            return
+        dtype = config.resolve_dtype(False, _cpu.has_native_bfloat16(_cpu.cpu_flags(config)))
+        if dtype is None or dtype in _STARTED:
+            return
+        machine, cache_dir = _cpu.identity(config), _cache_dir(config)
+        if _cached_already(cache_dir, machine, dtype):
+            return
+        directory = tempfile.mkdtemp(prefix="tf_mpt_dispatch_")
+        command = _command(dtype, list(dict.fromkeys(op_of(p) for p in FIRST + PATTERNS)),
+                           os.path.join(directory, _OUT))
+        proc = subprocess.Popen(command + ["--cache-dir", cache_dir, "--machine", machine],
+                                env=_child_env(onednn=None), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        _STARTED[dtype] = _Early(proc, directory, machine, cache_dir)
+        atexit.register(_STARTED[dtype].stop)
+    except Exception as error:  # pylint: disable=broad-except
+        _state.warn_once(("dispatch beside import",),
+                         "tf_mpt did not start checking half kernels beside TensorFlow's "
+                         "import (%s: %s); it starts once TensorFlow is imported",
+                         type(error).__name__, error, level=10)
+
+
+# the distributions TensorFlow's own module comes from (their version is its __version__)
+TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tf-nightly",
+                    "tf-nightly-cpu")
+
+
+def _cached_already(cache_dir, machine, dtype):
+    """Whether this CPU's cache holds every pattern of `dtype` already, for oneDNN on or off
+    (which one this process's TensorFlow runs is known only once it is imported: where it is
+    the other, start_early starts the child then), read without importing TensorFlow: its
+    version from the installed distribution's metadata (none found: False, the child
+    starts)."""
+    from importlib import metadata  # pylint: disable=import-outside-toplevel
+    for name in TF_DISTRIBUTIONS:
+        try:
+            version = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        for onednn in (True, False):
+            known = _read(_cache_file(cache_dir, machine, dtype, onednn, version))
+            if all(p in known.dispatch for p in PATTERNS):
+                return True
+    return False
+
+
+def stop_started():
+    """Stops the children start_beside_import started that nothing adopted (the automatic path
+    found a GPU, another dtype or no rewrite once TensorFlow was imported)."""
+    while _STARTED:
+        _STARTED.popitem()[1].stop()
 
 
 def _spawn(dtype, ops, cache):
@@ -401,11 +516,13 @@ def _command(dtype, ops, out):
             ",".join(ops), "--out", out]
 
 
-def _child_env():
+def _child_env(onednn=True):
     # the child runs the kernels this process runs (what the cache is keyed by), whatever
     # os.environ says now: TensorFlow read TF_ENABLE_ONEDNN_OPTS once, when it started
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               TF_ENABLE_ONEDNN_OPTS="1" if onednn_on() else "0")
+    # (`onednn` None: before this process's TensorFlow started, the environment as it is)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    if onednn is not None:
+        env["TF_ENABLE_ONEDNN_OPTS"] = "1" if onednn_on() else "0"
     for name in list(env):  # the child is tf_mpt's own probe, never rewritten
         if name.startswith("TF_MPT_") and name != "TF_MPT_CACHE_DIR":
             del env[name]
@@ -430,9 +547,22 @@ def in_table(path, dtype):
 def _cache_path(config, dtype):
     """This CPU's cache of the ratios of `dtype`, for oneDNN on or off (its kernels and
     Eigen's differ in speed and accuracy)."""
+    return _cache_file(_cache_dir(config), _cpu.identity(config), dtype, onednn_on())
+
+
+def _cache_dir(config):
+    from tf_mpt import config as _config  # pylint: disable=import-outside-toplevel
+    return config.cache_dir or _config.default_cache_dir()
+
+
+def _cache_file(directory, machine, dtype, onednn, tf_version=None):
+    """<directory>/dispatch-<dtype>-<key><suffix>.json, beside the op table of `machine`
+    (op_costs.cache_file's layout; its key needs TensorFlow's version: `tf_version`, or the
+    imported TensorFlow's)."""
     from tf_mpt.costs import op_costs  # pylint: disable=import-outside-toplevel
-    onednn = "on" if onednn_on() else "off"
-    return op_costs.cache_file(config, dtype, "dispatch", f"-v{VERSION}-onednn-{onednn}")
+    key = op_costs.cache_key(dtype, machine, tf_version)
+    return os.path.join(directory, f"dispatch-{dtype}-{key}-v{VERSION}-onednn-"
+                                   f"{'on' if onednn else 'off'}.json")
 
 
 def _read(path):
@@ -483,23 +613,25 @@ def pattern_graph(tf, pattern, f32, dtype, rounded_to=None):
     return graph, init, target, out
 
 
-def measure(dtype, ops, done=None, wanted=None):
+def measure(dtype, ops, done=None, wanted=None, known=None):
     """The Ratios of the patterns of the op types `ops` (in that order where it is a list),
     measured here (in this process: the child's). Each pattern runs in float32 and in `dtype`
     on the same values (rounded to `dtype`): RUNS timed runs of one element each, then one
     run fetching the whole output for its error ratio (none where the half run was stopped).
     `done(Ratios so far)` is called after each pattern; `wanted()`, before each, names the
-    patterns to measure next (a rewrite waits for them), if any are left."""
+    patterns to measure next (a rewrite waits for them), if any are left. Patterns `known`
+    (Ratios, e.g. a cache's) are not measured again; the results include them."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     tf1 = tf.compat.v1
     half = tf.as_dtype(dtype)
-    speed, numerics = {}, {}
+    known = known or Ratios()
+    speed, numerics = dict(known.dispatch), dict(known.numerics)
     with tf.Graph().as_default():
         patterns, f32 = _patterns(tf, dtype)
     rank = {op: index for index, op in enumerate(ops)} if isinstance(ops, list) else {}
     queue = [p for p in sorted(patterns, key=lambda p: (
         rank.get(op_of(p), len(rank)), FIRST.index(p) if p in FIRST else len(FIRST), p))
-        if op_of(p) in ops]
+        if op_of(p) in ops and p not in known.dispatch]
     while queue:
         asked = wanted() if wanted is not None else ()
         pattern = next((p for p in queue if p in asked), queue[0])
@@ -540,15 +672,25 @@ def _main(argv):
     parser.add_argument("--ops", default="")
     parser.add_argument("--out", help="written after each pattern (atomically)")
     parser.add_argument("--cache", help="a cache file the ratios are merged into at the end")
+    parser.add_argument("--cache-dir", help="instead of --cache: this CPU's cache directory "
+                        "(start_beside_import's child: the file is the one of this process's "
+                        "kernels, oneDNN's or Eigen's, and only what it lacks is measured)")
+    parser.add_argument("--machine", help="with --cache-dir: _cpu.identity of the parent")
     options = parser.parse_args(argv)
     from tf_mpt.costs import op_costs  # pylint: disable=import-outside-toplevel
     write = op_costs._write_atomically  # pylint: disable=protected-access
     ops = options.ops.split(",") if options.ops else list(
         dict.fromkeys(op_of(p) for p in FIRST + PATTERNS))
 
+    known, said = Ratios(), {}
+    if options.cache_dir:
+        onednn = onednn_on()
+        options.cache = _cache_file(options.cache_dir, options.machine, options.dtype, onednn)
+        known, said = _read(options.cache), {"onednn": onednn}
+
     def done(results):
         if options.out:
-            write(options.out, results.to_json())
+            write(options.out, json.dumps(dict(json.loads(results.to_json()), **said)))
 
     def wanted():
         try:
@@ -556,7 +698,8 @@ def _main(argv):
                 return set(json.load(f))
         except (OSError, ValueError, TypeError):
             return set()
-    result = measure(options.dtype, ops, done, wanted if options.out else None)
+    done(known)
+    result = measure(options.dtype, ops, done, wanted if options.out else None, known)
     done(result)
     if options.cache:
         merged = _read(options.cache).merged(result)

@@ -220,12 +220,15 @@ def node_spec(node, input_shapes, output_shape, constant_inputs):
     return json.dumps({"op": node.op, "attrs": attrs, "inputs": inputs}, sort_keys=True)
 
 
-def cache_key(dtype, machine):
+def cache_key(dtype, machine, tf_version=None):
     """The key this CPU's tables are cached under: `machine` (_cpu.identity: the same idea
-    of this CPU `auto` decides from, injected flags included), TensorFlow's version,
-    MEASURE_VERSION, `dtype` and the thread count."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    text = "|".join([machine, tf.__version__, str(MEASURE_VERSION), dtype,
+    of this CPU `auto` decides from, injected flags included), TensorFlow's version
+    (`tf_version`, or the imported TensorFlow's), MEASURE_VERSION, `dtype` and the thread
+    count."""
+    if tf_version is None:
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        tf_version = tf.__version__
+    text = "|".join([machine, tf_version, str(MEASURE_VERSION), dtype,
                      str(os.cpu_count())])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
