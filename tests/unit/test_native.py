@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tf_mpt.automatic.native import beside_import as _beside_import
 from tf_mpt.automatic.native import library as _native
 
 
@@ -311,4 +312,88 @@ def test_an_early_build_nothing_waited_for_is_killed_at_exit(tmp_path, monkeypat
     assert isinstance(early.failure, _native.NativeUnavailable)
     assert "failed (exit -9)" in str(early.failure)
     assert [name for name in os.listdir(cache) if name.endswith(".so")] == []
+    assert _builds(tmp_path) == 0
+
+
+# --- the compile started beside TensorFlow's import (native/beside_import.py) ---------------
+
+def _enabled(**extra):
+    import tf_mpt  # pylint: disable=import-outside-toplevel
+    return tf_mpt.Config.from_env(dict(dict(TF_MPT_ENABLE="1", TF_MPT_DTYPE="bfloat16"),
+                                       **extra))
+
+
+@pytest.fixture
+def beside(monkeypatch):
+    """beside_import with a main script that names Sessions and nothing started yet."""
+    monkeypatch.setattr(_beside_import, "_STARTED", {})
+    monkeypatch.setattr(_beside_import, "script_names_sessions", lambda: True)
+    yield _beside_import
+    _beside_import.drop()
+
+
+def test_the_guessed_flags_are_the_installed_tensorflows():
+    """The command started before TensorFlow's import is the one library builds with once it
+    is imported (else the early compile is dropped and the first run waits for a second)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    library_dir = os.path.dirname(tf.__file__)
+    guessed = _beside_import.command(
+        ["g++"], "OUT",
+        [f"-I{os.path.join(library_dir, 'include')}"] + _beside_import.GUESSED_COMPILE_FLAGS,
+        [f"-L{library_dir}", f"-l:{_beside_import.FRAMEWORK}"], library_dir)
+    assert guessed == _native._build_command(["g++"], "OUT")
+
+
+def test_the_compile_started_beside_the_import_is_what_the_build_takes(tmp_path, monkeypatch,
+                                                                         beside):
+    monkeypatch.setenv("CXX", _building_compiler(tmp_path))
+    cache = str(tmp_path / "cache")
+    beside.start(_enabled(), cache)
+    assert "build" in beside._STARTED  # pylint: disable=protected-access
+    path = _native.library_path(cache)
+    _native._build(path)
+    assert _builds(tmp_path) == 1 and _native._valid(path) == (True, None)  # compiled once
+    assert beside._STARTED == {}  # pylint: disable=protected-access
+
+
+def test_a_compile_started_with_other_flags_is_dropped_and_the_build_compiles(
+        tmp_path, monkeypatch, beside):
+    monkeypatch.setenv("CXX", _building_compiler(tmp_path))
+    monkeypatch.setattr(beside, "GUESSED_COMPILE_FLAGS", ["--std=c++14"])
+    beside.start(_enabled(), str(tmp_path / "cache"))
+    _, _, process, directory = beside._STARTED["build"]  # pylint: disable=protected-access
+    path = _native.library_path(str(tmp_path / "cache"))
+    _native._build(path)
+    assert _native._valid(path) == (True, None)
+    assert _builds(tmp_path) == 2  # the early one, then the build's own
+    assert process.poll() is not None and not os.path.exists(directory)
+
+
+def test_a_failed_early_compile_is_not_taken(tmp_path, monkeypatch, beside):
+    monkeypatch.setenv("CXX", _fake_compiler(tmp_path, "exit 1\n"))
+    beside.start(_enabled(), str(tmp_path / "cache"))
+    assert beside.take(["anything"], "OUT", 60) is False
+    real = _native._build_command(_native._compiler(), str(tmp_path / "partial.so"))
+    beside.start(_enabled(), str(tmp_path / "cache"))
+    assert beside.take(real, str(tmp_path / "partial.so"), 60) is False
+    assert not (tmp_path / "partial.so").exists()
+
+
+@pytest.mark.parametrize("why, extra, names, built", [
+    ("the script names no Session", {}, False, False),
+    ("no graph rewrite", {"TF_MPT_GRAPH_REWRITE": "0"}, True, False),
+    ("the copy path", {"TF_MPT_SESSION_REWRITE": "copy"}, True, False),
+    ("no half type here", {"TF_MPT_DTYPE": "auto", "TF_MPT_CPU_FLAGS": "avx2"}, True, False),
+    ("built already", {}, True, True)])
+def test_no_compile_starts_beside_the_import_where_none_is_wanted(
+        tmp_path, monkeypatch, beside, why, extra, names, built):
+    monkeypatch.setenv("CXX", _building_compiler(tmp_path))
+    monkeypatch.setattr(beside, "script_names_sessions", lambda: names)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    if built:
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+        (cache / f"session_rewrite-{tf.__version__}-0123456789abcdef.so").write_text("x")
+    beside.start(_enabled(**extra), str(cache))
+    assert beside._STARTED == {}, why  # pylint: disable=protected-access
     assert _builds(tmp_path) == 0

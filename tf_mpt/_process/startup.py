@@ -108,12 +108,17 @@ _WATCHED = ("tensorflow", "keras", "tf_keras")
 
 
 def _before_import(config):
-    """What runs as the script starts importing tensorflow: the dispatch check's child starts,
-    its TensorFlow import beside the script's own (never raises)."""
+    """What runs as the script starts importing tensorflow: the Grappler optimizer's compile
+    (a TF1 script's first run) and the dispatch check's child start, beside the script's own
+    import (never raises)."""
 
     def starting(name):
         if name == "tensorflow":
-            from tf_mpt.costs import dispatch as _dispatch  # pylint: disable=g-import-not-at-top
+            # pylint: disable=g-import-not-at-top
+            from tf_mpt import config as _config
+            from tf_mpt.automatic.native import beside_import
+            from tf_mpt.costs import dispatch as _dispatch
+            beside_import.start(config, config.cache_dir or _config.default_cache_dir())
             _dispatch.start_beside_import(config)
     return starting
 

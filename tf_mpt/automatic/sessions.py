@@ -14,6 +14,7 @@ import sys
 import tensorflow as tf
 
 from tf_mpt.automatic import state as _state
+from tf_mpt.automatic.native import beside_import as _beside_import
 from tf_mpt.automatic.native import library as _native
 from tf_mpt.automatic.native import rewriter as _session_rewrite
 from tf_mpt.rewrite.paint import shapes as _shapes
@@ -56,25 +57,8 @@ def patch_sessions(config, dtype, rewrite, loss_scaling):
     return path
 
 
-_SESSION_WORDS = (b"Session", b"Estimator", b"estimator")
-_SCRIPT_BYTES = 1 << 20
-
-
-def _script_names_sessions():
-    """Whether the main script's text names a TF1 Session (Session, MonitoredTrainingSession,
-    ...) or an Estimator: a hint that its optimizer will be wanted, read from the script's
-    first MiB. Only when the build starts depends on it: a script whose Sessions come from a
-    module it imports builds at its first Session."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv else None)
-    if not path or not path.endswith(".py"):
-        return False
-    try:
-        with open(path, "rb") as script:
-            text = script.read(_SCRIPT_BYTES)
-    except OSError:
-        return False
-    return any(word in text for word in _SESSION_WORDS)
+# (the hint, also read before TensorFlow's import: native.beside_import)
+_script_names_sessions = _beside_import.script_names_sessions
 
 
 def _native_ready():

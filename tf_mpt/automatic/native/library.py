@@ -51,10 +51,11 @@ import tensorflow as tf
 
 from tf_mpt import config as _config
 from tf_mpt._process.state import STATE
+from tf_mpt.automatic.native import beside_import as _beside_import
 
 _log = logging.getLogger(__name__)
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "session_rewrite.cc")
+SOURCE = _beside_import.SOURCE
 PROTOCOL_VERSION = 1
 _BUILD_TIMEOUT_SECONDS = 600
 _PARTIAL_PREFIX = ".tf_mpt-build-"
@@ -101,12 +102,8 @@ def _compiler_version(compiler):
 
 
 def _build_command(compiler, output):
-    library_dir = os.path.dirname(tf.__file__)
-    # -O1: the shim only copies buffers and calls back; TensorFlow's headers take the time
-    # (-O2 8.0 s, -O1 5.9 s on a Zen 4 core)
-    return (compiler + ["-shared", "-fPIC", "-O1", "-w"] + tf.sysconfig.get_compile_flags()
-            + [SOURCE, "-o", output] + tf.sysconfig.get_link_flags()
-            + [f"-Wl,-rpath,{library_dir}"])
+    return _beside_import.command(compiler, output, tf.sysconfig.get_compile_flags(),
+                                  tf.sysconfig.get_link_flags(), os.path.dirname(tf.__file__))
 
 
 def library_path(cache_dir=None):
@@ -307,10 +304,15 @@ def _build(path):
         handle, partial = tempfile.mkstemp(prefix=_PARTIAL_PREFIX, suffix=".so", dir=directory)
         os.close(handle)
         command = _build_command(_compiler(), partial)
-        _log.info("building tf_mpt's Grappler optimizer (once per TensorFlow version): %s",
-                  " ".join(command))
         try:
-            returncode, stderr = _run_compiler(command)
+            if _beside_import.take(command, partial, _BUILD_TIMEOUT_SECONDS):
+                _log.info("built tf_mpt's Grappler optimizer (once per TensorFlow version) "
+                          "beside TensorFlow's import: %s", " ".join(command))
+                returncode, stderr = 0, ""
+            else:
+                _log.info("building tf_mpt's Grappler optimizer (once per TensorFlow "
+                          "version): %s", " ".join(command))
+                returncode, stderr = _run_compiler(command)
             if returncode != 0:
                 raise NativeUnavailable(
                     f"compiling {SOURCE} failed (exit {returncode}): {stderr.strip()[-800:]}")
