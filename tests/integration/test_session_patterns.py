@@ -10,6 +10,7 @@ stays below what a second float32 copy of the weights would add.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -171,6 +172,48 @@ def test_the_native_optimizer_is_built_once_and_cached(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == paths[0]
     assert "do not match the checksum" in proc.stderr and os.path.getsize(paths[0]) > 4096
+
+
+_NAMES_A_SESSION = """
+import numpy as np
+import tensorflow as tf
+v1 = tf.compat.v1
+v1.disable_eager_execution()
+x = v1.placeholder(tf.float32, [8, 16])
+y = tf.reduce_sum(tf.matmul(x, v1.get_variable("w", [16, 16])))
+with v1.Session() as session:
+    session.run(v1.global_variables_initializer())
+    print("Y", session.run(y, {x: np.ones((8, 16), np.float32)}))
+"""
+
+
+@pytest.mark.heavy
+def test_a_first_run_compiles_the_optimizer_beside_tensorflows_import(tmp_path):
+    """A script that names a Session, an empty cache: the compile starts as the script starts
+    importing TensorFlow, with the flags of the installed wheel (the build takes its output:
+    the same command), and the Session's graph runs half; the second run builds nothing."""
+    script = tmp_path / "names_a_session.py"
+    script.write_text(_NAMES_A_SESSION)
+    cache, temporary = tmp_path / "cache", tmp_path / "tmp"
+    temporary.mkdir()
+    env = child_env()
+    env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_ENABLE="1",
+               TF_MPT_DTYPE="bfloat16", TF_MPT_TARGET="rules", TF_MPT_CACHE_DIR=str(cache),
+               TMPDIR=str(temporary))
+    logs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                              text=True, timeout=TIMEOUT_S, cwd=str(tmp_path))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "Y " in proc.stdout
+        logs.append(proc.stderr)
+    assert "built tf_mpt's Grappler optimizer (once per TensorFlow version) beside " \
+        "TensorFlow's import" in logs[0], logs[0][-3000:]
+    converted = [int(n) for n in re.findall(r"Converted (\d+)/\d+ nodes to bfloat16", logs[0])]
+    assert converted and max(converted) > 0, logs[0][-3000:]  # the Session's graph
+    assert "Grappler optimizer" not in logs[1], logs[1][-3000:]
+    assert len([name for name in os.listdir(cache) if name.endswith(".so")]) == 1
+    assert os.listdir(temporary) == []  # the early compile's directory removed
 
 
 _EVALUATION_AFTER_TRAINING = """
