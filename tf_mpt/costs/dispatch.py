@@ -438,10 +438,10 @@ def start_beside_import(config):
     it): starts the check's child for the half type this process's rewrites will run here,
     so that its TensorFlow import runs beside the script's own (2.6 s of a Zen 4 core, more
     on a slower one) instead of after it; a process that never imports TensorFlow starts
-    none. Only where that is known without TensorFlow: the
-    graph rewrite is on, no table stands in for this CPU, the check is on, the dtype is a half
-    type here (`auto` resolved as without a GPU) and the machine has no GPU device (with one,
-    the graphs may run there: `start_early` decides once TensorFlow has said). The child
+    none. Only where that is known without TensorFlow: the graph rewrite is on, no table
+    stands in for this CPU, the check is on, the dtype is a half type here (`auto` resolved as
+    without a GPU) and the machine has no GPU device (with one, the graphs may run there:
+    `start_early` decides once TensorFlow has said). The child
     reads this CPU's cache itself and measures only what it lacks; whether oneDNN is on is
     its TensorFlow's (the script's environment at start), checked against the script's when
     `start_early` adopts it; a child nothing adopts is stopped, and killed at the exit. A
