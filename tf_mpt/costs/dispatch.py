@@ -63,7 +63,6 @@ INACCURATE = 4.0  # error ratio over which a half kernel stays float32 (1: round
 TIMEOUT_FACTOR = 50.0
 TIMEOUT_FLOOR_MS = 2000
 RUNS = 5
-NICE = 19  # the child's niceness (os.nice), as it starts
 # 3: each pattern's error ratio too; 2: the patterns run (1 fetched a NoOp Grappler pruned)
 VERSION = 3
 
@@ -719,12 +718,6 @@ def _main(argv):
 
 
 if __name__ == "__main__":
-    # The child runs below the script's own priority (its threads, TensorFlow's pools
-    # included, inherit it): a rewrite waiting for a ratio leaves the cores to the child; a
-    # script already running its steps keeps them, and the patterns no rewrite waits for are
-    # measured in what it leaves (a ratio is the fastest of each kind's runs).
-    try:
-        os.nice(NICE)
-    except OSError:
-        pass
+    # (at the script's own priority: a niced child starved by a busy machine ran a half
+    # kernel past its timeout, 136x "slower", a verdict the cache would have kept)
     _main(sys.argv[1:])
