@@ -168,8 +168,11 @@ def test_unmodified_script_runs_in_mixed_precision(name, launch, tmp_path, float
 
 
 # the policy mode (TF_MPT_KERAS=policy) is also run by test_tf_keras.py and
-# test_auto_loss_scaling.py: here with the second launches
-@pytest.mark.parametrize("launch", ["env", pytest.param("module", marks=_SECOND),
+# test_auto_loss_scaling.py: here with the second launches; every launch under -m heavy (a
+# Keras fit script under TF_MPT_ENABLE=1 runs its steps half in the default run in
+# test_xla.py, compiled, and in test_tf2_patterns.py's keras_fit pattern, not compiled)
+@pytest.mark.parametrize("launch", [pytest.param("env", marks=_SECOND),
+                                    pytest.param("module", marks=_SECOND),
                                     pytest.param("console", marks=_SECOND),
                                     pytest.param("policy", marks=_SECOND)])
 def test_keras_fit_script_runs_its_traced_steps_in_mixed_precision(launch):
