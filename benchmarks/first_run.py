@@ -47,6 +47,11 @@ SCRIPTS = {
 DEFAULT_SCRIPTS = ("tf1_convnet_digits", "keras_fit_digits")
 
 
+def _short(name):
+    """A SCRIPTS key's example name: 'TF1 Session (tf1_convnet_digits)' -> tf1_convnet_digits."""
+    return name.split("(")[1].rstrip(")")
+
+
 CPU_FLAGS = {}  # TF_MPT_CPU_FLAGS of every tf_mpt run, where --cpu-flags gives it
 
 
@@ -85,7 +90,7 @@ def main():
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--scripts", nargs="+", default=DEFAULT_SCRIPTS,
-                        choices=[name.split("(")[1].rstrip(")") for name in SCRIPTS])
+                        choices=[_short(name) for name in SCRIPTS])
     parser.add_argument("--cpu-flags", help="decide as a CPU with these flags (quoted, "
                         "space-separated: TF_MPT_CPU_FLAGS)")
     args = parser.parse_args()
@@ -100,7 +105,7 @@ def main():
           "rewrite (second - plain) | overhead, target rules |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, script in SCRIPTS.items():
-        if name.split("(")[1].rstrip(")") not in args.scripts:
+        if _short(name) not in args.scripts:
             continue
         rounds = [_round(script, args.dtype) for _ in range(args.rounds)]
         t = {way: min(r[way] for r in rounds) for way in rounds[0]}

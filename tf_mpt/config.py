@@ -477,6 +477,11 @@ class Config:
             return "bfloat16"
         return None
 
+    @property
+    def cache_directory(self):
+        """Where this CPU's caches are: TF_MPT_CACHE_DIR, else default_cache_dir()."""
+        return self.cache_dir or default_cache_dir()
+
     def lists_for(self, dtype):
         """Returns the default lists for `dtype` with this config's ADD/REMOVE edits applied."""
         base = _lists.default_lists(dtype)

@@ -397,3 +397,16 @@ def test_no_compile_starts_beside_the_import_where_none_is_wanted(
     beside.start(_enabled(**extra), str(cache))
     assert beside._STARTED == {}, why  # pylint: disable=protected-access
     assert _builds(tmp_path) == 0
+
+
+@pytest.mark.parametrize("cxx, message", [
+    ("g++ 'unterminated", r"CXX=\"g\+\+ 'unterminated\" cannot be parsed \(.*\); set CXX to a "
+                          r"C\+\+17 compiler and its flags, e.g. CXX='g\+\+ -std=c\+\+17'"),
+    ("  ", r"CXX='  ' names no compiler; set CXX to a C\+\+17 compiler")])
+def test_a_bad_cxx_is_named_with_the_fix_and_starts_no_early_compile(
+        cxx, message, tmp_path, monkeypatch, beside):
+    monkeypatch.setenv("CXX", cxx)
+    with pytest.raises(_native.NativeUnavailable, match=message):
+        _native.library_path(str(tmp_path))
+    beside.start(_enabled(), str(tmp_path / "cache"))  # never raises
+    assert beside._STARTED == {}  # pylint: disable=protected-access

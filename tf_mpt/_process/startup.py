@@ -115,10 +115,9 @@ def _before_import(config):
     def starting(name):
         if name == "tensorflow":
             # pylint: disable=g-import-not-at-top
-            from tf_mpt import config as _config
             from tf_mpt.automatic.native import beside_import
             from tf_mpt.costs import dispatch as _dispatch
-            beside_import.start(config, config.cache_dir or _config.default_cache_dir())
+            beside_import.start(config, config.cache_directory)
             _dispatch.start_beside_import(config)
     return starting
 

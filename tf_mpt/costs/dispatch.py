@@ -336,33 +336,22 @@ class _Early:
         self.out = os.path.join(directory, _OUT)
         self.machine, self.cache_dir, self.onednn = machine, cache_dir, None
 
-    def done(self):
-        """What the child has measured; nothing where it runs other kernels than this
-        process (a child started beside the import whose TensorFlow set oneDNN otherwise: the
-        script changed TF_ENABLE_ONEDNN_OPTS before its import)."""
+    def _written(self):
+        """(the Ratios in the child's file, whether the child said it runs other kernels than
+        this process: a child started beside the import whose TensorFlow set oneDNN
+        otherwise, the script having changed TF_ENABLE_ONEDNN_OPTS before its import)."""
         try:
             with open(self.out) as f:
                 data = json.load(f)
             found = Ratios.from_json(data)
         except (OSError, ValueError, AttributeError, TypeError):
-            return Ratios()
-        if self.onednn is not None and data.get("onednn", self.onednn) != self.onednn:
-            return Ratios()
-        return found
+            return Ratios(), False
+        return found, self.onednn is not None and data.get("onednn", self.onednn) != self.onednn
 
-    def disagrees(self):
-        """Whether the child said it runs other kernels than this process (then: stopped)."""
-        if self.onednn is None:
-            return False
-        try:
-            with open(self.out) as f:
-                said = json.load(f).get("onednn", self.onednn)
-        except (OSError, ValueError, AttributeError, TypeError):
-            return False
-        if said != self.onednn:
-            self.stop()
-            return True
-        return False
+    def done(self):
+        """What the child has measured; nothing where it runs other kernels."""
+        found, other_kernels = self._written()
+        return Ratios() if other_kernels else found
 
     def wait_for(self, patterns, timeout=CHILD_TIMEOUT_SECONDS):
         """The Ratios the child has measured once it has every one of `patterns`, or has
@@ -375,9 +364,10 @@ class _Early:
             op_costs._write_atomically(  # pylint: disable=protected-access
                 os.path.join(self.directory, _WANTED), json.dumps(missing))
         while True:
-            if self.disagrees():
+            found, other_kernels = self._written()
+            if other_kernels:
+                self.stop()  # the rewrite measures in a child of its own
                 return Ratios()
-            found = self.done()
             if all(p in found.dispatch for p in patterns) or self.proc.poll() is not None or \
                     time.monotonic() > deadline:
                 return self.done() if self.proc.poll() is not None else found
@@ -411,7 +401,7 @@ def start_early(config, dtype):
             return
         if started is not None:
             if started.proc.poll() in (None, 0) and started.machine == _cpu.identity(config) \
-                    and started.cache_dir == _cache_dir(config):
+                    and started.cache_dir == config.cache_directory:
                 started.onednn = onednn_on()
                 _EARLY[dtype] = started
                 return
@@ -453,7 +443,7 @@ def start_beside_import(config):
         dtype = config.resolve_dtype(False, _cpu.has_native_bfloat16(_cpu.cpu_flags(config)))
         if dtype is None or dtype in _STARTED:
             return
-        machine, cache_dir = _cpu.identity(config), _cache_dir(config)
+        machine, cache_dir = _cpu.identity(config), config.cache_directory
         if _cached_already(cache_dir, machine, dtype):
             return
         directory = tempfile.mkdtemp(prefix="tf_mpt_dispatch_")
@@ -471,23 +461,14 @@ def start_beside_import(config):
                          type(error).__name__, error, level=10)
 
 
-# the distributions TensorFlow's own module comes from (their version is its __version__)
-TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tf-nightly",
-                    "tf-nightly-cpu")
-
-
 def _cached_already(cache_dir, machine, dtype):
     """Whether this CPU's cache holds every pattern of `dtype` already, for oneDNN on or off
     (which one this process's TensorFlow runs is known only once it is imported: where it is
     the other, start_early starts the child then), read without importing TensorFlow: its
     version from the installed distribution's metadata (none found: False, the child
     starts)."""
-    from importlib import metadata  # pylint: disable=import-outside-toplevel
-    for name in TF_DISTRIBUTIONS:
-        try:
-            version = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
+    from tf_mpt.costs import op_costs  # pylint: disable=import-outside-toplevel
+    for version in op_costs.installed_tensorflow_versions():
         for onednn in (True, False):
             known = _read(_cache_file(cache_dir, machine, dtype, onednn, version))
             if all(p in known.dispatch for p in PATTERNS):
@@ -549,12 +530,7 @@ def in_table(path, dtype):
 def _cache_path(config, dtype):
     """This CPU's cache of the ratios of `dtype`, for oneDNN on or off (its kernels and
     Eigen's differ in speed and accuracy)."""
-    return _cache_file(_cache_dir(config), _cpu.identity(config), dtype, onednn_on())
-
-
-def _cache_dir(config):
-    from tf_mpt import config as _config  # pylint: disable=import-outside-toplevel
-    return config.cache_dir or _config.default_cache_dir()
+    return _cache_file(config.cache_directory, _cpu.identity(config), dtype, onednn_on())
 
 
 def _cache_file(directory, machine, dtype, onednn, tf_version=None):

@@ -220,6 +220,24 @@ def node_spec(node, input_shapes, output_shape, constant_inputs):
     return json.dumps({"op": node.op, "attrs": attrs, "inputs": inputs}, sort_keys=True)
 
 
+# the distributions TensorFlow's own module comes from (their version is its __version__)
+TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tf-nightly",
+                    "tf-nightly-cpu")
+
+
+def installed_tensorflow_versions():
+    """The versions of the TensorFlow distributions installed, read from their metadata
+    without importing TensorFlow (for a cache file's name before its import)."""
+    from importlib import metadata  # pylint: disable=import-outside-toplevel
+    versions = []
+    for name in TF_DISTRIBUTIONS:
+        try:
+            versions.append(metadata.version(name))
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
 def cache_key(dtype, machine, tf_version=None):
     """The key this CPU's tables are cached under: `machine` (_cpu.identity: the same idea
     of this CPU `auto` decides from, injected flags included), TensorFlow's version
@@ -266,7 +284,7 @@ def costs_for(config, dtype, ops=None):
     one warning). Raises ValueError for a bad file."""
     if config.op_costs:
         return _file_table(config.op_costs, dtype)
-    directory = config.cache_dir or _config.default_cache_dir()
+    directory = config.cache_directory
     machine = _cpu.identity(config)
     tables = _state.STATE.op_cost_tables
     key = ("measured", directory, dtype, machine)
@@ -447,7 +465,7 @@ def start_measuring_early(config, dtype, gpu_visible=False):
         target = _targets.resolve(config, dtype, gpu_visible)
         if not target.measures or _state.STATE.probe_server is not None:
             return
-        directory = config.cache_dir or _config.default_cache_dir()
+        directory = config.cache_directory
         if os.path.exists(_table_path(directory, dtype, _cpu.identity(config))):
             return
         _probe_server(directory)
@@ -470,7 +488,7 @@ def cache_file(config, dtype, stem, suffix=""):
     """The path of one of this CPU's cache files beside its op table:
     <cache dir>/<stem>-<dtype>-<cache_key><suffix>.json (graph timing's verdicts, the
     dispatch check's ratios)."""
-    directory = config.cache_dir or _config.default_cache_dir()
+    directory = config.cache_directory
     key = cache_key(dtype, _cpu.identity(config))
     return os.path.join(directory, f"{stem}-{dtype}-{key}{suffix}.json")
 

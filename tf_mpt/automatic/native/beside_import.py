@@ -45,11 +45,15 @@ OUTPUT = "<output>"  # (the output's place in a command, for comparing two of th
 
 def compiler():
     """The compiler command as a list: $CXX split like a shell would (default g++); raises
-    ValueError where it cannot be parsed or names nothing."""
+    ValueError saying what and the fix where it cannot be parsed or names nothing."""
     text = os.environ.get("CXX") or "g++"
-    command = shlex.split(text)
+    try:
+        command = shlex.split(text)
+    except ValueError as error:
+        raise ValueError(f"CXX={text!r} cannot be parsed ({error}); set CXX to a C++17 "
+                         "compiler and its flags, e.g. CXX='g++ -std=c++17'") from error
     if not command:
-        raise ValueError(f"CXX={text!r} names no compiler")
+        raise ValueError(f"CXX={text!r} names no compiler; set CXX to a C++17 compiler")
     return command
 
 
@@ -84,16 +88,9 @@ def _tensorflow_dir():
 def _built_already(cache_dir):
     """A library of this TensorFlow version is in the cache (its key needs TensorFlow's
     import: any build of the version counts, and at worst the compile starts after it)."""
-    from importlib import metadata  # pylint: disable=import-outside-toplevel
-    versions = set()
-    for name in ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tf-nightly",
-                 "tf-nightly-cpu"):
-        try:
-            versions.add(metadata.version(name))
-        except metadata.PackageNotFoundError:
-            continue
+    from tf_mpt.costs import op_costs  # pylint: disable=import-outside-toplevel
     return any(glob.glob(os.path.join(cache_dir, f"session_rewrite-{glob.escape(v)}-*.so"))
-               for v in versions)
+               for v in op_costs.installed_tensorflow_versions())
 
 
 def start(config, cache_dir):

@@ -37,7 +37,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import shlex
 import shutil
 import signal
 import stat
@@ -77,15 +76,10 @@ class NativeUnavailable(RuntimeError):
 
 def _compiler():
     """The compiler command as a list: $CXX split like a shell would (default g++)."""
-    text = os.environ.get("CXX") or "g++"
     try:
-        command = shlex.split(text)
+        return _beside_import.compiler()
     except ValueError as error:
-        raise NativeUnavailable(f"CXX={text!r} cannot be parsed ({error}); set CXX to a C++17 "
-                                "compiler and its flags, e.g. CXX='g++ -std=c++17'") from error
-    if not command:
-        raise NativeUnavailable(f"CXX={text!r} names no compiler; set CXX to a C++17 compiler")
-    return command
+        raise NativeUnavailable(str(error)) from error
 
 
 def _compiler_version(compiler):
