@@ -119,6 +119,14 @@ def _no_verdict_from_this_cpus_clock(request, monkeypatch):
     # (nor does the automatic path start a child checking them early)
     monkeypatch.setattr(dispatch, "_spawn", lambda dtype, ops, cache: None)
 
+    def measuring_here(dtype, ops, *args, **kwargs):
+        raise AssertionError(
+            f"this test checked {dtype} kernels ({ops}) in its own process on this machine: "
+            "the ratios would depend on this CPU's clock. Inject dispatch.measure, or mark the "
+            "test @pytest.mark.measures_this_cpu")
+    # nor does a Session check them in this process (dispatch.measure_in_place)
+    monkeypatch.setattr(dispatch, "measure", measuring_here)
+
 
 @pytest.fixture(params=HALF_DTYPES)
 def half_dtype(request):

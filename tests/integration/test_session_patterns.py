@@ -10,6 +10,7 @@ stays below what a second float32 copy of the weights would add.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -216,6 +217,45 @@ def test_a_first_run_compiles_the_optimizer_beside_tensorflows_import(tmp_path):
     assert "Grappler optimizer" not in logs[1], logs[1][-3000:]
     assert len([name for name in os.listdir(cache) if name.endswith(".so")]) == 1
     assert os.listdir(temporary) == []  # the early compile's directory removed
+
+
+@pytest.mark.heavy
+def test_a_first_run_compiling_the_optimizer_checks_its_kernels_in_its_own_process(tmp_path):
+    """The same first run with the dispatch check on and no table: while the compiler holds
+    the second core, the Session checks its graph's bfloat16 op types in the script's own
+    process (no child and its TensorFlow import: the check is announced before the Session
+    waits for the compiler, and its ratios are in this CPU's cache, speed and numerics); the
+    second run checks nothing. Whether the product then runs half is this CPU's verdict
+    (emulated bfloat16 is >3x slower on some kinds), so it is not asserted here."""
+    script = tmp_path / "names_a_session.py"
+    script.write_text(_NAMES_A_SESSION)
+    cache, temporary = tmp_path / "cache", tmp_path / "tmp"
+    temporary.mkdir()
+    env = child_env()
+    env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_ENABLE="1",
+               TF_MPT_DTYPE="bfloat16", TF_MPT_TARGET="rules", TF_MPT_CACHE_DIR=str(cache),
+               TF_MPT_DISPATCH_CHECK="1", TMPDIR=str(temporary))
+    logs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                              text=True, timeout=TIMEOUT_S, cwd=str(tmp_path))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "Y " in proc.stdout
+        logs.append(proc.stderr)
+    # (the graph's checked op types: its initializer's AddV2 and Mul too)
+    checking = re.search(r"tf_mpt is checking how TensorFlow runs bfloat16 [A-Za-z0-9, ]*"
+                         r"MatMul[A-Za-z0-9, ]* on this CPU", logs[0])
+    built = "built tf_mpt's Grappler optimizer (once per TensorFlow version) beside"
+    assert checking and built in logs[0], logs[0][-3000:]
+    assert checking.start() < logs[0].index(built), logs[0][-3000:]
+    assert logs[0].count("tf_mpt is checking how") == 1, logs[0][-3000:]
+    (ratios,) = [name for name in os.listdir(cache) if name.startswith("dispatch-bfloat16")]
+    with open(cache / ratios) as f:
+        found = json.load(f)
+    assert {"MatMul", "MatMul+BiasAdd"} <= set(found["dispatch"]), found
+    assert found["dispatch"]["MatMul"] > 0 and "MatMul" in found["numerics"], found
+    assert "checking how" not in logs[1] and built not in logs[1], logs[1][-3000:]
+    assert os.listdir(temporary) == []
 
 
 _EVALUATION_AFTER_TRAINING = """

@@ -505,6 +505,7 @@ def test_the_early_child_writes_each_ratio_as_it_is_done_and_caches_them(tmp_pat
     assert not os.path.exists(early.directory)
 
 
+@pytest.mark.measures_this_cpu
 def test_the_patterns_a_rewrite_waits_for_are_measured_next():
     order = []
     asked = iter([set(), {"Tanh"}, set()])  # before the first pattern, nothing yet
@@ -774,6 +775,155 @@ def test_a_cache_holding_every_pattern_starts_no_child_beside_the_import(
         f.write(dispatch.Ratios(partial, partial).to_json())
     dispatch.start_beside_import(config)
     assert len(launched) == 1
+
+
+@pytest.mark.parametrize("dtype, compiling, in_place", [
+    ("bfloat16", True, True), ("bfloat16", False, False), ("float16", True, False)])
+def test_a_tf1_script_compiling_its_optimizer_checks_bfloat16_in_its_own_process(
+        tmp_path, launched, monkeypatch, dtype, compiling, in_place):
+    """Where the Grappler optimizer compiles beside TensorFlow's import (a TF1 script's first
+    run), the compiler holds the second core: no child starts for bfloat16 (its TensorFlow
+    import was the largest part of the first run's overhead), neither beside the import nor
+    when the automatic path is switched on; the Sessions check it in this process. float16
+    keeps its child (a kernel on oneDNN's reference path can be killed there)."""
+    from tf_mpt.automatic.native import beside_import
+    monkeypatch.setattr(beside_import, "compiling", lambda: compiling)
+    monkeypatch.setattr(dispatch, "_HERE", set())
+    spawned = []
+    monkeypatch.setattr(dispatch, "_spawn", lambda dtype, ops, cache: spawned.append(dtype))
+    config = _switched_on(tmp_path, TF_MPT_DTYPE=dtype)
+    dispatch.start_beside_import(config)
+    dispatch.start_early(config, dtype)
+    assert (dispatch._HERE == {dtype}) is in_place  # pylint: disable=protected-access
+    assert (launched == [] and spawned == []) is in_place
+    assert len(launched) == (0 if in_place else 1) and spawned == []  # (adopted)
+
+
+class _Measured:
+    """dispatch.measure injected: records (dtype, ops, session_config, bypassing) and returns
+    ratio 1.0 for the patterns of `ops`."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, dtype, ops, done=None, wanted=None, known=None, session_config=None):
+        from tf_mpt._process import state
+        self.calls.append((dtype, list(ops), session_config, state.bypassing()))
+        found = {p: 1.0 for p in dispatch.PATTERNS if dispatch.op_of(p) in ops}
+        return (known or dispatch.Ratios()).merged(dispatch.Ratios(found, found))
+
+
+def test_a_session_checks_its_graphs_op_types_in_place_once_with_the_users_threads(
+        tmp_path, monkeypatch):
+    """measure_in_place: the patterns of the op types the graph holds that the cache lacks,
+    measured with the thread settings of the user's ConfigProto only (TensorFlow sizes its
+    process-wide pools by the first Session's), tf_mpt's patches bypassed, cached; nothing
+    again for the same graph; only the new op types once the graph grows."""
+    monkeypatch.delenv("TF_MPT_OP_COSTS")
+    monkeypatch.setattr(dispatch, "_HERE", {"bfloat16"})
+    measured = _Measured()
+    monkeypatch.setattr(dispatch, "measure", measured)
+    config = tf_mpt.Config.from_env(dict(os.environ, TF_MPT_CACHE_DIR=str(tmp_path)))
+    path = dispatch._cache_path(config, "bfloat16")  # pylint: disable=protected-access
+    with open(path, "w") as f:  # an earlier run measured the MatMul patterns
+        matmuls = {p: 2.0 for p in dispatch.PATTERNS if dispatch.op_of(p) == "MatMul"}
+        f.write(dispatch.Ratios(matmuls, matmuls).to_json())
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [4, 8])
+        h = tf.nn.relu(tf.matmul(x, tf.ones([8, 8])))
+    user = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=2,
+                           log_device_placement=True, allow_soft_placement=True)
+    dispatch.measure_in_place(config, "bfloat16", graph, user)
+    ((dtype, ops, threads, bypassing),) = measured.calls
+    assert (dtype, ops, bypassing) == ("bfloat16", ["Relu"], True)
+    assert (threads.intra_op_parallelism_threads, threads.inter_op_parallelism_threads) == (1, 2)
+    assert not threads.log_device_placement and not threads.allow_soft_placement
+    cached = dispatch._read(path)  # pylint: disable=protected-access
+    assert cached.dispatch["Relu"] == 1.0 and cached.dispatch["MatMul+BiasAdd"] == 2.0
+    dispatch.measure_in_place(config, "bfloat16", graph)  # the same graph: nothing
+    assert len(measured.calls) == 1
+    with graph.as_default():
+        tf.tanh(h) + h  # pylint: disable=expression-not-assigned
+    dispatch.measure_in_place(config, "bfloat16", graph)
+    assert [call[1] for call in measured.calls[1:]] == [["AddV2", "Tanh"]]
+    # and the rewrite inside the Session's graph optimisation reads them, measuring nothing
+    monkeypatch.setattr(dispatch, "_in_child", lambda dtype, ops: pytest.fail("measured"))
+    found = dispatch.ratios(config, "bfloat16", {"MatMul", "Relu", "Tanh", "AddV2"})
+    assert found.dispatch["Tanh"] == 1.0 and found.dispatch["MatMul"] == 2.0
+
+
+@pytest.mark.parametrize("why", ["not this process's", "a table", "check off"])
+def test_no_check_in_place_where_it_is_not_this_processs(tmp_path, monkeypatch, why):
+    measured = _Measured()
+    monkeypatch.setattr(dispatch, "measure", measured)
+    monkeypatch.setattr(dispatch, "_HERE", set() if why == "not this process's" else
+                        {"bfloat16"})
+    env = dict(os.environ, TF_MPT_CACHE_DIR=str(tmp_path))
+    if why != "a table":
+        env.pop("TF_MPT_OP_COSTS")
+    if why == "check off":
+        env["TF_MPT_DISPATCH_CHECK"] = "0"
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.nn.relu(tf.ones([2]))
+    dispatch.measure_in_place(tf_mpt.Config.from_env(env), "bfloat16", graph)
+    assert measured.calls == []
+
+
+def test_a_failed_check_in_place_is_left_to_the_rewrites_child(tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv("TF_MPT_OP_COSTS")
+    monkeypatch.setattr(dispatch, "_HERE", {"bfloat16"})
+
+    def failing(*args, **kwargs):
+        raise tf.errors.ResourceExhaustedError(None, None, "out of memory")
+    monkeypatch.setattr(dispatch, "measure", failing)
+    config = tf_mpt.Config.from_env(dict(os.environ, TF_MPT_CACHE_DIR=str(tmp_path)))
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.nn.relu(tf.ones([2]))
+    with caplog.at_level(logging.DEBUG, logger="tf_mpt"):
+        dispatch.measure_in_place(config, "bfloat16", graph)
+    assert "could not check bfloat16 kernels in this process (ResourceExhaustedError" in \
+        caplog.text
+    assert dispatch._read(dispatch._cache_path(config, "bfloat16")) == \
+        dispatch.Ratios()  # pylint: disable=protected-access
+    in_child = []
+    monkeypatch.setattr(dispatch, "_in_child", lambda dtype, ops: in_child.append(ops) or {})
+    dispatch.ratios(config, "bfloat16", {"Relu"})
+    assert in_child == [["Relu"]]
+
+
+def test_a_session_checks_before_it_waits_for_the_compiler(monkeypatch):
+    """The first Session's check runs while the optimizer may still compile (the Session
+    waits for it in _native_ready), never inside the Session's graph optimisation."""
+    from tf_mpt.automatic import sessions, state
+    order = []
+    settings = state.Settings(config=tf_mpt.Config(), dtype="bfloat16", rewrite=True,
+                              loss_scaling=False, loss_scale="dynamic")
+    monkeypatch.setattr(state.STATE, "settings", settings)
+    monkeypatch.setattr(dispatch, "measure_in_place",
+                        lambda config, dtype, graph, user=None: order.append(("check", user)))
+    monkeypatch.setattr(sessions, "_native_ready", lambda: order.append("wait") and False)
+    user = tf1.ConfigProto(intra_op_parallelism_threads=1)
+    sessions._session_init(lambda *args: order.append("init"), object(), "", tf.Graph(), user)
+    assert order == [("check", user), "wait", "init"]
+
+
+@pytest.mark.measures_this_cpu
+def test_the_check_in_place_measures_real_kernels_and_leaves_the_threads_as_asked(
+        tmp_path, monkeypatch):
+    monkeypatch.delenv("TF_MPT_OP_COSTS")
+    monkeypatch.setattr(dispatch, "_HERE", {"bfloat16"})
+    config = tf_mpt.Config.from_env(dict(os.environ, TF_MPT_CACHE_DIR=str(tmp_path)))
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.nn.relu(tf.ones([2]))
+    dispatch.measure_in_place(config, "bfloat16", graph,
+                              tf1.ConfigProto(intra_op_parallelism_threads=1))
+    found = dispatch._read(dispatch._cache_path(config, "bfloat16"))  # pylint: disable=W0212
+    assert set(found.dispatch) == {"Relu"} and found.dispatch["Relu"] > 0
+    assert found.numerics == {"Relu": 0.0}  # a Relu of bfloat16 values is exact in bfloat16
 
 
 def test_gpu_device_files_are_what_says_a_gpu_may_be_there(tmp_path):

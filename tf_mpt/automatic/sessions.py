@@ -17,6 +17,7 @@ from tf_mpt.automatic import state as _state
 from tf_mpt.automatic.native import beside_import as _beside_import
 from tf_mpt.automatic.native import library as _native
 from tf_mpt.automatic.native import rewriter as _session_rewrite
+from tf_mpt.costs import dispatch as _dispatch
 from tf_mpt.rewrite.paint import shapes as _shapes
 from tf_mpt.training import gradient_records as _records
 
@@ -103,10 +104,21 @@ def _warn_remote(target):
 def _session_init(original, session, target="", graph=None, config=None):
     if target and not _state.bypassing():
         _warn_remote(target)
-    elif not _state.bypassing() and _native_ready():
+    elif not _state.bypassing():
         owner = graph if graph is not None else tf.compat.v1.get_default_graph()
-        config = _session_rewrite.session_config(config, owner)
+        _check_kernels(owner, config)  # (first: while the optimizer may still compile)
+        if _native_ready():
+            config = _session_rewrite.session_config(config, owner)
     return original(session, target, graph, config)
+
+
+def _check_kernels(graph, session_config=None):
+    """The dispatch check of `graph`'s op types, in this process, where it is this process's
+    to run (dispatch.measure_in_place): before the Session optimises the graph, whose rewrite
+    reads the results. Never raises."""
+    settings = _state.STATE.settings
+    if settings is not None and settings.rewrite and not _state.bypassing():
+        _dispatch.measure_in_place(settings.config, settings.dtype, graph, session_config)
 
 
 # --- TF1 Sessions, TF_MPT_SESSION_REWRITE=copy: run a rewritten shadow of the graph --------
@@ -289,6 +301,8 @@ def _session_run(original, session, fetches, feed_dict=None, options=None, run_m
     deferred."""
     try:
         _report_unclaimed(session)
+        if not session.sess_str:
+            _check_kernels(session.graph)
         shadow = _shadow_or_none(session) if _copying() else None
         if shadow is None:
             with _state.fed_batch(_fed_batch(feed_dict)):
@@ -314,6 +328,8 @@ def _fed_batch(feed_dict):
 
 
 def _session_make_callable(original, session, fetches, feed_list=None, accept_options=False):
+    if not session.sess_str:
+        _check_kernels(session.graph)
     shadow = _shadow_or_none(session) if _copying() else None
     if shadow is None:
         return _then_deferred_signals(original(session, fetches, feed_list, accept_options))
@@ -338,6 +354,8 @@ def _then_deferred_signals(callable_):
 
 def _session_partial_run_setup(original, session, fetches, feeds=None):
     try:
+        if not session.sess_str:
+            _check_kernels(session.graph)
         shadow = _shadow_or_none(session) if _copying() else None
         if shadow is None:
             return original(session, fetches, feeds)

@@ -25,7 +25,10 @@ done), so the script's own start-up hides it and the first rewrite waits
 only for the patterns of its op types, which the child then measures next; a rewrite with no
 child under way measures only the op types its graph has; a cost table standing in for this
 CPU (TF_MPT_OP_COSTS) supplies them instead (its "dispatch" entry; none: nothing is
-checked), so tests never measure.
+checked), so tests never measure. Where a TF1 script's first run compiles tf_mpt's Grappler
+optimizer beside the import, bfloat16 is measured in the script's own process instead
+(`measure_in_place`: the compiler holds the second core, and a child's TensorFlow import
+would share the two with it and the script's), as each Session is created or about to run.
 
 The numerics check rides in the same child: each pattern also runs once more in float32 and in
 the half type on the same inputs (the float32 graph's values rounded to the half type first),
@@ -54,6 +57,7 @@ import sys
 import tempfile
 import time
 import typing
+import weakref
 
 from tf_mpt import _cpu
 from tf_mpt._process import state as _state
@@ -383,6 +387,8 @@ class _Early:
 
 
 _EARLY = {}  # dtype -> _Early
+_HERE = set()  # dtypes this process measures itself, before its Sessions run (measure_in_place)
+_SCANNED = weakref.WeakKeyDictionary()  # graph -> (its version, operations, op types) seen
 _STARTED = {}  # dtype -> _Early started by start_beside_import, until start_early adopts it
 _OUT = "dispatch.json"  # (an early child's file of ratios, in its directory)
 _WANTED = "wanted.json"  # (the patterns a rewrite waits for: the child measures them next)
@@ -395,7 +401,7 @@ def start_early(config, dtype):
     try:
         started = _STARTED.pop(dtype, None)
         stop_started()
-        if config.op_costs or not config.dispatch_check or dtype in _EARLY:
+        if config.op_costs or not config.dispatch_check or dtype in _EARLY or dtype in _HERE:
             if started is not None:
                 started.stop()
             return
@@ -446,6 +452,10 @@ def start_beside_import(config):
         machine, cache_dir = _cpu.identity(config), config.cache_directory
         if _cached_already(cache_dir, machine, dtype):
             return
+        from tf_mpt.automatic.native import beside_import  # pylint: disable=import-outside-toplevel
+        if dtype == "bfloat16" and beside_import.compiling():
+            _HERE.add(dtype)  # the compiler holds the other core: see measure_in_place
+            return
         directory = tempfile.mkdtemp(prefix="tf_mpt_dispatch_")
         command = _command(dtype, list(dict.fromkeys(op_of(p) for p in FIRST + PATTERNS)),
                            os.path.join(directory, _OUT))
@@ -459,6 +469,70 @@ def start_beside_import(config):
                          "tf_mpt did not start checking half kernels beside TensorFlow's "
                          "import (%s: %s); it starts once TensorFlow is imported",
                          type(error).__name__, error, level=10)
+
+
+def measure_in_place(config, dtype, graph, session_config=None):
+    """Where a TF1 script's first run compiles tf_mpt's Grappler optimizer beside TensorFlow's
+    import (`start_beside_import` left the check to this process: `_HERE`), a Session about to
+    be created on `graph` or to run it calls this first: the patterns of the op types `graph`
+    holds that this CPU's cache lacks are measured here, in this process, and cached, so that
+    the rewrite inside the Session's graph optimisation (where no Session may run) reads them.
+
+    Why here and not in a child: on two cores the script's TensorFlow import and the compiler
+    fill both, and a child's own TensorFlow import (~2.8 s of a Zen 4 core) was the largest
+    part of a TF1 script's first-run overhead; the first Session waits for the compiler
+    anyway, and this runs while it does. bfloat16 only: a float16 kernel can take oneDNN's
+    reference path (195x float32 on a Sapphire Rapids), which a child can be killed over.
+
+    The pattern Sessions take the threading of `session_config` (the user's Session's
+    ConfigProto): TensorFlow sizes its process-wide thread pools by the first Session's
+    options, so the user's Session finds them as it would have made them. Op types added
+    since the last call are read from the graph's new operations only. Never raises: where it
+    fails (said at DEBUG), the rewrite measures in a child as before."""
+    if dtype not in _HERE or config.op_costs or not config.dispatch_check:
+        return
+    try:
+        version, scanned, types = _SCANNED.get(graph, (None, 0, frozenset()))
+        if version == graph.version:
+            return
+        operations = graph.get_operations()
+        types = types | {op.type for op in operations[scanned:]}
+        _SCANNED[graph] = (graph.version, len(operations), types)
+        path = _cache_path(config, dtype)
+        known = _read(path)
+        missing = sorted({op_of(p) for p in PATTERNS
+                          if op_of(p) in types and p not in known.dispatch})
+        if not missing:
+            return
+        _log_measuring(dtype, missing)
+        with _state.bypass():
+            found = measure(dtype, missing, known=known,
+                            session_config=_threading_of(session_config))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        from tf_mpt.costs import op_costs  # pylint: disable=import-outside-toplevel
+        op_costs._write_atomically(  # pylint: disable=protected-access
+            path, _read(path).merged(found).to_json())
+    except Exception as error:  # pylint: disable=broad-except
+        _state.warn_once(("dispatch in place", dtype),
+                         "tf_mpt could not check %s kernels in this process (%s: %s); the "
+                         "rewrite checks them in a child process", dtype,
+                         type(error).__name__, error, level=10)
+
+
+_THREADING = ("intra_op_parallelism_threads", "inter_op_parallelism_threads",
+              "use_per_session_threads", "session_inter_op_thread_pool")
+
+
+def _threading_of(session_config):
+    """A ConfigProto holding only the thread settings of `session_config` (None: None)."""
+    if session_config is None:
+        return None
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    threading = tf.compat.v1.ConfigProto()
+    for field in _THREADING[:-1]:
+        setattr(threading, field, getattr(session_config, field))
+    threading.session_inter_op_thread_pool.extend(session_config.session_inter_op_thread_pool)
+    return threading
 
 
 def _cached_already(cache_dir, machine, dtype):
@@ -597,14 +671,15 @@ def pattern_graph(tf, pattern, f32, dtype, rounded_to=None):
     return graph, init, target, out
 
 
-def measure(dtype, ops, done=None, wanted=None, known=None):
+def measure(dtype, ops, done=None, wanted=None, known=None, session_config=None):
     """The Ratios of the patterns of the op types `ops` (in that order where it is a list),
     measured here (in this process: the child's). Each pattern runs in float32 and in `dtype`
     on the same values (rounded to `dtype`): RUNS timed runs of one element each, then one
     run fetching the whole output for its error ratio (none where the half run was stopped).
     `done(Ratios so far)` is called after each pattern; `wanted()`, before each, names the
     patterns to measure next (a rewrite waits for them), if any are left. Patterns `known`
-    (Ratios, e.g. a cache's) are not measured again; the results include them."""
+    (Ratios, e.g. a cache's) are not measured again; the results include them. The pattern
+    Sessions take `session_config` (a ConfigProto: measure_in_place's threading) where given."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     tf1 = tf.compat.v1
     half = tf.as_dtype(dtype)
@@ -623,7 +698,7 @@ def measure(dtype, ops, done=None, wanted=None, known=None):
         seconds, outputs = {}, {}
         for name, dt in (("float32", tf.float32), ("half", half)):
             graph, init, target, out = pattern_graph(tf, patterns[pattern], f32, dt, half)
-            with tf1.Session(graph=graph) as session:
+            with tf1.Session(graph=graph, config=session_config) as session:
                 session.run(init)
                 timeout = TIMEOUT_FLOOR_MS if name == "float32" else max(
                     TIMEOUT_FLOOR_MS, int(TIMEOUT_FACTOR * seconds["float32"] * 1e3))

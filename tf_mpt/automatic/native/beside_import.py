@@ -1,7 +1,7 @@
 """The Grappler optimizer's compile, started as the script starts importing TensorFlow.
 
 No TensorFlow import: this runs from the start-up import hook, before TensorFlow's own import
-(~2 s of a Zen 4 core, several on a slower CPU), so that the compile (~4.6 s of a Zen 4 core,
+(~2 s of a Zen 4 core, several on a slower CPU), so that the compile (~4 s of a Zen 4 core,
 nearly all of it parsing TensorFlow's headers) runs beside that import instead of after it.
 The command is `library`'s, with TensorFlow's compile and link flags as its wheel sets them
 (`GUESSED_COMPILE_FLAGS`, its directory found without importing it); the output goes to a
@@ -28,9 +28,10 @@ import sys
 import tempfile
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "session_rewrite.cc")
-# -O1: the shim only copies buffers and calls back; TensorFlow's headers take the time
-# (-O2 8.0 s, -O1 5.9 s on a Zen 4 core)
-OPTIONS = ["-shared", "-fPIC", "-O1", "-w"]
+# -O0: the shim only copies buffers and calls back (protobuf's own code, built optimised, does
+# the copying); TensorFlow's headers take the time (on a Zen 4 core: -O2 8.0 s, -O1 4.5 s,
+# -O0 4.1 s wall, ~3.2 s of it parsing the headers)
+OPTIONS = ["-shared", "-fPIC", "-O0", "-w"]
 # tf.sysconfig.get_compile_flags() of TensorFlow's Linux wheels, without the -I of its
 # include directory (checked against the real ones before the result is used)
 GUESSED_COMPILE_FLAGS = ["-D_GLIBCXX_USE_CXX11_ABI=1", "--std=c++17",
@@ -118,6 +119,11 @@ def start(config, cache_dir):
         atexit.register(drop)
     except Exception:  # pylint: disable=broad-except
         drop()  # the compile starts once TensorFlow is imported, as without this
+
+
+def compiling():
+    """Whether a compile started beside the import is under way (or done, not yet taken)."""
+    return "build" in _STARTED
 
 
 def take(real_command, partial, timeout):
