@@ -101,6 +101,13 @@ def _no_verdict_from_this_cpus_clock(request, monkeypatch):
             "profile_versions, or mark the test @pytest.mark.measures_this_cpu")
     monkeypatch.setattr(step_timing.Sandbox, "runs", sandbox_runs)
 
+    def compiled_runners(self, graph_defs, batch):
+        raise AssertionError(
+            "this test ran candidates XLA compiled in step timing's sandbox on this machine: "
+            "its verdict would depend on this CPU's clock. Inject step_timing.time_compiled, "
+            "or mark the test @pytest.mark.measures_this_cpu")
+    monkeypatch.setattr(step_timing.CompiledSandbox, "runners", compiled_runners)
+
     def real_clock():
         raise AssertionError(
             "this test read the real clock of graph timing's rounds: its verdict would "

@@ -17,7 +17,9 @@ import tensorflow as tf
 
 import tf_mpt
 from tf_mpt.automatic import switch as _autoenable
+from tf_mpt.rewrite import function_bodies as _function_library
 from tf_mpt.rewrite import graph_timing
+from tf_mpt.rewrite import tf_functions as _tf_functions
 from support.helpers import executed_function_graphs
 from support.tolerances import FINAL_LOSS_RTOL
 
@@ -26,7 +28,7 @@ keras = pytest.importorskip("keras")
 STEPS, EPOCHS, BATCH, WIDTH = 4, 3, 64, 512
 
 
-def _fit():
+def _fit(jit_compile=False):
     keras.utils.set_random_seed(0)
     rng = np.random.RandomState(0)
     x = rng.randn(STEPS * BATCH, WIDTH).astype(np.float32)
@@ -36,7 +38,8 @@ def _fit():
                               keras.layers.Dense(WIDTH, activation="relu"),
                               keras.layers.Dense(10)])
     model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=jit_compile)
     history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
     predicted = model.predict(x[:8], verbose=0)
     return history.history["loss"], int(model.optimizer.iterations.numpy()), predicted
@@ -51,17 +54,30 @@ def _half_matrix_products_of_the_training_step(executed):
                if "MatMul" in n.op and n.attr["T"].type == tf.bfloat16.as_datatype_enum)
 
 
+# jit_compile: Keras 3's default on a machine with a GPU (issue "XLA"): the step's candidates
+# are timed compiled, as XLA runs them
 @pytest.mark.measures_this_cpu
-def test_keras_fit_step_is_timed_and_the_model_trains_only_its_own_steps(monkeypatch, caplog):
-    float32_losses, float32_iterations, _ = _fit()
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["executor", "xla"])
+def test_keras_fit_step_is_timed_and_the_model_trains_only_its_own_steps(monkeypatch, caplog,
+                                                                         jit_compile):
+    float32_losses, float32_iterations, _ = _fit(jit_compile)
     monkeypatch.setenv("TF_MPT_STEP_TIMING", "always")
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "20")
     config = tf_mpt.Config.from_env({"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": "bfloat16",
                                      "TF_MPT_OP_COSTS": os.environ["TF_MPT_OP_COSTS"]})
+    rebuilt = []  # the compiled steps tf_mpt rebuilt from a rewritten graph (XLA's input)
+    rebuild = _tf_functions._function_from_graph_def  # pylint: disable=protected-access
+
+    def recorded(cf, graph_def, library=None, jit_compile=None):
+        if jit_compile:
+            rebuilt.append(graph_def)
+        return rebuild(cf, graph_def, library, jit_compile)
+    monkeypatch.setattr(_tf_functions, "_function_from_graph_def", recorded)
     _autoenable.enable(config, gpu_visible=False, native_bfloat16=True)
     try:
         with caplog.at_level(logging.INFO, logger="tf_mpt"):
-            (losses, iterations, predicted), executed = executed_function_graphs(_fit)
+            (losses, iterations, predicted), executed = executed_function_graphs(
+                lambda: _fit(jit_compile))
     finally:
         _autoenable.disable()
     timed = [r.getMessage() for r in caplog.records
@@ -73,7 +89,8 @@ def test_keras_fit_step_is_timed_and_the_model_trains_only_its_own_steps(monkeyp
     assert len(timed) == 1, [r.getMessage() for r in caplog.records]
     assert all(m.rpartition("; picked ")[2] == timed[0].rpartition("; picked ")[2]
                for m in again), (timed, again)
-    found = re.search(r"graph timing \(median of (\d+) rounds\): (.*); picked "
+    compiled = ", compiled by XLA as the step runs" if jit_compile else ""
+    found = re.search(rf"graph timing \(median of (\d+) rounds{compiled}\): (.*); picked "
                       r"([a-z0-9 ]+?)(, [\d.]+x float32)?( over the prediction \(([a-z ]+)\))?"
                       r"( \(faster but over float32's peak: ([a-z ,]+)\))?$", timed[0])
     assert found, timed[0]
@@ -106,7 +123,14 @@ def test_keras_fit_step_is_timed_and_the_model_trains_only_its_own_steps(monkeyp
     # among them
     assert {"float32", "cost model"} <= set(times) and int(rounds) >= 3, timed[0]
     assert all(t > 0 for t in times.values()), timed[0]
-    half = _half_matrix_products_of_the_training_step(executed)
+    if jit_compile:  # (XLA's programs are not in the run metadata: the graphs it compiled
+        # are the ones tf_mpt rebuilt the step from; their HLO keeps the half dots:
+        # test_xla.py)
+        half = sum(1 for g in rebuilt if any(n.op == "AssignAddVariableOp" for n in g.node)
+                   for n in _function_library.all_nodes(g)
+                   if "MatMul" in n.op and n.attr["T"].type == tf.bfloat16.as_datatype_enum)
+    else:
+        half = _half_matrix_products_of_the_training_step(executed)
     # the pick named is the version that ran: float32's graph, or one with half products
     assert (pick == "float32") == (half == 0), (timed[0], half)
     # the first pick is the fastest of those within float32's peak, or one within the

@@ -786,13 +786,11 @@ def test_a_tf1_script_compiling_its_optimizer_checks_bfloat16_in_its_own_process
     import was the largest part of the first run's overhead), neither beside the import nor
     when the automatic path is switched on; the Sessions check it in this process. float16
     keeps its child (a kernel on oneDNN's reference path can be killed there)."""
-    from tf_mpt.automatic.native import beside_import
-    monkeypatch.setattr(beside_import, "compiling", lambda: compiling)
     monkeypatch.setattr(dispatch, "_HERE", set())
     spawned = []
     monkeypatch.setattr(dispatch, "_spawn", lambda dtype, ops, cache: spawned.append(dtype))
     config = _switched_on(tmp_path, TF_MPT_DTYPE=dtype)
-    dispatch.start_beside_import(config)
+    dispatch.start_beside_import(config, compiling=compiling)
     dispatch.start_early(config, dtype)
     assert (dispatch._HERE == {dtype}) is in_place  # pylint: disable=protected-access
     assert (launched == [] and spawned == []) is in_place

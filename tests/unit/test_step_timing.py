@@ -541,6 +541,93 @@ def test_a_steps_verdict_is_cached_for_the_same_step_traced_again(monkeypatch, t
     assert relu_types() == {tf.float32} and len(seen) == 2, seen
 
 
+@pytest.mark.parametrize("fastest", ["float32", "contractions only"])
+def test_an_xla_step_is_timed_as_xla_runs_it_and_its_verdict_says_so(monkeypatch, tmp_path,
+                                                                     caplog, fastest):
+    """A jit_compile=True step (issue "XLA", item 3): its candidates are timed compiled
+    (step_timing.time_compiled, injected here), never the way TensorFlow's executor runs
+    them; the fastest runs, float32 the floor; the verdict says it was compiled, and is
+    cached apart from the same step's without XLA (timed again there, the executor's way)."""
+    monkeypatch.setenv("TF_MPT_STEP_TIMING", "always")
+    monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "20")
+    monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
+    compiled, executed = [], []
+
+    def times(graphs):
+        return {name: (0.1,) * 3 if name == fastest else (0.2,) * 3 for name in graphs}
+
+    def time_compiled(cf, graphs, batch, rounds, budget, sandbox):
+        assert isinstance(sandbox, _timing.CompiledSandbox)
+        compiled.append((batch, budget, list(graphs)))
+        return times(graphs)
+
+    def time_versions(cf, graphs, batch, rounds, budget, peaks=None, sandbox=None):
+        executed.append(list(graphs))
+        return times(graphs)
+    monkeypatch.setattr(_timing, "time_compiled", time_compiled)
+    monkeypatch.setattr(_timing, "time_versions", time_versions)
+    profiled = []  # (XLA fuses the nodes a profile times: a compiled step is not refined)
+    monkeypatch.setattr(_timing, "profile_versions", lambda cf, graphs, batch, runs,
+                        sandbox=None: profiled.append(list(graphs)) or {n: {} for n in graphs})
+    step, _, _ = _step()
+    spec = tf.TensorSpec([None, WIDTH], tf.float32)
+
+    def run(jit_compile):
+        mixed = tf_mpt.function(step.python_function, dtype="bfloat16", jit_compile=jit_compile,
+                                input_signature=step.input_signature)
+        with caplog.at_level(logging.INFO, logger="tf_mpt"):
+            mixed(tf.ones((64, WIDTH)))
+        graph = mixed.get_concrete_function(spec).graph
+        return {op.get_attr("T") for op in graph.get_operations() if op.type == "MatMul"}
+    products = run(True)
+    assert profiled == []
+    assert compiled == [(64, decision.FIRST_SHARE * 20.0,
+                         ["float32", "cost model", "contractions only"])] and executed == []
+    assert products == ({tf.float32} if fastest == "float32" else {tf.bfloat16})
+    (message,) = [r.getMessage() for r in caplog.records if "timed tf.function" in
+                  r.getMessage()]
+    assert "graph timing (median of 3 rounds, compiled by XLA as the step runs): " \
+        "float32 " in message, message
+    assert message.endswith("picked float32 over the prediction (cost model)" if fastest ==
+                            "float32" else "picked contractions only, 2.00x float32 over the "
+                            "prediction (cost model)"), message
+    caplog.clear()
+    assert run(True) == products and len(compiled) == 1  # cached: nothing timed again
+    (message,) = [r.getMessage() for r in caplog.records if "timed tf.function" in
+                  r.getMessage()]
+    assert "(cached here, median of 3 rounds, compiled by XLA as the step runs)" in message
+    run(False)  # without XLA: another verdict, timed as the executor runs the step
+    assert len(compiled) == 1 and executed == [["float32", "cost model", "contractions only"]]
+    assert len(profiled) == (0 if fastest == "float32" else 1)  # (the second run's, alone)
+
+
+@pytest.mark.measures_this_cpu
+def test_each_candidate_is_compiled_by_xla_once_and_timed_on_copies(monkeypatch):
+    """time_compiled for real (the verdict's clock injected): each candidate a
+    jit_compile=True function on copies of the step's variables, compiled at its first call
+    (its HLO holds the half products of the mixed candidate), the script's variables left as
+    they were; a second call compiles nothing again."""
+    _clock_of_runs(monkeypatch)
+    from tf_mpt.rewrite import tf_functions as _tf_functions
+    step, w, acc = _step()
+    cf = step.get_concrete_function()
+    before = acc.numpy().copy()
+    sandbox = _timing.CompiledSandbox(cf, _tf_functions._compiled_candidate)  # pylint: disable=W0212
+    versions = _versions(cf)
+    times = _timing.time_compiled(cf, versions, 64, graph_timing.rounds, 20.0, sandbox)
+    assert set(times) == {"float32", "mixed"}
+    assert len(times["float32"]) == len(times["mixed"]) >= graph_timing.MIN_ROUNDS
+    runners, compiling = sandbox.runners(versions, 64)
+    assert compiling == 0.0  # (the same GraphDefs: compiled once)
+    hlo = {name: run.experimental_get_compiler_ir()(stage="hlo") for name, run in
+           runners.items()}
+    assert re.search(r"bf16\[64,\d+\]\S* dot\(", hlo["mixed"]), hlo["mixed"][-2000:]
+    assert "bf16" not in hlo["float32"]
+    np.testing.assert_array_equal(acc.numpy(), before)  # the copies were updated, not acc
+    np.testing.assert_array_equal(w.numpy(), np.eye(WIDTH, dtype=np.float32) * 0.5)
+    sandbox.close()
+
+
 def test_a_steps_cache_key_names_its_functions_by_their_calls_and_carries_its_shapes():
     """functions._canonical: two traces of one step (other function names, listed in
     another order) key alike, their functions f0, f1, ...; a step whose variable is wider

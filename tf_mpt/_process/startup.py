@@ -118,7 +118,7 @@ def _before_import(config):
             from tf_mpt.automatic.native import beside_import
             from tf_mpt.costs import dispatch as _dispatch
             beside_import.start(config, config.cache_directory)
-            _dispatch.start_beside_import(config)
+            _dispatch.start_beside_import(config, compiling=beside_import.compiling())
     return starting
 
 

@@ -428,7 +428,7 @@ def start_early(config, dtype):
                          "rewrite checks them", dtype, type(error).__name__, error, level=10)
 
 
-def start_beside_import(config):
+def start_beside_import(config, compiling=False):
     """As the script starts importing TensorFlow (the automatic path's start-up hook sees
     it): starts the check's child for the half type this process's rewrites will run here,
     so that its TensorFlow import runs beside the script's own (2.6 s of a Zen 4 core, more
@@ -441,6 +441,8 @@ def start_beside_import(config):
     its TensorFlow's (the script's environment at start), checked against the script's when
     `start_early` adopts it; a child nothing adopts is stopped, and killed at the exit. A
     cache that holds every pattern already (the runs after the first) starts none.
+    `compiling`: tf_mpt's Grappler optimizer compiles beside the import (a TF1 script's first
+    run): for bfloat16 no child starts, the Sessions check in this process (measure_in_place).
     Never raises."""
     try:
         if not config.graph_rewrite or config.op_costs or not config.dispatch_check or \
@@ -452,8 +454,7 @@ def start_beside_import(config):
         machine, cache_dir = _cpu.identity(config), config.cache_directory
         if _cached_already(cache_dir, machine, dtype):
             return
-        from tf_mpt.automatic.native import beside_import  # pylint: disable=import-outside-toplevel
-        if dtype == "bfloat16" and beside_import.compiling():
+        if dtype == "bfloat16" and compiling:
             _HERE.add(dtype)  # the compiler holds the other core: see measure_in_place
             return
         directory = tempfile.mkdtemp(prefix="tf_mpt_dispatch_")

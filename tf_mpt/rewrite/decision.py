@@ -781,7 +781,8 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
             chosen = _timing.pick(times, same_as.get(predicted_name, predicted_name),
                                   _bounded(config, measured), _least(config), _price(config))
             verdict = _timing.Verdict(times, chosen, predicted_name, "", same_as,
-                                      peaks=measured)
+                                      peaks=measured,
+                                      compiled=bool(getattr(timer, "compiled", False)))
             if _bounded(config, measured) and budget.left() > 0:
                 try:
                     verdict = _make_lean(verdict, results, graphs, config, lean_inputs, timer,

@@ -116,6 +116,8 @@ class Verdict:
             lean versions timed in the same rounds and not recorded as LEAN (decision.
             _make_smaller: those of candidates near the pick's time).
         memory_price: TF_MPT_MEMORY_PRICE where the lean pick was kept under it (0: none).
+        compiled: the candidates were timed as XLA compiles them (a jit_compile step:
+            step_timing.time_compiled; no step peaks, nor a refinement, are measured there).
     """
     times: dict
     pick: str
@@ -134,6 +136,7 @@ class Verdict:
     lean_changes: dict = dataclasses.field(default_factory=dict)
     lean_others: dict = dataclasses.field(default_factory=dict)
     memory_price: float = 0.0
+    compiled: bool = False
 
     @classmethod
     def from_dict(cls, data, source):
@@ -154,6 +157,7 @@ class Verdict:
                            for k, v in data.get("lean_others", {}).items()}
             why = str(data.get("why", ""))
             memory_price = float(data.get("memory_price", 0.0))
+            compiled = bool(data.get("compiled", False))
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
         if not times:  # (a graph too slow to time, its peaks measured instead: decision's
@@ -170,7 +174,7 @@ class Verdict:
             return None
         return cls(times, pick, predicted, "", {}, source, refined, refined_from, refined_ops,
                    beside, peaks, lean_from, lean_against, lean_beside, lean_changes,
-                   lean_others, memory_price)
+                   lean_others, memory_price, compiled)
 
     @property
     def timed(self):
@@ -235,7 +239,9 @@ class Verdict:
         over = sorted(name for name in self.times if over_float32(self.peaks, name) and
                       self.median(name) < (self.median(self.pick) or 0))
         held = (f" (faster but over float32's peak: {', '.join(over)})" if over else "")
-        return (f"graph timing ({where}median of {rounds} rounds): {', '.join(parts)}; picked "
+        how = ", compiled by XLA as the step runs" if self.compiled else ""
+        return (f"graph timing ({where}median of {rounds} rounds{how}): {', '.join(parts)}; "
+                "picked "
                 f"{self.pick}{speed}" + ("" if self.pick == predicted else
                                          f" over the prediction ({self.predicted})") + held)
 
@@ -278,7 +284,7 @@ class Verdict:
                 "lean_from": self.lean_from, "lean_against": self.lean_against,
                 "lean_beside": list(self.lean_beside), "lean_changes": dict(self.lean_changes),
                 "lean_others": {k: list(v) for k, v in self.lean_others.items()},
-                "memory_price": self.memory_price}
+                "memory_price": self.memory_price, "compiled": self.compiled}
 
 
 def total_peak(peaks, name):

@@ -330,6 +330,81 @@ def _in_sandbox(cf, graph_defs, batch, use, sandbox=None):
             sandbox.close()
 
 
+class CompiledSandbox:
+    """The sandbox of a function XLA compiles (jit_compile=True): eager copies of its
+    variables and captures and made-up inputs (as `Sandbox` makes them), and each candidate
+    as a tf.function(jit_compile=True) reading them, `build(cf, graph_def, values)` ({the
+    placeholder name of an argument or capture: its eager value or its copy's handle}) ->
+    a no-argument callable. A candidate is compiled by XLA at its first call, made here (its
+    seconds returned apart from any round) and kept until close()."""
+
+    def __init__(self, cf, build):
+        self._cf, self._build = cf, build
+        self._values = self._held = None
+        self._built = []  # [(GraphDef, runner)]: the object itself is held
+
+    def runners(self, graph_defs, batch):
+        """({candidate: run()}, seconds compiling the candidates new to the sandbox)."""
+        with tf.init_scope():  # (eager, also while an outer function traces)
+            if self._values is None:
+                self._set_up(batch)
+            runners, compiling = {}, 0.0
+            for name, graph_def in graph_defs.items():
+                found = next((entry for entry in self._built if entry[0] is graph_def), None)
+                if found is None:
+                    run = self._build(self._cf, graph_def, self._values)
+                    began = time.perf_counter()
+                    with _state.bypass():
+                        run()  # XLA compiles it (and runs it once)
+                    seconds = time.perf_counter() - began
+                    compiling += seconds
+                    _log.debug("step timing: %s compiled by XLA in %.1f s", name, seconds)
+                    found = (graph_def, run)
+                    self._built.append(found)
+                runners[name] = found[1]
+        return runners, compiling
+
+    def _set_up(self, batch):
+        values, self.resident = _copied_values(self._cf, batch)
+        self._held, self._values = [], {}
+        for name, value, kind in values:
+            if kind == "copy":
+                variable = tf.Variable(value, trainable=False)
+                self._held.append(variable)
+                self._values[name] = variable.handle
+            else:
+                self._values[name] = tf.constant(value)
+
+    def close(self):
+        self._values = self._held = None
+        self._built = []
+
+
+def time_compiled(concrete_function, graph_defs, batch, rounds, budget_seconds, sandbox):
+    """Times each of {candidate: GraphDef} (as time_versions takes them) as XLA runs it, in
+    `sandbox` (a CompiledSandbox): each compiled once (its first call), then `rounds`
+    (graph_timing.rounds) with what the compiles left of `budget_seconds`. Returns
+    {candidate: (seconds per run, ...)}; NotTimed where it cannot be done safely (TooSlow
+    where compiling took the whole budget)."""
+    del concrete_function  # (the sandbox's)
+    unsafe = set().union(*(_unsafe_ops(g) for g in graph_defs.values()))
+    if unsafe:
+        raise NotTimed(f"it runs op(s) with effects outside its variables: "
+                       f"{', '.join(sorted(unsafe)[:5])}")
+    try:
+        runners, compiling = sandbox.runners(graph_defs, batch)
+    except (tf.errors.OpError, ValueError, TypeError) as error:
+        raise NotTimed(f"a candidate did not compile or run on made-up inputs under XLA "
+                       f"({type(error).__name__})") from None
+    left = budget_seconds - compiling
+    if left <= 0:
+        raise TooSlow(f"XLA took {compiling:.1f} s to compile the {len(runners)} candidates, "
+                      f"the {budget_seconds:.3g} s the rounds may spend of the budget "
+                      "(TF_MPT_TIMING_BUDGET)")
+    with _state.bypass():
+        return rounds(runners, left)
+
+
 def _unsafe_ops(graph_def):
     """Op types of the graph and its functions that are stateful and not known to be safe
     (an op TensorFlow does not know, nor the library defines, is: nothing is known of it)."""
@@ -358,6 +433,29 @@ def _sandbox(cf, batch):
     `cf`'s variables (their current values) and of its other captures, and made-up inputs of
     its argument shapes, that each candidate imported (_import) reads and updates. Called
     eagerly: the captures' values are read before the graph is built."""
+    values, copied = _copied_values(cf, batch)
+    graph = tf.Graph()
+    made, input_map, feeds = [], {}, {}
+    with graph.as_default():
+        for name, value, kind in values:
+            if kind == "constant":
+                input_map[name] = tf.constant(value)
+                continue
+            # (fed at the initializer's run, not held in the graph as a constant: ResNet50's
+            # copies and slots, ~300 MB, took ~6 s to set up as constants)
+            initial = tf.compat.v1.placeholder(value.dtype, value.shape)
+            feeds[initial] = value
+            variable = tf.Variable(initial, trainable=False, name=kind)
+            made.append(variable)
+            input_map[name] = variable.value() if kind == "input" else variable.handle
+        init = tf.compat.v1.variables_initializer(made)
+    return graph, input_map, (init, feeds), copied
+
+
+def _copied_values(cf, batch):
+    """([(placeholder name, value, 'input' | 'copy' | 'constant')], bytes): made-up inputs of
+    `cf`'s argument shapes, the current values of the variables it captures and of its other
+    captures (NotTimed where one cannot be copied)."""
     captured = list(cf.captured_inputs)
     n_args = len(cf.inputs) - len(captured)
     owners = {id(v.handle): v for v in cf.graph.variables}
@@ -385,22 +483,7 @@ def _sandbox(cf, batch):
             values.append((placeholder.name, value, "copy"))
         else:
             values.append((placeholder.name, tensor.numpy(), "constant"))
-    graph = tf.Graph()
-    made, input_map, feeds = [], {}, {}
-    with graph.as_default():
-        for name, value, kind in values:
-            if kind == "constant":
-                input_map[name] = tf.constant(value)
-                continue
-            # (fed at the initializer's run, not held in the graph as a constant: ResNet50's
-            # copies and slots, ~300 MB, took ~6 s to set up as constants)
-            initial = tf.compat.v1.placeholder(value.dtype, value.shape)
-            feeds[initial] = value
-            variable = tf.Variable(initial, trainable=False, name=kind)
-            made.append(variable)
-            input_map[name] = variable.value() if kind == "input" else variable.handle
-        init = tf.compat.v1.variables_initializer(made)
-    return graph, input_map, (init, feeds), copied
+    return values, copied
 
 
 def _import(graph, cf, graph_def, input_map, scope):

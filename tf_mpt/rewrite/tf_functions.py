@@ -129,9 +129,9 @@ def _step_timer(cf, jit_compile):
     peak as timed (the memory criterion's); its `peaks_only`, the peaks of a step too slow
     to time (one first run and one traced run each). One sandbox serves every call until
     `close()` (decide's stages: a candidate timed again is not imported or set up again)."""
+    compiled = bool(jit_compile)  # timed as XLA runs it (step_timing.time_compiled)
+
     def check():
-        if jit_compile:
-            raise _timing.NotTimed("XLA compiles it (jit_compile), which the timing would not")
         if tf.distribute.has_strategy():
             raise _timing.NotTimed("it runs under a tf.distribute strategy, on devices the "
                                    "timing would not use")
@@ -151,10 +151,15 @@ def _step_timer(cf, jit_compile):
         return out
 
     peaks = {}  # {candidate: step peak bytes}, filled as candidates are timed
-    sandbox = _timing.Sandbox(cf)  # (set up at its first use)
+    # (set up at its first use)
+    sandbox = _timing.CompiledSandbox(cf, _compiled_candidate) if compiled else \
+        _timing.Sandbox(cf)
 
     def timer(graphs, batch, budget):
         check()
+        if compiled:  # (no allocation records under XLA: no peaks)
+            return _timing.time_compiled(cf, apart(graphs), batch, _graph_timing.rounds,
+                                         budget, sandbox)
         return _timing.time_versions(cf, apart(graphs), batch, _graph_timing.rounds, budget,
                                      peaks, sandbox=sandbox)
 
@@ -165,22 +170,58 @@ def _step_timer(cf, jit_compile):
 
     def peaks_only(graphs, batch):
         check()
+        if compiled:
+            raise _timing.NotTimed("XLA runs it: its steps' allocations are not recorded")
         return _timing.time_versions(cf, apart(graphs), batch, _graph_timing.first_runs, 0.0,
                                      peaks, sandbox=sandbox)
 
     def key_graph(graph_def):
         check()  # (a verdict is read only where the function could be timed)
-        return _canonical(graph_def, cf)
+        key = _canonical(graph_def, cf)
+        if compiled:  # (a verdict timed under XLA is not one timed without it)
+            key.node.add(name="_tf_mpt_compiled_by_xla", op="NoOp")
+        return key
 
     def close():
         sandbox.close()
         named_apart.clear()
-    timer.profile = profile
+    # (XLA fuses the nodes a profile would time one by one: no refinement by op type)
+    timer.profile = None if compiled else profile
+    timer.compiled = compiled
     timer.peaks_only = peaks_only
     timer.peaks = peaks
     timer.key_graph = key_graph
     timer.close = close
     return timer
+
+
+def _compiled_candidate(cf, graph_def, values):
+    """A no-argument tf.function(jit_compile=True) running candidate `graph_def` of `cf` (its
+    library functions named apart) on `values` ({the placeholder name of each argument and
+    capture: an eager tensor or a variable copy's handle}): the step as XLA compiles it,
+    reading and updating the copies (step_timing.CompiledSandbox)."""
+    output_names = [t.name for t in cf.outputs]
+    control_names = [op.name for op in cf.graph.control_outputs]
+    graph_def, unused = _without_mapped_placeholders(graph_def, list(values),
+                                                      output_names + control_names)
+    if graph_def.library.function:
+        copied = type(graph_def)()
+        copied.CopyFrom(graph_def)  # (_register_library drops the library from its argument)
+        graph_def = copied
+    library = _register_library(graph_def)
+
+    def body():
+        graph = tf.compat.v1.get_default_graph()
+        _add_library(graph, library)
+        input_map = {name: graph.capture(value) for name, value in values.items()
+                     if name not in unused}
+        returned = tf.graph_util.import_graph_def(
+            graph_def, input_map=input_map, return_elements=output_names + control_names,
+            name="candidate")
+        with tf.control_dependencies(returned[len(output_names):]):
+            return [tf.identity(t) for t in returned[:len(output_names)]] or tf.constant(0)
+
+    return _TF_FUNCTION(body, autograph=False, jit_compile=True)
 
 
 def _canonical(graph_def, cf):
