@@ -7,7 +7,8 @@ tf_mpt setting the policy (TF_MPT_KERAS=policy).
                                       [--keras keras|tf_keras]
                                       [--step-timing auto|always|off]
                                       [--memory float32|least|any] [--memory-price 0.1]
-                                      [--batch-scale 1]
+                                      [--batch-scale 1] [--jit]
+                                      [--ways float32 policy tf_mpt ...]
 
 Models (random data, weights=None): ResNet50, MobileNetV2, EfficientNetB0, DenseNet121
 (keras.applications, 128x128x3, batch 16, 10 classes), a Transformer encoder
@@ -47,6 +48,14 @@ only steps whose predicted saving is thin. --memory sets TF_MPT_MEMORY for the t
 (`least`: memory first, never slower than float32; it times every traced step).
 --memory-price sets TF_MPT_MEMORY_PRICE (the share of float32's speed a step may give up to
 hold within 0.65x float32's peak).
+
+--jit (issue "XLA"): every way runs twice in each round, its model compiled with XLA off and
+with `jit_compile=True` (Keras 3's default on a machine with a GPU; the policy way's mixed
+policy under XLA too), and two speed tables follow: XLA off, and XLA on, each way against
+float32 with the same setting; the XLA table's last column is tf_mpt with XLA over float32
+without it, so whether XLA and mixed precision add up on this CPU reads off one run. The
+memory tables are of the XLA-off runs (XLA's CPU runtime allocates outside TensorFlow's
+allocator). --ways runs a subset of the ways (float32 always).
 """
 
 import argparse
@@ -120,10 +129,10 @@ def _build(keras, name, rng, scale=1):
     return model, x, y, batch
 
 
-def compiled_model(name, way, dtype, keras_module, scale=1):
+def compiled_model(name, way, dtype, keras_module, scale=1, jit=False):
     """(keras module, compiled model, x, y, batch) of `name` as `way` runs it (the policy
-    way sets Keras's mixed `dtype` policy first), its batch `scale` times its own; in a child
-    process (imports TensorFlow)."""
+    way sets Keras's mixed `dtype` policy first), its batch `scale` times its own, compiled
+    with `jit_compile=jit`; in a child process (imports TensorFlow)."""
     import numpy as np  # pylint: disable=import-outside-toplevel
     if keras_module == "tf_keras":
         import tf_keras as keras  # pylint: disable=import-outside-toplevel
@@ -134,7 +143,8 @@ def compiled_model(name, way, dtype, keras_module, scale=1):
         keras.mixed_precision.set_global_policy(f"mixed_{dtype}")
     model, x, y, batch = _build(keras, name, np.random.RandomState(0), scale)
     model.compile(optimizer=keras.optimizers.Adam(1e-4),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=jit)
     return keras, model, x, y, batch
 
 
@@ -147,11 +157,11 @@ def _held_mib(model):
                for v in found.values()) / (1 << 20)
 
 
-def _child(name, way, steps, min_seconds, dtype, keras_module, scale):
+def _child(name, way, steps, min_seconds, dtype, keras_module, scale, jit=False):
     import time  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    keras, model, x, y, batch = compiled_model(name, way, dtype, keras_module, scale)
+    keras, model, x, y, batch = compiled_model(name, way, dtype, keras_module, scale, jit)
     times = {phase: [] for phase in PHASES}
 
     class Timer(keras.callbacks.Callback):
@@ -212,7 +222,7 @@ class _Rewrites(logging.Handler):
     _CONVERTED = re.compile(r"Converted (\d+)/\d+ nodes")
     # step timing's verdict: each candidate's time and the one that runs
     _TIMED = re.compile(r"tf_mpt timed tf.function (\S+) on copies of its variables: graph "
-                        r"timing \(median of \d+ rounds\): (.*); picked ([a-z0-9 ]+?)"
+                        r"timing \(median of \d+ rounds[^)]*\): (.*); picked ([a-z0-9 ]+?)"
                         r"(,| over|$)")
     _CANDIDATE = re.compile(r"(float32|rules|cost model|contractions only) ([\d.e+-]+) ms")
     _LEAN = re.compile(r"lean (rules|cost model|contractions only|float32) \([^)]*\) "
@@ -251,15 +261,17 @@ class _Rewrites(logging.Handler):
 
 # --- the parent -------------------------------------------------------------------------------
 
-def _measure(name, way, args):
+def _measure(name, way, args, jit=False):
     command = [sys.executable, __file__, "--child", name, way, "--steps", str(args.steps),
                "--min-seconds", str(args.min_seconds), "--dtype", args.dtype,
-               "--keras", args.keras, "--batch-scale", str(args.batch_scale)]
+               "--keras", args.keras, "--batch-scale", str(args.batch_scale)] + (
+                   ["--jit"] if jit else [])
     done = subprocess.run(command, env=_env(way, args.dtype, args.keras, args.step_timing,
                                             args.memory, args.memory_price),
                           cwd=ROOT, capture_output=True, text=True, timeout=3600, check=False)
     if done.returncode != 0:
-        raise SystemExit(f"{name} / {way} failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"{name} / {way}{' (XLA)' if jit else ''} failed:\n"
+                         f"{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -268,7 +280,7 @@ def _median_of(runs, way, key):
     return statistics.median(values) if values else None
 
 
-def _print_held(memories):
+def _print_held(memories, ways):
     """What the variables put out of reach: the bytes held across steps (float32 in every
     way), the lowest share of float32's peak a step reaches with every other byte in half,
     and each way's bytes over the held ones against float32's."""
@@ -277,20 +289,45 @@ def _print_held(memories):
           "other bytes at its peak) / float32's peak, what halving every other byte reaches; the "
           "rest = (peak - held) over float32's (MiB, medians over the rounds):")
     print("| model | held across steps | float32 tensors | floor | " +
-          " | ".join(f"{w} (the rest)" for w in WAYS[1:]) + " |")
-    print("|---|---:|---:|---:|" + "---:|" * len(WAYS[1:]))
+          " | ".join(f"{w} (the rest)" for w in ways[1:]) + " |")
+    print("|---|---:|---:|---:|" + "---:|" * len(ways[1:]))
     for name, runs in memories:
         held, base = _median_of(runs, "float32", "held"), _median_of(runs, "float32",
                                                                       "fit_tensors")
         if held is None or not base or base <= held:
             continue
         cells = []
-        for way in WAYS[1:]:
+        for way in ways[1:]:
             value = _median_of(runs, way, "fit_tensors")
             cells.append("n/a" if value is None else
                          f"{value / base:.2f}x ({(value - held) / (base - held):.2f}x)")
         print(f"| {name} | {held:.1f} | {base:.1f} | {(held + (base - held) / 2) / base:.2f}x"
               f" | " + " | ".join(cells) + " |")
+
+
+def _speed_row(name, phase, runs, ways, ratios, jit, without_xla=None):
+    """One row of a speed table: float32's median ms/step, its noise, each way's paired
+    speed-up over float32 in the same rounds (`ratios` collects them); with `without_xla`
+    (the same rounds with XLA off), tf_mpt's XLA time against float32's without XLA."""
+    base = [r["float32"][phase] for r in runs]
+    noise = (max(base) - min(base)) / 2 / statistics.median(base)
+    cells = []
+    for way in ways[1:]:
+        each = [r["float32"][phase] / r[way][phase] for r in runs]
+        paired = statistics.median(each)
+        ratios[(way, jit)].append(paired)
+        cell = f"{paired:.2f}x ±{(max(each) - min(each)) / 2 / paired:.0%}"
+        if way.startswith("tf_mpt") and all(
+                r[way].get("converted", {}).get(phase) == 0 for r in runs):
+            cell += " (float32's graph)"  # tf_mpt converted nothing: noise only
+        cells.append(cell)
+    if without_xla is not None and "tf_mpt" in ways:
+        each = [off["float32"][phase] / on["tf_mpt"][phase]
+                for off, on in zip(without_xla, runs)]
+        paired = statistics.median(each)
+        cells.append(f"{paired:.2f}x ±{(max(each) - min(each)) / 2 / paired:.0%}")
+    return (f"| {name} | {phase} | {statistics.median(base):.1f} | ±{noise:.0%} | " +
+            " | ".join(cells) + " |")
 
 
 def main():
@@ -312,68 +349,77 @@ def main():
     parser.add_argument("--batch-scale", type=int, default=1,
                         help="each model's batch this many times its own (activations "
                              "dominate more)")
+    parser.add_argument("--jit", action="store_true",
+                        help="every way with XLA off and with jit_compile=True (two tables)")
+    parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS),
+                        help="the ways to run (float32 always)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _child(args.child[0], args.child[1], args.steps, args.min_seconds, args.dtype,
-               args.keras, args.batch_scale)
+               args.keras, args.batch_scale, args.jit)
         return
+    ways = [way for way in WAYS if way == "float32" or way in args.ways]
     native = _cpu.has_native_bfloat16(_cpu.cpu_flags())
     print("; ".join(_cpu.facts()[:2]) + f"; {args.keras}, {args.dtype}, {args.rounds} "
           f"rounds of at least {args.steps} steps and {args.min_seconds:g} s per phase" +
           (f"; batches {args.batch_scale}x their own" if args.batch_scale != 1 else "") +
           (f"; TF_MPT_MEMORY={args.memory}" if args.memory else "") +
-          (f"; TF_MPT_MEMORY_PRICE={args.memory_price}" if args.memory_price else ""))
+          (f"; TF_MPT_MEMORY_PRICE={args.memory_price}" if args.memory_price else "") +
+          ("; each way with XLA off and on (jit_compile=True)" if args.jit else ""))
     if args.dtype == "bfloat16" and not native:
         print("(no native bfloat16 here: these speed-ups say nothing about Zen 4 / AMX)")
-    print("| model | phase | float32 ms/step | noise | policy | tf_mpt | tf_mpt policy |")
-    print("|---|---|---|---|---|---|---|")
-    ratios = {way: [] for way in WAYS[1:]}
+    settings = (False, True) if args.jit else (False,)
+    ratios = {(way, jit): [] for way in ways[1:] for jit in settings}
     picks = []  # (model, phase, step timing's verdict)
-    memories = []  # (model, the rounds' records)
+    memories = []  # (model, the rounds' records, XLA off)
+    tables = {jit: [] for jit in settings}  # the table's rows
     for name in args.models:
-        runs = []
+        runs = {jit: [] for jit in settings}
         for k in range(args.rounds):
-            order = WAYS[k % len(WAYS):] + WAYS[:k % len(WAYS)]  # interleaved
-            runs.append({way: _measure(name, way, args) for way in order})
-        memories.append((name, runs))
-        for phase, found in runs[0].get("tf_mpt", {}).get("timed", {}).items():
-            picks.extend((name, phase, each) for each in found)
-        for phase in PHASES:
-            base = [r["float32"][phase] for r in runs]
-            noise = (max(base) - min(base)) / 2 / statistics.median(base)
-            cells = []
-            for way in WAYS[1:]:
-                each = [r["float32"][phase] / r[way][phase] for r in runs]
-                paired = statistics.median(each)
-                ratios[way].append(paired)
-                cell = f"{paired:.2f}x ±{(max(each) - min(each)) / 2 / paired:.0%}"
-                if way.startswith("tf_mpt") and all(
-                        r[way].get("converted", {}).get(phase) == 0 for r in runs):
-                    cell += " (float32's graph)"  # tf_mpt converted nothing: noise only
-                cells.append(cell)
-            print(f"| {name} | {phase} | {statistics.median(base):.1f} | "
-                  f"±{noise:.0%} | " + " | ".join(cells) + " |", flush=True)
-    means = [statistics.geometric_mean(ratios[way]) for way in WAYS[1:]]
-    print("| geometric mean | | | | " + " | ".join(f"{m:.2f}x" for m in means) + " |")
+            order = ways[k % len(ways):] + ways[:k % len(ways)]  # interleaved
+            for jit in settings:
+                runs[jit].append({way: _measure(name, way, args, jit) for way in order})
+        memories.append((name, runs[False]))
+        for jit in settings:
+            for phase, found in runs[jit][0].get("tf_mpt", {}).get("timed", {}).items():
+                picks.extend((name, phase + (" (XLA)" if jit else ""), each)
+                             for each in found)
+            for phase in PHASES:
+                tables[jit].append(_speed_row(name, phase, runs[jit], ways, ratios, jit,
+                                              runs[False] if jit else None))
+    for jit in settings:
+        if args.jit:
+            print("\nXLA on (jit_compile=True): each way against float32 with XLA on" +
+                  ("; last column: tf_mpt with XLA against float32 without it" if
+                   "tf_mpt" in ways else "") if jit else "XLA off:")
+        print("| model | phase | float32 ms/step | noise | " + " | ".join(ways[1:]) +
+              (" | tf_mpt (XLA) / float32 (no XLA) |" if jit and "tf_mpt" in ways else " |"))
+        print("|---|---|---|---|" + "---|" * (len(ways) - 1) +
+              ("---|" if jit and "tf_mpt" in ways else ""))
+        for row in tables[jit]:
+            print(row)
+        means = [statistics.geometric_mean(ratios[(way, jit)]) for way in ways[1:]]
+        print("| geometric mean | | | | " + " | ".join(f"{m:.2f}x" for m in means) + " |",
+              flush=True)
     if memories:
         print("\nfit's peak memory (the timed fit phase; medians over the rounds): tensors = "
               "peak in use by TensorFlow's CPU allocator (weights, optimizer slots, "
               "activations, gradients), RSS = the process's peak resident set size over the "
               "phase minus its resident size at its start (MiB):")
-        print("| model | " + " | ".join(f"{w} tensors" for w in WAYS) + " | " +
-              " | ".join(f"{w} RSS" for w in WAYS) + " |")
-        print("|---|" + "---:|" * (2 * len(WAYS)))
+        print("| model | " + " | ".join(f"{w} tensors" for w in ways) + " | " +
+              " | ".join(f"{w} RSS" for w in ways) + " |")
+        print("|---|" + "---:|" * (2 * len(ways)))
         for name, runs in memories:
             cells = []
             for key in ("fit_tensors", "fit_rss"):
                 base = _median_of(runs, "float32", key)
-                for way in WAYS:
+                for way in ways:
                     value = _median_of(runs, way, key)
                     cells.append("n/a" if value is None else f"{value:.1f}" + (
                         f" ({value / base:.2f}x)" if way != "float32" and base else ""))
             print(f"| {name} | " + " | ".join(cells) + " |")
-        _print_held(memories)
+        _print_held(memories, ways)
     if picks:
         print("\ntf_mpt's step timing (the default way: each traced step it timed, each "
               "candidate's sandbox ms per run (a candidate equal to another is timed once; "

@@ -619,13 +619,50 @@ def test_each_candidate_is_compiled_by_xla_once_and_timed_on_copies(monkeypatch)
     assert len(times["float32"]) == len(times["mixed"]) >= graph_timing.MIN_ROUNDS
     runners, compiling = sandbox.runners(versions, 64)
     assert compiling == 0.0  # (the same GraphDefs: compiled once)
-    hlo = {name: run.experimental_get_compiler_ir()(stage="hlo") for name, run in
+    hlo = {name: run.function.experimental_get_compiler_ir()(stage="hlo") for name, run in
            runners.items()}
     assert re.search(r"bf16\[64,\d+\]\S* dot\(", hlo["mixed"]), hlo["mixed"][-2000:]
     assert "bf16" not in hlo["float32"]
     np.testing.assert_array_equal(acc.numpy(), before)  # the copies were updated, not acc
     np.testing.assert_array_equal(w.numpy(), np.eye(WIDTH, dtype=np.float32) * 0.5)
     sandbox.close()
+
+
+@pytest.mark.measures_this_cpu
+def test_a_compiled_step_timed_while_its_caller_traces_runs_its_candidates_eagerly(
+        monkeypatch):
+    """Keras calls its compiled step from another tf.function, so the step is rewritten and
+    timed while that caller traces: each candidate's runs happen eagerly on the copies (they
+    took real time), and none of them is left as a call in the caller's graph (it would run
+    the candidates in every step of the user's program)."""
+    monkeypatch.setenv("TF_MPT_STEP_TIMING", "always")
+    monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "20")
+    _clock_of_runs(monkeypatch)
+    runs = []
+    time_compiled = _timing.time_compiled
+
+    def counted(cf, graphs, batch, rounds, budget, sandbox):
+        def counting(runners, budget):
+            for name, run in list(runners.items()):
+                runners[name] = lambda run=run, name=name: runs.append((name, run()))
+            return rounds(runners, budget)
+        return time_compiled(cf, graphs, batch, counting, budget, sandbox)
+    monkeypatch.setattr(_timing, "time_compiled", counted)
+    step, _, _ = _step()
+    mixed = tf_mpt.function(step.python_function, dtype="bfloat16", jit_compile=True,
+                            input_signature=step.input_signature)
+
+    @tf.function
+    def caller(x):
+        return mixed(x) + 1.0
+    x = tf.ones((64, WIDTH))
+    caller(x)
+    # values computed (eager tensors), not symbols of the caller's graph
+    assert runs and all(hasattr(out[0], "numpy") for _, out in runs), runs[:3]
+    graph = caller.get_concrete_function(x).graph
+    calls = [op for op in graph.get_operations() if op.type in ("StatefulPartitionedCall",
+                                                                "PartitionedCall")]
+    assert len(calls) == 1, [op.name for op in calls]
 
 
 def test_a_steps_cache_key_names_its_functions_by_their_calls_and_carries_its_shapes():

@@ -352,7 +352,7 @@ class CompiledSandbox:
             for name, graph_def in graph_defs.items():
                 found = next((entry for entry in self._built if entry[0] is graph_def), None)
                 if found is None:
-                    run = self._build(self._cf, graph_def, self._values)
+                    run = _eagerly(self._build(self._cf, graph_def, self._values))
                     began = time.perf_counter()
                     with _state.bypass():
                         run()  # XLA compiles it (and runs it once)
@@ -378,6 +378,17 @@ class CompiledSandbox:
     def close(self):
         self._values = self._held = None
         self._built = []
+
+
+def _eagerly(function):
+    """`function` called eagerly wherever it is called: a step is timed while an outer
+    function traces it (Keras's step loop), where a bare call would only add a call op to
+    the outer graph (nothing run, nothing timed, and the call left in the user's program)."""
+    def run():
+        with tf.init_scope():
+            return function()
+    run.function = function  # (what XLA compiles: its experimental_get_compiler_ir)
+    return run
 
 
 def time_compiled(concrete_function, graph_defs, batch, rounds, budget_seconds, sandbox):
