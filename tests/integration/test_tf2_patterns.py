@@ -152,6 +152,44 @@ def test_float16_underflow_probe_trains_like_float32_only_with_scaling(probes, p
     assert not np.isfinite(unscaled) or unscaled > float32 + UNDERFLOW_GAP, (unscaled, float32)
 
 
+# Issue "XLA": the patterns whose steps a user compiles (Keras 3's default on a machine with a
+# GPU; tf.function(jit_compile=True) in a custom loop), counted in the HLO handed to XLA
+JIT_PATTERNS = ("function_loop", "function_mse", "keras_fit")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """{way: (the worker's JSON, stderr)} of the patterns compiled by XLA, each worker with
+    its own XLA dump directory: float32, bfloat16 on the rules target (and float16 under
+    -m heavy: loss scaling in compiled steps is test_xla.py's in the default run)."""
+    ways = {"float32": {}, "bfloat16": _mixed("bfloat16", TF_MPT_TARGET="rules"),
+            "float16": _mixed("float16")}
+    out = {}
+
+    def run(way):  # (each way once, when a test first asks for it)
+        if way not in out:
+            dump = tmp_path_factory.mktemp(f"xla-{way}")
+            env = dict(ways[way], XLA_FLAGS=f"--xla_dump_to={dump} --xla_dump_hlo_as_text")
+            out[way] = _worker(env, "--jit", str(dump), *JIT_PATTERNS)
+        return out[way]
+    return run
+
+
+@pytest.mark.parametrize("dtype", [pytest.param("float16", marks=pytest.mark.heavy),
+                                   "bfloat16"])
+@pytest.mark.parametrize("pattern", JIT_PATTERNS)
+def test_a_compiled_pattern_runs_half_in_the_hlo_xla_compiles(compiled, pattern, dtype):
+    float32, mixed = compiled("float32")[0][pattern], compiled(dtype)[0][pattern]
+    assert mixed["dtypes"] == float32["dtypes"]
+    assert all(value in ("float32", "int32") for value in float32["dtypes"].values())
+    np.testing.assert_allclose(mixed["losses"][-1], float32["losses"][-1],
+                               rtol=FINAL_LOSS_RTOL[dtype])
+    assert mixed["losses"][-1] < mixed["losses"][0]
+    # the programs XLA compiled: float32's dots all float32, the mixed ones' half
+    assert float32["matrix_ops"] > 0 and float32["half_ops"] == 0, float32
+    assert mixed["half_ops"] > 0, (mixed, compiled(dtype)[1][-3000:])
+
+
 @pytest.mark.slow
 def test_keras_modes_benchmark_quick_run_prints_both_tables():
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "keras_modes.py"),

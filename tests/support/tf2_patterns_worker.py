@@ -1,7 +1,8 @@
 """The TF2 patterns of a new user's script, run unmodified (tf_mpt is switched on, or not, by
 the environment: TF_MPT_ENABLE=1 ...). Used by tests/integration/test_tf2_patterns.py.
 
-    python tests/support/tf2_patterns_worker.py [--factor F] [--keep-going] PATTERN [...]
+    python tests/support/tf2_patterns_worker.py [--factor F] [--keep-going] [--jit DIR]
+                                                PATTERN [...]
 
 Prints one JSON line: {pattern: {"losses": [...], "dtypes": {what: dtype name},
 "half_ops": n, "matrix_ops": n}} where dtypes are those of every tensor the script receives
@@ -11,10 +12,16 @@ function call; eager ops run no graph) whose type is half / any. --factor multip
 loss the gradients are taken of (an underflow probe: 1e-7) and divides the gradients back
 (or, for fit, relies on Adam's invariance to the loss's scale, its epsilon scaled too).
 --keep-going records a pattern that raises as {"error": "Type: message"} and runs the next.
+--jit DIR: the patterns' steps XLA compiles (jit_compile=True: Keras 3's default on a machine
+with a GPU; `tf.function(jit_compile=True)` in the custom loops); the environment's
+XLA_FLAGS must dump to DIR (--xla_dump_to=DIR --xla_dump_hlo_as_text), and half_ops /
+matrix_ops count the dot and convolution instructions of the HLO modules handed to XLA
+during the pattern (DIR's *.before_optimizations.txt), half: of element type f16 / bf16.
 """
 
 import json
 import os
+import re
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -28,6 +35,8 @@ tf.config.set_logical_device_configuration(
     [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])
 
 import keras  # noqa: E402
+
+JIT = {"on": False}  # --jit: the steps XLA compiles
 
 STEPS = 12
 BATCH = 32
@@ -97,7 +106,7 @@ def _custom_loop(model, loss_fn, opt, factor, compiled, extra_loss=None, feature
         return logits, loss, grads[0]
 
     if compiled:
-        step = tf.function(step)
+        step = tf.function(step, jit_compile=JIT["on"] or None)
     losses = []
     for i in range(STEPS):
         logits, loss, grad = step(tf.constant(x[i % 4 * batch:][:batch]),
@@ -114,7 +123,7 @@ def function_mse(factor):
     targets = np.eye(4, dtype=np.float32)[labels]
     model, opt = _mlp(), keras.optimizers.SGD(0.1)
 
-    @tf.function
+    @tf.function(jit_compile=JIT["on"] or None)
     def step(xb, yb):
         with tf.GradientTape() as tape:
             out = model(xb, training=True)
@@ -175,7 +184,7 @@ def keras_fit(factor):
     base = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     # (epsilon scaled with the loss, so the steps are float32's at any factor)
     model.compile(optimizer=keras.optimizers.Adam(0.01, epsilon=1e-7 * factor),
-                  loss=lambda yt, yp: base(yt, yp) * factor)
+                  loss=lambda yt, yp: base(yt, yp) * factor, jit_compile=JIT["on"])
     history = model.fit(x, y, batch_size=BATCH, epochs=3, shuffle=False, verbose=0)
     losses = [v / factor for v in history.history["loss"]]
     predicted = model.predict(x[:8], verbose=0)
@@ -272,13 +281,34 @@ def _count_matrix_ops(metadata):
     return half, total
 
 
+_HLO_CONTRACTION = re.compile(r"= (\w+)\[[^\]]*\][^ ]* (?:dot|convolution)\(")
+
+
+def _count_hlo_contractions(directory, seen):
+    """(half, all) dot and convolution instructions in the HLO modules XLA was handed that
+    `directory` holds and `seen` (a set of file names, updated) does not."""
+    half = total = 0
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".before_optimizations.txt") or name in seen:
+            continue
+        seen.add(name)
+        with open(os.path.join(directory, name)) as f:
+            types = _HLO_CONTRACTION.findall(f.read())
+        total += len(types)
+        half += sum(t in ("f16", "bf16") for t in types)
+    return half, total
+
+
 def main(argv):
-    factor, keep_going = 1.0, False
-    while argv[:1] in (["--factor"], ["--keep-going"]):
+    factor, keep_going, dump = 1.0, False, None
+    while argv[:1] in (["--factor"], ["--keep-going"], ["--jit"]):
         if argv[0] == "--factor":
             factor, argv = float(argv[1]), argv[2:]
+        elif argv[0] == "--jit":
+            JIT["on"], dump, argv = True, argv[1], argv[2:]
         else:
             keep_going, argv = True, argv[1:]
+    seen = set(os.listdir(dump)) if dump and os.path.isdir(dump) else set()
     out = {}
     for name in argv:
         context.enable_run_metadata()
@@ -292,7 +322,8 @@ def main(argv):
             continue
         metadata = context.export_run_metadata()
         context.disable_run_metadata()
-        half, total = _count_matrix_ops(metadata)
+        half, total = _count_matrix_ops(metadata) if dump is None else \
+            _count_hlo_contractions(dump, seen)
         out[name] = dict(losses=losses, dtypes=dtypes, half_ops=half, matrix_ops=total)
     print(json.dumps(out))
 
