@@ -505,7 +505,7 @@ def measure_in_place(config, dtype, graph, session_config=None):
                           if op_of(p) in types and p not in known.dispatch})
         if not missing:
             return
-        _log_measuring(dtype, missing)
+        _log_measuring(dtype, missing, ", in this process while its optimizer compiles")
         with _state.bypass():
             found = measure(dtype, missing, known=known,
                             session_config=_threading_of(session_config))
@@ -587,11 +587,11 @@ def _child_env(onednn=True):
     return env
 
 
-def _log_measuring(dtype, ops):
+def _log_measuring(dtype, ops, where=""):
     _state.warn_once(("dispatch measuring", dtype, tuple(sorted(ops))),
                      "tf_mpt is checking how TensorFlow runs %s %s on this CPU against "
-                     "float32, for speed and accuracy (once; cached)", dtype,
-                     ", ".join(sorted(ops)), level=20)
+                     "float32, for speed and accuracy%s (once; cached)", dtype,
+                     ", ".join(sorted(ops)), where, level=20)
 
 
 def in_table(path, dtype):
