@@ -27,7 +27,9 @@ TF1 programs (kind "tf1"), one graph and one Session:
                Switch/Merge, ref variables), False: TF2 behaviour in a tf.Graph (functional
                While, resource variables)
 TF2 programs (kind "tf2"):
-    "loop"     a GradientTape custom loop, eager or in a tf.function ("mode"), on raw
+    "loop"     a GradientTape custom loop, eager, in a tf.function or in one XLA compiles
+               ("mode": eager, function, jit: jit_compile=True, Keras 3's default on a
+               machine with a GPU; compile(jit_compile=True) for fit), on raw
                tf.Variables or a Keras Sequential ("model"), with "extras": "none_grad" (a
                variable not touching the loss: its gradient is None; "none_filter" filters it
                out before apply_gradients, else the None is passed to the Keras optimizer,
@@ -99,7 +101,7 @@ class ProgramSpec:
     v1: bool = True
     # tf2
     tf2_kind: str = "loop"
-    mode: str = "function"    # "eager" or "function"
+    mode: str = "function"    # "eager", "function" or "jit" (XLA compiles the step)
     model: str = "variables"  # "variables" or "keras"
     extras: tuple = ()
     # batch 64 and 512-wide hidden layers instead of 16 and 8 (never drawn: the programs the
@@ -199,7 +201,7 @@ def tf2_specs():
         loss=st.sampled_from(LOSSES),
         optimizer=st.sampled_from(TF2_OPTIMIZERS),
         tf2_kind=st.sampled_from(TF2_KINDS),
-        mode=st.sampled_from(("eager", "function")),
+        mode=st.sampled_from(("eager", "function", "jit")),
         model=st.sampled_from(("variables", "keras")),
         extras=st.lists(st.sampled_from(TF2_EXTRAS), unique=True).map(
             lambda s: tuple(sorted(s))),
@@ -447,8 +449,10 @@ def _tf2_loop_source(spec):
     body.append("    return loss")
     body.append("")
     body.append("")
-    if spec.mode == "function":
-        body += ["train_step = tf.function(train_step)", "forward = tf.function(forward)"]
+    if spec.mode in ("function", "jit"):
+        jit = ", jit_compile=True" if spec.mode == "jit" else ""
+        body += [f"train_step = tf.function(train_step{jit})",
+                 f"forward = tf.function(forward{jit})"]
     body += [f"for i in range({spec.steps}):",
              '    record(f"loss{i}", train_step(X, Y, IDS).numpy())',
              f'record("eval_loss", {_tf2_loss_expr(spec, "forward(X_TEST, IDS_TEST)", "Y_TEST")}.numpy())',
@@ -513,8 +517,9 @@ def _tf2_gan_source(spec):
     else:
         body.append("    g_opt.apply_gradients(zip(grads, g_vars))")
     body += ["    return d_loss, g_loss", "", ""]
-    if spec.mode == "function":
-        body.append("train_step = tf.function(train_step)")
+    if spec.mode in ("function", "jit"):
+        jit = ", jit_compile=True" if spec.mode == "jit" else ""
+        body.append(f"train_step = tf.function(train_step{jit})")
     body += [f"for i in range({spec.steps}):",
              "    d_loss, g_loss = train_step(REAL, NOISE)",
              '    record(f"d_loss{i}", d_loss.numpy())',
@@ -549,7 +554,7 @@ def _keras_fit_source(spec):
                  "inputs, test_inputs = X, X_TEST"]
     loss = ('keras.losses.SparseCategoricalCrossentropy(from_logits=True)'
             if spec.loss == "xent" else '"mse"')
-    eager = ", run_eagerly=True" if spec.mode == "eager" else ""
+    eager = {"eager": ", run_eagerly=True", "jit": ", jit_compile=True"}.get(spec.mode, "")
     body += [f"model.compile(optimizer={_KERAS_OPTIMIZERS[spec.optimizer]}, loss={loss}{eager})",
              f"history = model.fit(inputs, Y, epochs={epochs}, batch_size=8, shuffle=False, verbose=0)",
              'record("loss", history.history["loss"])',

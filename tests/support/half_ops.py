@@ -13,6 +13,13 @@ program imports it. Two ways a program runs graphs are seen:
                      as the executor ran them)
     tf.function      the eager context's run metadata: the partition graphs of every
                      function call (Keras's fit / evaluate / predict steps included)
+    XLA              the HLO modules handed to XLA (a jit_compile=True function, Keras's
+                     compile(jit_compile=True), auto-clustering): the observer appends
+                     --xla_dump_to=<a directory of its own> --xla_dump_hlo_as_text to
+                     XLA_FLAGS before TensorFlow starts, and counts each module's dot and
+                     convolution instructions by element type ("dot (XLA)", "convolution
+                     (XLA)" in half_types: the run metadata holds no graph of a compiled
+                     function)
 
 At exit (of a process that imported TensorFlow) one line goes to stderr,
 `COUNT_LINE_PREFIX {json}`: "half_ops" (distinct executed nodes whose type attr T is float16 or
@@ -25,13 +32,19 @@ it passes is still filled.
 import atexit
 import json
 import os
+import re
+import shutil
 import sys
+import tempfile
 
 COUNT_LINE_PREFIX = "half-ops-observer:"
 SWITCH = "HALF_OPS_OBSERVER"
 OBSERVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "observe")
 
 _seen = {}  # (graph kind, node name) -> (op type, 'half' or 'float32')
+_XLA = {}  # "dump": the directory XLA dumps this process's HLO modules to
+_HLO_CONTRACTION = re.compile(r"= (\w+)\[[^\]]*\][^ ]* (dot|convolution)\(")
+_HLO_KINDS = {"f16": "half", "bf16": "half", "f32": "float32"}
 _kinds = {}  # type attr enum -> 'half' or 'float32' (set once TensorFlow is imported)
 
 
@@ -100,7 +113,25 @@ def _observe(tf):
     atexit.register(_report)  # after TensorFlow's own exit handlers were registered: before
 
 
+def _record_hlo(directory):
+    """The dot and convolution instructions of the HLO modules XLA was handed (each module's
+    text as dumped before XLA's own passes), one entry per instruction."""
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".before_optimizations.txt"):
+            continue
+        with open(os.path.join(directory, name)) as f:
+            for index, (element, what) in enumerate(_HLO_CONTRACTION.findall(f.read())):
+                if element in _HLO_KINDS:
+                    _seen[(f"xla {name}", index)] = (f"{what} (XLA)", _HLO_KINDS[element])
+
+
 def _report():
+    if _XLA.get("dump"):
+        try:
+            _record_hlo(_XLA["dump"])
+        except OSError as error:
+            sys.stderr.write(f"{COUNT_LINE_PREFIX} no XLA dump: {error}\n")
+        shutil.rmtree(_XLA["dump"], ignore_errors=True)
     if "tensorflow" in sys.modules:
         try:
             from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
@@ -145,6 +176,12 @@ class _AfterTensorFlowImport:
 def install():
     """Observes this process from TensorFlow's import on (now, if it is imported) and
     reports at exit; a process that never imports TensorFlow reports nothing."""
+    if "tensorflow" not in sys.modules:  # (XLA reads its flags once, at its first use)
+        _XLA["dump"] = tempfile.mkdtemp(prefix="half-ops-xla-")
+        atexit.register(shutil.rmtree, _XLA["dump"], True)  # (also where TF never comes)
+        os.environ["XLA_FLAGS"] = " ".join(filter(None, [
+            os.environ.get("XLA_FLAGS", ""), f"--xla_dump_to={_XLA['dump']}",
+            "--xla_dump_hlo_as_text"]))
     if "tensorflow" in sys.modules:
         _observe(sys.modules["tensorflow"])
     else:

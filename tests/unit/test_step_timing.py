@@ -53,6 +53,23 @@ def test_which_functions_are_timed(mode, target, report, timed):
     assert _timing.worth_timing(report, target, mode) is timed
 
 
+@pytest.mark.parametrize("mode, target, timed", [
+    ("auto", _HERE, True), ("off", _HERE, False), ("auto", _RULES, False)])
+def test_auto_times_every_step_xla_compiles_where_decisions_are_for_this_cpu(mode, target,
+                                                                           timed):
+    """A saving the cost model trusts (35%: not timed without XLA) is timed all the same in a
+    step XLA compiles: the model adds up TensorFlow's kernels, and XLA on a CPU computes half
+    contractions in float32 between converts (the Transformer's fit under XLA ran 0.89x
+    float32 on the prediction alone: benchmarks/keras_models.py --jit)."""
+    report = _report_with(5.0, 14.4, target="rules" if target is _RULES else "here")
+    config = _config.Config.from_env({"TF_MPT_STEP_TIMING": mode})
+    assert decision.step_reason(config, target, report) is None
+    why = decision.step_reason(config, target, report, compiled=True)
+    assert (why is not None) is timed
+    if timed:
+        assert why.startswith("XLA compiles it (jit_compile): the cost model adds up")
+
+
 @pytest.mark.parametrize("report, timed", [
     # Sapphire Rapids, a table with bfloat16 Mul / AddV2 / Sub probed faster at 1 M elements:
     (_report_with(5.51, 8.72, elementwise_ms=8.36), True),    # MobileNetV2's predict step

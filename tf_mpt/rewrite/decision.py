@@ -645,7 +645,7 @@ def step_applies(config, target, report):
     return step_reason(config, target, report) is not None
 
 
-def step_reason(config, target, report):
+def step_reason(config, target, report, compiled=False):
     """Why a traced tf.function rewritten with `report` for the resolved `target` has its
     candidates timed, or None: where step timing would time it
     (step_timing.timing_reason: decided for this CPU, TF_MPT_STEP_TIMING; with
@@ -653,7 +653,9 @@ def step_reason(config, target, report):
     float32, the default, auto acts as always for a step computing gradients where the cost
     model kept a share of its nodes float32, step_timing.holds_float32_for_gradients, or
     through a loop whose buffers it keeps half, holds_half_loop_buffers_for_gradients; with
-    TF_MPT_MEMORY_PRICE, for every step computing gradients) and the budget is not 0."""
+    TF_MPT_MEMORY_PRICE, for every step computing gradients; `compiled`, a step XLA compiles:
+    always, the cost model's kernel times being TensorFlow's kernels', not XLA's) and the
+    budget is not 0."""
     if config.timing_budget <= 0:
         return None
     mode = config.step_timing
@@ -661,6 +663,10 @@ def step_reason(config, target, report):
     if reason is not None or mode != "auto" or \
             _step_timing.timing_reason(report, target, "always") is None:
         return reason
+    if compiled:
+        return ("XLA compiles it (jit_compile): the cost model adds up TensorFlow's kernels, "
+                "not what XLA makes of the step (on a CPU it computes half contractions in "
+                "float32 between converts)")
     if _least(config):
         return "TF_MPT_MEMORY=least: what each candidate holds is measured, not predicted"
     if prices_float32(config, report):
