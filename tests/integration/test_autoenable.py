@@ -33,13 +33,15 @@ EXAMPLES = {"tf1_mlp_digits": ["--epochs", "3"], "tf1_convnet_digits": ["--epoch
             "tf1_lstm_digits": ["--epochs", "15"]}
 
 
-def _run(args, env):
+def _run(args, env, keras_as_on_a_gpu=False):
     """The script run as a user runs it, observed: half_ops.half_ops(proc.stderr) is the
-    number of half ops TensorFlow executed in it. TF_MPT_CPU_FLAGS passes through: a run of
-    the suite "as another CPU" reaches the scripts."""
+    number of half ops TensorFlow executed in it (XLA's programs included). TF_MPT_CPU_FLAGS
+    passes through: a run of the suite "as another CPU" reaches the scripts.
+    keras_as_on_a_gpu: Keras 3's compile() default resolves to XLA, as on a GPU machine."""
     full_env = child_env(keep=("TF_MPT_CPU_FLAGS",))
     full_env.update(env, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.run([sys.executable, *args], env=half_ops.observed_env(full_env),
+    return subprocess.run([sys.executable, *args],
+                          env=half_ops.observed_env(full_env, keras_as_on_a_gpu),
                           capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT)
 
 
@@ -174,18 +176,23 @@ def test_unmodified_script_runs_in_mixed_precision(name, launch, tmp_path, float
 @pytest.mark.parametrize("launch", [pytest.param("env", marks=_SECOND),
                                     pytest.param("module", marks=_SECOND),
                                     pytest.param("console", marks=_SECOND),
-                                    pytest.param("policy", marks=_SECOND)])
+                                    pytest.param("policy", marks=_SECOND),
+                                    pytest.param("env-gpu-default", marks=_SECOND)])
 def test_keras_fit_script_runs_its_traced_steps_in_mixed_precision(launch):
     """TF_MPT_KERAS=rewrite (default): Keras stays float32 and tf_mpt rewrites the step
-    functions fit / evaluate trace; TF_MPT_KERAS=policy: Keras's mixed_bfloat16 policy."""
+    functions fit / evaluate trace; TF_MPT_KERAS=policy: Keras's mixed_bfloat16 policy.
+    env-gpu-default: the script's compile() default resolved as on a GPU machine (issue
+    "XLA": Keras 3 compiles its steps with XLA there), both runs; the half ops counted in
+    the HLO handed to XLA."""
     args = ["examples/keras_fit_digits.py", "--epochs", "3"]
-    float32_run = _run(args, {})
+    gpu_default = launch == "env-gpu-default"
+    float32_run = _run(args, {}, keras_as_on_a_gpu=gpu_default)
     float32 = _metrics(float32_run)
     # whether this CPU's kernels make the digits MLP's small steps pay in bfloat16 is the
     # cost model's call (test_cost_model.py); here: that the traced steps are rewritten
     mixed_env = {"TF_MPT_DTYPE": "bfloat16", "TF_MPT_COST_MODEL": "0"}
-    if launch == "env":
-        proc = _run(args, {"TF_MPT_ENABLE": "1", **mixed_env})
+    if launch in ("env", "env-gpu-default"):
+        proc = _run(args, {"TF_MPT_ENABLE": "1", **mixed_env}, keras_as_on_a_gpu=gpu_default)
     elif launch == "policy":
         proc = _run(args, {"TF_MPT_ENABLE": "1", "TF_MPT_KERAS": "policy", **mixed_env})
     elif launch == "module":
@@ -204,6 +211,9 @@ def test_keras_fit_script_runs_its_traced_steps_in_mixed_precision(launch):
         assert len(converted) == 2 and all(int(n) > 0 for n in converted), proc.stderr[-3000:]
     assert half_ops.half_ops(float32_run.stderr) == 0
     assert half_ops.half_ops(proc.stderr) > 0, proc.stderr[-3000:]  # the steps ran half
+    xla = {op: n for op, n in half_ops.parse(proc.stderr)["half_types"].items()
+           if op.endswith("(XLA)")}
+    assert bool(xla) is gpu_default, (xla, proc.stderr[-2000:])  # compiled exactly there
     assert mixed["last_loss"] < mixed["first_loss"] / 2
     assert mixed["accuracy"] >= float32["accuracy"] - ACCURACY_POINTS - 1e-9
 

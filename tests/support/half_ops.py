@@ -48,9 +48,12 @@ _HLO_KINDS = {"f16": "half", "bf16": "half", "f32": "float32"}
 _kinds = {}  # type attr enum -> 'half' or 'float32' (set once TensorFlow is imported)
 
 
-def observed_env(env):
-    """A copy of the environment `env` in which a Python process counts its half ops."""
+def observed_env(env, keras_as_on_a_gpu=False):
+    """A copy of the environment `env` in which a Python process counts its half ops (and,
+    with `keras_as_on_a_gpu`, Keras 3's jit_compile="auto" resolves as on a GPU machine)."""
     out = dict(env)
+    if keras_as_on_a_gpu:
+        out[KERAS_AS_ON_A_GPU] = "1"
     out["PYTHONPATH"] = os.pathsep.join(
         [OBSERVE_DIR] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p])
     out[SWITCH] = "1"
@@ -173,9 +176,53 @@ class _AfterTensorFlowImport:
         return spec
 
 
+KERAS_AS_ON_A_GPU = "HALF_OPS_KERAS_AS_ON_A_GPU"  # (observed_env's keras_as_on_a_gpu)
+KERAS_TRAINER = "keras.src.trainers.trainer"
+
+
+def _resolve_as_on_a_gpu(trainer_module):
+    """Keras 3's compile(jit_compile="auto") resolved as on a machine with a GPU: XLA, unless
+    a distribution strategy is in use or the model cannot be compiled (its own rules, less
+    "Disable XLA on CPU-only machines")."""
+    def resolve(self):
+        if getattr(self, "_distribute_strategy", None):
+            return False
+        return bool(trainer_module.model_supports_jit(self))
+    trainer_module.Trainer._resolve_auto_jit_compile = resolve  # pylint: disable=protected-access
+
+
+class _AfterKerasTrainerImport:
+    """A meta path finder that makes Keras's "auto" resolve as on a GPU machine once the
+    program has imported Keras 3's trainer."""
+
+    def find_spec(self, name, path=None, target=None):  # pylint: disable=unused-argument
+        if name != KERAS_TRAINER or name in sys.modules:
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util  # pylint: disable=import-outside-toplevel
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        original_exec = spec.loader.exec_module
+
+        def exec_module(module):
+            original_exec(module)
+            _resolve_as_on_a_gpu(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+
 def install():
     """Observes this process from TensorFlow's import on (now, if it is imported) and
-    reports at exit; a process that never imports TensorFlow reports nothing."""
+    reports at exit; a process that never imports TensorFlow reports nothing. With
+    HALF_OPS_KERAS_AS_ON_A_GPU=1 (removed: not for this process's children), Keras 3's
+    compile(jit_compile="auto") resolves as on a machine with a GPU (its steps XLA
+    compiles, as a GPU user's run), this being a CPU."""
+    if os.environ.pop(KERAS_AS_ON_A_GPU, None) == "1":
+        if KERAS_TRAINER in sys.modules:
+            _resolve_as_on_a_gpu(sys.modules[KERAS_TRAINER])
+        else:
+            sys.meta_path.insert(0, _AfterKerasTrainerImport())
     if "tensorflow" not in sys.modules:  # (XLA reads its flags once, at its first use)
         _XLA["dump"] = tempfile.mkdtemp(prefix="half-ops-xla-")
         atexit.register(shutil.rmtree, _XLA["dump"], True)  # (also where TF never comes)

@@ -618,6 +618,46 @@ def test_an_xla_step_is_timed_as_xla_runs_it_and_its_verdict_says_so(monkeypatch
     assert len(profiled) == (0 if fastest == "float32" else 1)  # (the second run's, alone)
 
 
+def test_a_step_calling_a_compiled_function_is_timed_whatever_the_prediction(monkeypatch,
+                                                                            caplog):
+    """Keras's predict loop is a tf.function calling its jit_compile step: the caller is
+    rewritten with the callee's body, so the caller's verdict is XLA's too; it is timed in
+    the Session sandbox (which compiles that call, as the step's run does), under auto,
+    however large the cost model's predicted saving."""
+    monkeypatch.setenv("TF_MPT_STEP_TIMING", "auto")
+    monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "20")
+    timed = []
+
+    def time_versions(cf, graphs, batch, rounds, budget, peaks=None, sandbox=None):
+        timed.append(list(graphs))
+        return {name: (0.1,) * 3 for name in graphs}
+    monkeypatch.setattr(_timing, "time_versions", time_versions)
+    monkeypatch.setattr(_timing, "time_compiled", lambda *a, **k: pytest.fail("compiled"))
+    monkeypatch.setattr(_timing, "profile_versions", lambda cf, graphs, batch, runs,
+                        sandbox=None: {n: {} for n in graphs})
+    monkeypatch.setattr(decision, "step_reason", _with_a_trusted_saving(decision.step_reason))
+    step, _, _ = _step()
+    inner = tf.function(step.python_function, jit_compile=True)
+    for jit_inside, expected in ((True, 1), (False, 1)):  # (the count so far)
+        called = inner if jit_inside else tf.function(step.python_function)
+        mixed = tf_mpt.function(lambda x, called=called: called(x) * 2.0, dtype="bfloat16",
+                                input_signature=step.input_signature)
+        with caplog.at_level(logging.INFO, logger="tf_mpt"):
+            mixed(tf.ones((64, WIDTH)))
+        assert len(timed) == expected, (jit_inside, timed)
+    assert any("XLA compiles it (jit_compile)" in r.getMessage() for r in caplog.records)
+
+
+def _with_a_trusted_saving(step_reason):
+    """decision.step_reason as for a report whose predicted saving the cost model trusts
+    (auto would not time it without XLA), whatever the suite's table predicts here."""
+    def reason(config, target, report, compiled=False):
+        trusted = dataclasses.replace(report, predicted_saving=1.0, predicted_changed=1.0,
+                                      predicted_elementwise=0.0)
+        return step_reason(config, target, trusted, compiled)
+    return reason
+
+
 @pytest.mark.measures_this_cpu
 def test_each_candidate_is_compiled_by_xla_once_and_timed_on_copies(monkeypatch):
     """time_compiled for real (the verdict's clock injected): each candidate a

@@ -159,7 +159,8 @@ def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_r
             if timing or step_timer is not None else None
         if step_timer is not None and result.report.error is None:
             why = _decision.step_reason(config, resolved, result.report,
-                                        compiled=getattr(step_timer, "compiled", False))
+                                        compiled=getattr(step_timer, "calls_compiled",
+                                                         False))
             if why is not None:
                 _log.info("tf_mpt decides %s by timing its candidates: %s",
                           label or "a tf.function", why)

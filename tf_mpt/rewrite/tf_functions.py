@@ -188,11 +188,26 @@ def _step_timer(cf, jit_compile):
     # (XLA fuses the nodes a profile would time one by one: no refinement by op type)
     timer.profile = None if compiled else profile
     timer.compiled = compiled
+    # (a step whose graph calls a function XLA compiles, e.g. Keras's predict loop calling
+    # its jit_compile step: timed whatever the cost model predicts, in the Session sandbox,
+    # which compiles that call as the step's run does)
+    timer.calls_compiled = compiled or _calls_compiled(cf.graph.as_graph_def())
     timer.peaks_only = peaks_only
     timer.peaks = peaks
     timer.key_graph = key_graph
     timer.close = close
     return timer
+
+
+def _calls_compiled(graph_def):
+    """Whether a node of `graph_def` or of its library functions is one XLA compiles (its
+    `_XlaMustCompile` attr: a call of a jit_compile=True function), or a library function
+    is marked so."""
+    for function in graph_def.library.function:
+        if function.attr["_XlaMustCompile"].b:
+            return True
+    return any(node.attr["_XlaMustCompile"].b
+               for node in _function_library.all_nodes(graph_def))
 
 
 def _compiled_candidate(cf, graph_def, values):
