@@ -39,6 +39,14 @@ def pytest_configure(config):
         "must hold whichever way this CPU's clock goes)")
 
 
+def _refusing(message):
+    """A stand-in for a measuring function or method (whatever its arguments) that fails
+    the test with `message`."""
+    def refuse(*args, **kwargs):
+        raise AssertionError(message)
+    return refuse
+
+
 @pytest.fixture(autouse=True)
 def _no_verdict_from_this_cpus_clock(request, monkeypatch):
     """A test reads the injected table, never kernels timed on this machine: a configuration
@@ -83,37 +91,27 @@ def _no_verdict_from_this_cpus_clock(request, monkeypatch):
     monkeypatch.setattr(op_costs, "_in_child", measuring)
     from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
 
-    def timing(graph_def, *args, **kwargs):
-        raise AssertionError(
-            "this test timed candidate graphs on this machine: its verdict would depend on "
-            "this CPU's clock. Inject graph_timing._Sandbox and graph_timing._clock, or mark "
-            "the test @pytest.mark.measures_this_cpu")
-    monkeypatch.setattr(graph_timing, "_Sandbox", timing)
+    monkeypatch.setattr(graph_timing, "_Sandbox", _refusing(
+        "this test timed candidate graphs on this machine: its verdict would depend on "
+        "this CPU's clock. Inject graph_timing._Sandbox and graph_timing._clock, or mark "
+        "the test @pytest.mark.measures_this_cpu"))
     # nor a traced step's candidates in step timing's sandbox (its copies of the variables,
     # one Session), nor rounds on the real clock: a test injects graph_timing._clock, or
     # step_timing.time_versions / profile_versions, or carries the mark
     from tf_mpt.rewrite import step_timing  # pylint: disable=import-outside-toplevel
 
-    def sandbox_runs(self, graph_defs, batch):
-        raise AssertionError(
-            "this test ran candidates in step timing's sandbox on this machine: its verdict "
-            "would depend on this CPU's clock. Inject step_timing.time_versions and "
-            "profile_versions, or mark the test @pytest.mark.measures_this_cpu")
-    monkeypatch.setattr(step_timing.Sandbox, "runs", sandbox_runs)
-
-    def compiled_runners(self, graph_defs, batch):
-        raise AssertionError(
-            "this test ran candidates XLA compiled in step timing's sandbox on this machine: "
-            "its verdict would depend on this CPU's clock. Inject step_timing.time_compiled, "
-            "or mark the test @pytest.mark.measures_this_cpu")
-    monkeypatch.setattr(step_timing.CompiledSandbox, "runners", compiled_runners)
-
-    def real_clock():
-        raise AssertionError(
-            "this test read the real clock of graph timing's rounds: its verdict would "
-            "depend on this CPU's clock. Inject graph_timing._clock (tests/support/"
-            "fake_timing.py), or mark the test @pytest.mark.measures_this_cpu")
-    monkeypatch.setattr(graph_timing, "_clock", real_clock)
+    monkeypatch.setattr(step_timing.Sandbox, "runs", _refusing(
+        "this test ran candidates in step timing's sandbox on this machine: its verdict "
+        "would depend on this CPU's clock. Inject step_timing.time_versions and "
+        "profile_versions, or mark the test @pytest.mark.measures_this_cpu"))
+    monkeypatch.setattr(step_timing.CompiledSandbox, "runners", _refusing(
+        "this test ran candidates XLA compiled in step timing's sandbox on this machine: "
+        "its verdict would depend on this CPU's clock. Inject step_timing.time_compiled, "
+        "or mark the test @pytest.mark.measures_this_cpu"))
+    monkeypatch.setattr(graph_timing, "_clock", _refusing(
+        "this test read the real clock of graph timing's rounds: its verdict would "
+        "depend on this CPU's clock. Inject graph_timing._clock (tests/support/"
+        "fake_timing.py), or mark the test @pytest.mark.measures_this_cpu"))
     from tf_mpt.costs import dispatch  # pylint: disable=import-outside-toplevel
 
     def not_checking(dtype, ops):

@@ -188,29 +188,36 @@ with v1.Session() as session:
 """
 
 
-@pytest.mark.heavy
-def test_a_first_run_compiles_the_optimizer_beside_tensorflows_import(tmp_path):
-    """A script that names a Session, an empty cache: the compile starts as the script starts
-    importing TensorFlow, with the flags of the installed wheel (the build takes its output:
-    the same command), and the Session's graph runs half; the second run builds nothing."""
+def _two_first_runs(tmp_path, **env):
+    """(cache, TMPDIR, [stderr, stderr]) of the script naming a Session run twice, observed
+    (support/half_ops), bfloat16 by the rules, on an empty cache of its own, with `env`."""
     script = tmp_path / "names_a_session.py"
     script.write_text(_NAMES_A_SESSION)
     cache, temporary = tmp_path / "cache", tmp_path / "tmp"
     temporary.mkdir()
-    env = child_env()
-    env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_ENABLE="1",
-               TF_MPT_DTYPE="bfloat16", TF_MPT_TARGET="rules", TF_MPT_CACHE_DIR=str(cache),
-               TMPDIR=str(temporary))
+    full = child_env()
+    full.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_ENABLE="1",
+                TF_MPT_DTYPE="bfloat16", TF_MPT_TARGET="rules", TF_MPT_CACHE_DIR=str(cache),
+                TMPDIR=str(temporary), **env)
     logs = []
     for _ in range(2):
-        proc = subprocess.run([sys.executable, str(script)], env=half_ops.observed_env(env),
+        proc = subprocess.run([sys.executable, str(script)], env=half_ops.observed_env(full),
                               capture_output=True, text=True, timeout=TIMEOUT_S,
                               cwd=str(tmp_path))
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "Y " in proc.stdout
         logs.append(proc.stderr)
-        # the Session's graph ran its product in bfloat16 (counted in what it executed)
-        executed = half_ops.parse(proc.stderr)["half_types"]
+    return cache, temporary, logs
+
+
+@pytest.mark.heavy
+def test_a_first_run_compiles_the_optimizer_beside_tensorflows_import(tmp_path):
+    """A script that names a Session, an empty cache: the compile starts as the script starts
+    importing TensorFlow, with the flags of the installed wheel (the build takes its output:
+    the same command), and the Session's graph runs half; the second run builds nothing."""
+    cache, temporary, logs = _two_first_runs(tmp_path)
+    for log in logs:  # the Session's graph ran its product in bfloat16 (counted in what it
+        executed = half_ops.parse(log)["half_types"]  # executed)
         assert sum(n for op, n in executed.items() if "MatMul" in op) >= 1, executed
     assert "built tf_mpt's Grappler optimizer (once per TensorFlow version) beside " \
         "TensorFlow's import" in logs[0], logs[0][-3000:]
@@ -227,21 +234,7 @@ def test_a_first_run_compiling_the_optimizer_checks_its_kernels_in_its_own_proce
     waits for the compiler, and its ratios are in this CPU's cache, speed and numerics); the
     second run checks nothing. Whether the product then runs half is this CPU's verdict
     (emulated bfloat16 is >3x slower on some kinds), so it is not asserted here."""
-    script = tmp_path / "names_a_session.py"
-    script.write_text(_NAMES_A_SESSION)
-    cache, temporary = tmp_path / "cache", tmp_path / "tmp"
-    temporary.mkdir()
-    env = child_env()
-    env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_ENABLE="1",
-               TF_MPT_DTYPE="bfloat16", TF_MPT_TARGET="rules", TF_MPT_CACHE_DIR=str(cache),
-               TF_MPT_DISPATCH_CHECK="1", TMPDIR=str(temporary))
-    logs = []
-    for _ in range(2):
-        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                              text=True, timeout=TIMEOUT_S, cwd=str(tmp_path))
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert "Y " in proc.stdout
-        logs.append(proc.stderr)
+    cache, temporary, logs = _two_first_runs(tmp_path, TF_MPT_DISPATCH_CHECK="1")
     # (the graph's checked op types, its initializer's AddV2 and Mul too, at once: the
     # Session checks them before its first run, never a rewrite in its child)
     assert re.search(r"tf_mpt is checking how TensorFlow runs bfloat16 [A-Za-z0-9, ]*"

@@ -116,16 +116,35 @@ def _observe(tf):
     atexit.register(_report)  # after TensorFlow's own exit handlers were registered: before
 
 
-def _record_hlo(directory):
-    """The dot and convolution instructions of the HLO modules XLA was handed (each module's
-    text as dumped before XLA's own passes), one entry per instruction."""
+def hlo_contractions(directory, seen=None):
+    """{module file: [(element type, 'dot' or 'convolution')]}: the dot and convolution
+    instructions of each HLO module XLA was handed, as `--xla_dump_to=directory
+    --xla_dump_hlo_as_text` dumped it before XLA's own passes; the files named in `seen` (a
+    set, updated) left out."""
+    found = {}
     for name in sorted(os.listdir(directory)):
-        if not name.endswith(".before_optimizations.txt"):
+        if not name.endswith(".before_optimizations.txt") or (seen is not None and
+                                                              name in seen):
             continue
+        if seen is not None:
+            seen.add(name)
         with open(os.path.join(directory, name)) as f:
-            for index, (element, what) in enumerate(_HLO_CONTRACTION.findall(f.read())):
-                if element in _HLO_KINDS:
-                    _seen[(f"xla {name}", index)] = (f"{what} (XLA)", _HLO_KINDS[element])
+            found[name] = _HLO_CONTRACTION.findall(f.read())
+    return found
+
+
+def is_half_hlo(element):
+    """Whether an HLO element type ('bf16', 'f32', ...) is a half type."""
+    return _HLO_KINDS.get(element) == "half"
+
+
+def _record_hlo(directory):
+    """The dot and convolution instructions of the HLO modules XLA was handed, one entry per
+    instruction."""
+    for name, instructions in hlo_contractions(directory).items():
+        for index, (element, what) in enumerate(instructions):
+            if element in _HLO_KINDS:
+                _seen[(f"xla {name}", index)] = (f"{what} (XLA)", _HLO_KINDS[element])
 
 
 def _report():

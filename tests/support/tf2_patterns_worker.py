@@ -21,7 +21,6 @@ during the pattern (DIR's *.before_optimizations.txt), half: of element type f16
 
 import json
 import os
-import re
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -35,6 +34,8 @@ tf.config.set_logical_device_configuration(
     [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])
 
 import keras  # noqa: E402
+
+from support import half_ops  # noqa: E402  (no TensorFlow of its own)
 
 JIT = {"on": False}  # --jit: the steps XLA compiles
 
@@ -281,22 +282,12 @@ def _count_matrix_ops(metadata):
     return half, total
 
 
-_HLO_CONTRACTION = re.compile(r"= (\w+)\[[^\]]*\][^ ]* (?:dot|convolution)\(")
-
-
 def _count_hlo_contractions(directory, seen):
     """(half, all) dot and convolution instructions in the HLO modules XLA was handed that
     `directory` holds and `seen` (a set of file names, updated) does not."""
-    half = total = 0
-    for name in sorted(os.listdir(directory)):
-        if not name.endswith(".before_optimizations.txt") or name in seen:
-            continue
-        seen.add(name)
-        with open(os.path.join(directory, name)) as f:
-            types = _HLO_CONTRACTION.findall(f.read())
-        total += len(types)
-        half += sum(t in ("f16", "bf16") for t in types)
-    return half, total
+    instructions = [element for found in half_ops.hlo_contractions(directory, seen).values()
+                    for element, _ in found]
+    return sum(map(half_ops.is_half_hlo, instructions)), len(instructions)
 
 
 def main(argv):

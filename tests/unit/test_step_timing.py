@@ -336,7 +336,7 @@ def test_a_step_timers_sandbox_serves_every_stage_importing_each_candidate_once(
     sandbox, import_ = _timing._sandbox, _timing._import  # pylint: disable=protected-access
     monkeypatch.setattr(_timing, "_sandbox", lambda *a: made.append(a) or sandbox(*a))
     monkeypatch.setattr(_timing, "_import", lambda *a: imported.append(a[2]) or import_(*a))
-    timer = _functions._step_timer(cf, False)  # pylint: disable=protected-access
+    timer = _functions._step_timer(cf, False, cf.graph.as_graph_def())  # pylint: disable=W0212
     with caplog.at_level(logging.DEBUG, logger="tf_mpt"):
         first = timer(versions, 64, 0.5)
         second = timer({"mixed": versions["mixed"], "lean": other}, 64, 0.5)
@@ -809,7 +809,7 @@ def test_a_step_too_slow_to_time_has_its_peaks_measured_on_its_copies():
     step, _, acc = _step()
     cf = step.get_concrete_function()
     versions = _versions(cf)
-    timer = _functions._step_timer(cf, False)  # pylint: disable=protected-access
+    timer = _functions._step_timer(cf, False, cf.graph.as_graph_def())  # pylint: disable=W0212
     try:
         with pytest.raises(_timing.TooSlow, match="do not fit"):
             timer(versions, 64, 0.0)

@@ -521,7 +521,7 @@ def measure_in_place(config, dtype, graph, session_config=None):
 
 
 _THREADING = ("intra_op_parallelism_threads", "inter_op_parallelism_threads",
-              "use_per_session_threads", "session_inter_op_thread_pool")
+              "use_per_session_threads")  # (and the repeated session_inter_op_thread_pool)
 
 
 def _threading_of(session_config):
@@ -530,7 +530,7 @@ def _threading_of(session_config):
         return None
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     threading = tf.compat.v1.ConfigProto()
-    for field in _THREADING[:-1]:
+    for field in _THREADING:
         setattr(threading, field, getattr(session_config, field))
     threading.session_inter_op_thread_pool.extend(session_config.session_inter_op_thread_pool)
     return threading

@@ -241,8 +241,7 @@ class Verdict:
         held = (f" (faster but over float32's peak: {', '.join(over)})" if over else "")
         how = ", compiled by XLA as the step runs" if self.compiled else ""
         return (f"graph timing ({where}median of {rounds} rounds{how}): {', '.join(parts)}; "
-                "picked "
-                f"{self.pick}{speed}" + ("" if self.pick == predicted else
+                f"picked {self.pick}{speed}" + ("" if self.pick == predicted else
                                          f" over the prediction ({self.predicted})") + held)
 
     def _describe_untimed(self):

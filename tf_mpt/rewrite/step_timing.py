@@ -302,10 +302,7 @@ def _in_sandbox(cf, graph_defs, batch, use, sandbox=None):
     resident bytes: the copies', {candidate: its name scope + '/'}) in the sandbox Session
     of `cf`'s {candidate: GraphDef} (`sandbox`, a Sandbox kept open, or one made and closed
     here); NotTimed where that cannot be done safely."""
-    unsafe = set().union(*(_unsafe_ops(g) for g in graph_defs.values()))
-    if unsafe:
-        raise NotTimed(f"it runs op(s) with effects outside its variables: "
-                       f"{', '.join(sorted(unsafe)[:5])}")
+    _refuse_unsafe(graph_defs)
     own = sandbox is None
     sandbox = Sandbox(cf) if own else sandbox
     try:
@@ -398,10 +395,7 @@ def time_compiled(concrete_function, graph_defs, batch, rounds, budget_seconds, 
     {candidate: (seconds per run, ...)}; NotTimed where it cannot be done safely (TooSlow
     where compiling took the whole budget)."""
     del concrete_function  # (the sandbox's)
-    unsafe = set().union(*(_unsafe_ops(g) for g in graph_defs.values()))
-    if unsafe:
-        raise NotTimed(f"it runs op(s) with effects outside its variables: "
-                       f"{', '.join(sorted(unsafe)[:5])}")
+    _refuse_unsafe(graph_defs)
     try:
         runners, compiling = sandbox.runners(graph_defs, batch)
     except (tf.errors.OpError, ValueError, TypeError) as error:
@@ -414,6 +408,15 @@ def time_compiled(concrete_function, graph_defs, batch, rounds, budget_seconds, 
                       "(TF_MPT_TIMING_BUDGET)")
     with _state.bypass():
         return rounds(runners, left)
+
+
+def _refuse_unsafe(graph_defs):
+    """NotTimed where one of {candidate: GraphDef} runs a stateful op not known to be safe
+    (_unsafe_ops): its runs on the copies would act outside them."""
+    unsafe = set().union(*(_unsafe_ops(g) for g in graph_defs.values()))
+    if unsafe:
+        raise NotTimed(f"it runs op(s) with effects outside its variables: "
+                       f"{', '.join(sorted(unsafe)[:5])}")
 
 
 def _unsafe_ops(graph_def):

@@ -106,7 +106,7 @@ def _rewrite_concrete(cf, dtype, config, jit_compile, target, timed=False, name=
         graph_def, dtype=dtype_name, fetches=fetches, lists=None, strict=False,
         shapes=lambda: _shapes.shapes_of_graph(cf.graph), config=config,
         control_outputs=control_outputs,
-        step_timer=_step_timer(cf, jit_compile) if timed else None,
+        step_timer=_step_timer(cf, jit_compile, graph_def) if timed else None,
         label=f"tf.function {name or _text(cf.name)}")
     if not result.modified:
         return _Rewritten(cf, report=result.report)
@@ -121,7 +121,7 @@ def _rewrite_concrete(cf, dtype, config, jit_compile, target, timed=False, name=
         return _Rewritten(cf, report=result.report)
 
 
-def _step_timer(cf, jit_compile):
+def _step_timer(cf, jit_compile, graph_def):
     """decision.decide's timer for `cf`'s candidates: step_timing.time_versions on copies of
     its variables, each half candidate's library functions named apart (the eager context
     holds the float32 ones under their names); its `profile` attribute, the per-node profile
@@ -191,7 +191,7 @@ def _step_timer(cf, jit_compile):
     # (a step whose graph calls a function XLA compiles, e.g. Keras's predict loop calling
     # its jit_compile step: timed whatever the cost model predicts, in the Session sandbox,
     # which compiles that call as the step's run does)
-    timer.calls_compiled = compiled or _calls_compiled(cf.graph.as_graph_def())
+    timer.calls_compiled = compiled or _calls_compiled(graph_def)  # (`cf`'s, as traced)
     timer.peaks_only = peaks_only
     timer.peaks = peaks
     timer.key_graph = key_graph
@@ -203,11 +203,16 @@ def _calls_compiled(graph_def):
     """Whether a node of `graph_def` or of its library functions is one XLA compiles (its
     `_XlaMustCompile` attr: a call of a jit_compile=True function), or a library function
     is marked so."""
+    # (read with `in` first: indexing a protobuf map inserts the key, and `graph_def` is the
+    # one being rewritten)
     for function in graph_def.library.function:
-        if function.attr["_XlaMustCompile"].b:
+        if _XLA_MUST_COMPILE in function.attr and function.attr[_XLA_MUST_COMPILE].b:
             return True
-    return any(node.attr["_XlaMustCompile"].b
+    return any(_XLA_MUST_COMPILE in node.attr and node.attr[_XLA_MUST_COMPILE].b
                for node in _function_library.all_nodes(graph_def))
+
+
+_XLA_MUST_COMPILE = "_XlaMustCompile"
 
 
 def _compiled_candidate(cf, graph_def, values):
