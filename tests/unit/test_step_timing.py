@@ -685,6 +685,49 @@ def test_each_candidate_is_compiled_by_xla_once_and_timed_on_copies(monkeypatch)
     sandbox.close()
 
 
+class _FakeCompiledSandbox:
+    """A CompiledSandbox whose candidates compile in `compiling` seconds (or fail with
+    `error`) and run doing nothing: time_compiled's own rules, no kernel run."""
+
+    def __init__(self, compiling=0.0, error=None):
+        self.compiling, self.error = compiling, error
+
+    def runners(self, graph_defs, batch):
+        if self.error is not None:
+            raise self.error
+        return {name: lambda: None for name in graph_defs}, self.compiling
+
+
+def test_compiling_that_takes_the_rounds_budget_is_too_slow_and_a_failed_compile_is_not_timed(
+        monkeypatch):
+    step, _, _ = _step()
+    cf = step.get_concrete_function()
+    graphs = {"float32": cf.graph.as_graph_def()}
+    rounds = []
+    monkeypatch.setattr(graph_timing, "rounds", lambda runners, budget: rounds.append(budget))
+    with pytest.raises(_timing.TooSlow, match=r"XLA took 3\.0 s to compile the 1 candidates, "
+                       r"the 2 s the rounds may spend of the budget \(TF_MPT_TIMING_BUDGET\)"):
+        _timing.time_compiled(cf, graphs, 64, graph_timing.rounds, 2.0,
+                              _FakeCompiledSandbox(compiling=3.0))
+    _timing.time_compiled(cf, graphs, 64, graph_timing.rounds, 2.0,
+                          _FakeCompiledSandbox(compiling=0.5))
+    assert rounds == [1.5]  # the compile's seconds came off the rounds' share
+    with pytest.raises(_timing.NotTimed, match=r"a candidate did not compile or run on made-up "
+                       r"inputs under XLA \(InvalidArgumentError\)"):
+        _timing.time_compiled(cf, graphs, 64, graph_timing.rounds, 2.0, _FakeCompiledSandbox(
+            error=tf.errors.InvalidArgumentError(None, None, "no kernel")))
+
+
+@pytest.mark.parametrize("extra, op", [
+    (lambda h: tf.print(h), "PrintV2")])
+def test_a_compiled_function_acting_outside_its_variables_is_not_timed(extra, op):
+    step, _, _ = _step(extra)
+    cf = step.get_concrete_function()
+    with pytest.raises(_timing.NotTimed, match=f"effects outside its variables: .*{op}"):
+        _timing.time_compiled(cf, {"float32": cf.graph.as_graph_def()}, 64,
+                              graph_timing.rounds, 2.0, _FakeCompiledSandbox())
+
+
 @pytest.mark.measures_this_cpu
 def test_a_compiled_step_timed_while_its_caller_traces_runs_its_candidates_eagerly(
         monkeypatch):
