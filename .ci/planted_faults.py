@@ -49,12 +49,12 @@ BFLOAT16_LISTS = OpLists(allow=frozenset(), infer=BFLOAT16_LISTS.infer,
 def choose_colouring(over_rules, over_float32, rules_slower, least):
     return "float32"
 """),
-    "timer_picks_slowest": ("tf_mpt/rewrite/graph_timing.py", """
+    "timer_picks_slowest": ("tf_mpt/choose/graph_timing.py", """
 # --- planted fault (.ci/planted_faults.py): the verdict keeps the slowest candidate timed
 def pick(times, predicted, peaks=None, least=False, price=0.0):
     return max(times, key=lambda name: statistics.median(times[name]))
 """),
-    "lean_reads_half_copy": ("tf_mpt/rewrite/lean.py", """
+    "lean_reads_half_copy": ("tf_mpt/choose/lean.py", """
 # --- planted fault (.ci/planted_faults.py): the value's early (forward) readers read its
 # half copy too, cast back at once
 _planted_saving_plan = _saving_plan
@@ -83,7 +83,7 @@ def pattern_graph(tf, *args, **kwargs):
         made[2] = tf.constant([0.0])
     return tuple(made)
 """),
-    "verdict_of_another_graph": ("tf_mpt/costs/verdicts.py", """
+    "verdict_of_another_graph": ("tf_mpt/choose/cache.py", """
 # --- planted fault (.ci/planted_faults.py): a verdict's key ignores the graph
 _planted_fingerprint = fingerprint
 
@@ -98,16 +98,16 @@ FAULT_CHECKS = {
                         ".allow and not lists.default_lists('float16').allow",
     "cost_model_float32": "from tf_mpt.rewrite.paint import cost; "
                           "assert cost.choose_colouring(1.0, 1.0, False, 0.0) == 'float32'",
-    "timer_picks_slowest": "from tf_mpt.rewrite import graph_timing as t; "
+    "timer_picks_slowest": "from tf_mpt.choose import graph_timing as t; "
                            "assert t.pick({'a': (1.0,), 'b': (2.0,)}, 'a') == 'b'",
-    "lean_reads_half_copy": "from tf_mpt.rewrite import lean; "
+    "lean_reads_half_copy": "from tf_mpt.choose import lean; "
                             "assert lean._saving_plan is not lean._planted_saving_plan",
     "dispatch_times_nothing": "import tensorflow as tf; from tf_mpt.costs import dispatch as d;"
                               " patterns, f32 = d._patterns(tf, 'bfloat16'); "
                               "t = d.pattern_graph(tf, patterns['MatMul'], f32, tf.bfloat16)[2];"
                               " assert t.op.type == 'Const'",
     "verdict_of_another_graph": "from tensorflow.core.framework import graph_pb2; "
-                                "from tf_mpt.costs import verdicts as v; "
+                                "from tf_mpt.choose import cache as v; "
                                 "from tf_mpt import lists; "
                                 "b = graph_pb2.GraphDef(); b.node.add(name='x', op='NoOp'); "
                                 "k = lambda g: v.fingerprint(g, ['y'], 'bfloat16', "

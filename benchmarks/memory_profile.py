@@ -63,7 +63,7 @@ def lean_version(graph_def, dtype, shapes=None):
     decision.SMALLER_ABOVE of float32's peak (lean.lean without ordered products: activations
     saved in half, late casts; `shapes`: a tf.function's shape table, as its rewrite passes
     it), or None where that changes nothing (a lean pick already)."""
-    from tf_mpt.rewrite import lean  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import lean  # pylint: disable=import-outside-toplevel
     out, _ = lean.lean(graph_def, False, tf_mpt.lists.default_lists(dtype), shapes,
                        ordered=False)
     return out if out is not graph_def else None
@@ -138,7 +138,7 @@ def keras_rows(name, dtype):
     """{variant: analyse(...)} and the tf_mpt rewrite's report of Keras model `name`'s
     train step (see the module's docstring)."""
     import keras_models  # pylint: disable=import-outside-toplevel
-    from tf_mpt.rewrite import step_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import step_timing  # pylint: disable=import-outside-toplevel
     from tf_mpt.rewrite import tf_functions  # pylint: disable=import-outside-toplevel
     _, model, x, y, batch = keras_models.compiled_model(name, "float32", dtype, "keras")
     model.fit(x[:batch], y[:batch], batch_size=batch, epochs=1, verbose=0)

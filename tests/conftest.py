@@ -59,7 +59,7 @@ def _no_verdict_from_this_cpus_clock(request, monkeypatch):
     # included, reads and writes them in one of its own, never one another test or an earlier
     # run left (the same step traced by two tests, or by the default run and then the CPU-flag
     # runs of .ci/run, would replay the first one's verdict).
-    from tf_mpt.costs import verdicts  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import cache as verdicts  # pylint: disable=import-outside-toplevel
     own = request.getfixturevalue("tmp_path") / "verdicts"
     shared_path = verdicts._cache_path  # pylint: disable=protected-access
 
@@ -89,7 +89,7 @@ def _no_verdict_from_this_cpus_clock(request, monkeypatch):
             "Build the configuration with Config.from_env (the suite's TF_MPT_OP_COSTS table) "
             "or mark the test @pytest.mark.measures_this_cpu")
     monkeypatch.setattr(op_costs, "_in_child", measuring)
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
 
     monkeypatch.setattr(graph_timing, "_Sandbox", _refusing(
         "this test timed candidate graphs on this machine: its verdict would depend on "
@@ -98,7 +98,7 @@ def _no_verdict_from_this_cpus_clock(request, monkeypatch):
     # nor a traced step's candidates in step timing's sandbox (its copies of the variables,
     # one Session), nor rounds on the real clock: a test injects graph_timing._clock, or
     # step_timing.time_versions / profile_versions, or carries the mark
-    from tf_mpt.rewrite import step_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import step_timing  # pylint: disable=import-outside-toplevel
 
     monkeypatch.setattr(step_timing.Sandbox, "runs", _refusing(
         "this test ran candidates in step timing's sandbox on this machine: its verdict "

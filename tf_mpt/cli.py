@@ -70,7 +70,7 @@ def _measure_command(options):
     from tf_mpt.models import sources as _sources  # pylint: disable=g-import-not-at-top
     from tf_mpt.costs import op_costs as _op_costs  # pylint: disable=g-import-not-at-top
     from tf_mpt.costs import probes as _probes  # pylint: disable=g-import-not-at-top
-    from tf_mpt.costs import verdicts as _verdicts  # pylint: disable=g-import-not-at-top
+    from tf_mpt.choose import cache as _verdicts  # pylint: disable=g-import-not-at-top
     from tf_mpt.costs import dispatch as _dispatch  # pylint: disable=g-import-not-at-top
     from tf_mpt import rewrite  # pylint: disable=g-import-not-at-top
     dtypes = ("bfloat16", "float16") if options.dtype == "both" else (options.dtype,)

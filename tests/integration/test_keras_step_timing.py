@@ -18,7 +18,7 @@ import tensorflow as tf
 import tf_mpt
 from tf_mpt.automatic import switch as _autoenable
 from tf_mpt.rewrite import function_bodies as _function_library
-from tf_mpt.rewrite import graph_timing
+from tf_mpt.choose import graph_timing
 from tf_mpt.rewrite import tf_functions as _tf_functions
 from support.helpers import executed_function_graphs
 from support.tolerances import FINAL_LOSS_RTOL

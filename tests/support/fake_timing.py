@@ -2,7 +2,7 @@
 each run advances the clock by what the test's cost function says of the candidate's GraphDef,
 so every verdict is the test's, never this CPU's."""
 
-from tf_mpt.rewrite import graph_timing
+from tf_mpt.choose import graph_timing
 
 
 class Clock:

@@ -24,9 +24,9 @@ import tensorflow as tf
 import tf_mpt
 from tf_mpt import cli
 from tf_mpt import config as _config
-from tf_mpt.rewrite import decision
-from tf_mpt.rewrite import graph_timing
-from tf_mpt.rewrite import lean
+from tf_mpt.choose import decision
+from tf_mpt.choose import graph_timing
+from tf_mpt.choose import lean
 from support import fake_timing
 from support.helpers import run, tf1
 
@@ -364,7 +364,7 @@ def test_a_cached_verdict_is_never_replayed_onto_another_graph(timed):
 def test_the_verdict_cache_keeps_the_newest_verdicts_only(tmp_path, monkeypatch):
     """A script whose graph grows stores a verdict per graph: past verdicts.MAX_CACHED the
     oldest stored go (a record from before, without a time, first), the newest stay."""
-    from tf_mpt.costs import verdicts  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import cache as verdicts  # pylint: disable=import-outside-toplevel
     monkeypatch.setattr(verdicts, "MAX_CACHED", 3)
     config = tf_mpt.Config.from_env({"TF_MPT_CACHE_DIR": str(tmp_path)})
     path = verdicts._cache_path(config, "bfloat16")  # pylint: disable=protected-access

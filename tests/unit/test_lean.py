@@ -1,4 +1,4 @@
-"""The lean graph (tf_mpt/rewrite/lean.py, issue "memory" item 2): a half Cast of a held
+"""The lean graph (tf_mpt/choose/lean.py, issue "memory" item 2): a half Cast of a held
 value made at each use after the use's other input; weight gradients' products ordered. The
 structure is checked exactly, and the lean graph computes the same numbers as the graph it
 came from (the same ops, only control edges and Cast copies added)."""
@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
-from tf_mpt.rewrite import lean
+from tf_mpt.choose import lean
 from tf_mpt.rewrite.graph_view import GraphView
 
 tf1 = tf.compat.v1
@@ -208,7 +208,7 @@ def test_the_leaner_version_is_tried_where_the_lean_one_still_holds_too_much(
     as float32; the leaner one is kept, faster than float32, and a cached verdict makes it
     again."""
     from support import fake_timing  # pylint: disable=import-outside-toplevel
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
     fakes = fake_timing.install(monkeypatch)
@@ -251,7 +251,7 @@ def test_ordered_products_alone_are_tried_first(monkeypatch, tmp_path, ordered_p
     against 25.2 MiB); where they still hold 10% more, the lean version is tried and kept.
     A cached verdict makes the same graph again."""
     from support import fake_timing  # pylint: disable=import-outside-toplevel
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
     fakes = fake_timing.install(monkeypatch)
@@ -531,7 +531,7 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
     price of reaching the goal), not where it is 12% slower; a cached verdict makes the same
     graph again."""
     from support import fake_timing  # pylint: disable=import-outside-toplevel
-    from tf_mpt.rewrite import decision, graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import decision, graph_timing  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
     fakes = fake_timing.install(monkeypatch)
@@ -582,7 +582,7 @@ def test_a_pick_within_the_goal_is_not_made_lean(monkeypatch, tmp_path):
     """The same graph where the fastest colouring already holds 0.6x float32's peak: no lean
     version is timed."""
     from support import fake_timing  # pylint: disable=import-outside-toplevel
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
     fakes = fake_timing.install(monkeypatch)
@@ -604,7 +604,7 @@ def test_a_candidate_timed_again_keeps_the_peak_the_pick_was_made_with(monkeypat
     is timed again beside its lean version (6 MiB): the verdict keeps 9 MiB, the figure its
     pick was made with, so the lean version holds less and is kept."""
     from support import fake_timing  # pylint: disable=import-outside-toplevel
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
     fakes = fake_timing.install(monkeypatch)
@@ -636,7 +636,7 @@ def test_memory_first_keeps_the_lean_version_not_slower_than_float32(
     and float32 and kept where it is not slower than float32 (0.9 ms against 1 ms, though
     50% slower than the pick), not where it is (1.1 ms)."""
     from support import fake_timing  # pylint: disable=import-outside-toplevel
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TF_MPT_MEMORY", "least")
@@ -720,7 +720,7 @@ def test_a_functional_loops_weight_casts_wait_for_the_iterations_own_values():
     added: the loss and gradients are the candidate's, bit for bit, run side by side on the
     same copies of the variables."""
     from support import lstm  # pylint: disable=import-outside-toplevel
-    from tf_mpt.rewrite import step_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import step_timing  # pylint: disable=import-outside-toplevel
     from tf_mpt.rewrite import tf_functions  # pylint: disable=import-outside-toplevel
     from tf_mpt.rewrite.boundaries import tensor_lists  # pylint: disable=import-outside-toplevel
     cf, _ = lstm.tf2_loss_and_grads()
@@ -835,7 +835,7 @@ def test_where_the_fastest_ones_lean_versions_hold_too_much_the_next_ones_are_tr
     its lean versions still hold more than float32; the products-only colouring, next
     fastest and also over float32's peak, has a lean version within it: that one is kept
     (before: only the fastest's were tried, and float32 ran)."""
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": 1e-3, "rules": 0.5e-3, "rules lean": 0.52e-3, "products": 0.6e-3,
@@ -859,7 +859,7 @@ def test_a_slow_lean_version_within_float32s_peak_does_not_end_the_search(
     speed; the op lists' colouring, 2x float32's speed, has a lean version within it at
     1.9x: that one is kept (before: the first within ended the search, and the step ran at
     1.05x)."""
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": 1e-3, "rules": 0.5e-3, "rules lean": 0.52e-3, "products": 0.48e-3,
@@ -885,7 +885,7 @@ def test_a_next_colouring_no_faster_than_the_kept_lean_version_is_not_made_lean(
     version is kept at 2x float32's speed. The op lists' colouring, over float32's peak and
     no faster than that kept version in the first rounds, has no lean version made (its
     would be no faster): the kept one stays, whatever its lean version would run at."""
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": 1e-3, "rules": 0.51e-3, "rules lean": slower * 1e-3,
@@ -909,7 +909,7 @@ def test_a_tie_in_time_goes_to_another_colourings_lean_version(
     in time goes to memory, whichever colouring the lean version comes from). With the op
     lists' colouring 20% slower (over decision.SMALLER_WINDOW) its lean version is not
     tried, and the pick stays."""
-    from tf_mpt.rewrite import decision, graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import decision, graph_timing  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": 1e-3, "rules": rules_cost, "rules lean": 0.605e-3,
@@ -963,7 +963,7 @@ def test_where_the_lean_version_costs_time_the_picks_from_its_half_copies_is_kep
     decision.HALF_MEMORY_PRICE). Its version
     from its half copies alone (a Cast up each) runs as fast as the pick and holds 0.7x: kept,
     the other listed as not kept; a cached verdict makes the same graph again."""
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": 1e-3, "rules": 0.8e-3, "rules lean": 0.85e-3, "products": 0.6e-3,
@@ -991,7 +991,7 @@ def test_where_the_lean_version_costs_time_the_picks_from_its_half_copies_is_kep
 
 def _share(verdict, name):
     """Candidate `name`'s peak over float32's, the bytes both hold alike added to each."""
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
     return graph_timing.total_peak(verdict.peaks, name) / \
         graph_timing.total_peak(verdict.peaks, graph_timing.FLOAT32)
 
@@ -1008,7 +1008,7 @@ def test_the_memory_goal_is_bought_with_a_bounded_share_of_the_picks_speed(
     cost; not where float32 runs 0.66 ms (the lean version, 0.642 ms, would then be under
     MARGIN faster than float32): there the version from copies is kept (a tie goes to
     memory)."""
-    from tf_mpt.rewrite import decision, graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import decision, graph_timing  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": float32_cost, "rules": 0.8e-3, "rules lean": 0.85e-3,
@@ -1046,7 +1046,7 @@ def test_of_the_versions_reaching_the_memory_goal_a_tie_in_time_goes_to_memory(
     fast) 0.7x; two lean versions reach decision.SMALLER_ABOVE within HALF_MEMORY_PRICE of
     the pick's time: its own (5% slower, 5.5 MiB) and the op lists' (7% slower, within MARGIN
     of it, 4 MiB). The op lists' is kept: it holds least."""
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": 1e-3, "rules": 0.66e-3, "rules lean": 0.64e-3,
@@ -1072,7 +1072,7 @@ def test_a_lean_version_kept_for_memory_is_not_slower_than_float32(monkeypatch, 
     float32, within MARGIN, so the prediction stays; its lean version holds 0.5x float32's
     peak and runs within MARGIN of it. Kept where it is not slower than float32 (0.99 ms),
     not where it is (1.01 ms: a tie with the pick, but the pick had used up the margin)."""
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": 1e-3, "rules": 1.02e-3, "rules lean": lean_cost,
@@ -1143,7 +1143,7 @@ def test_a_memory_price_buys_float32s_own_lean_version(monkeypatch, tmp_path, pr
     the line says what it cost; 0.05 (under its 6%) keeps float32; unset, no lean version
     is made (never slower than float32). A price's verdict is cached apart: the same graph
     without the price is timed again."""
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
     if price:
         monkeypatch.setenv("TF_MPT_MEMORY_PRICE", price)
     kind, tried, rewrite = _timed_relu_graph(
@@ -1187,7 +1187,7 @@ def test_memory_least_with_a_price_keeps_the_least_held_within_it(monkeypatch, t
     kept. With TF_MPT_MEMORY_PRICE=0.1 the op lists' colouring (5% slower, 0.6x float32's
     peak) is the first rounds' pick; its lean version holds least but is 20% slower; of the
     versions within the price, float32's own lean version holds least (0.4x): kept."""
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_MEMORY", "least")
     if price:
         monkeypatch.setenv("TF_MPT_MEMORY_PRICE", price)
@@ -1211,7 +1211,7 @@ def test_memory_least_with_a_price_keeps_the_least_held_within_it(monkeypatch, t
 def test_with_memory_any_the_goal_buys_nothing(monkeypatch, tmp_path):
     """TF_MPT_MEMORY=any: the same graph keeps the fastest (the products-only pick), its
     lean versions not made."""
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_MEMORY", "any")
     kind, _, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
@@ -1231,7 +1231,7 @@ def test_after_the_fastest_ones_lean_version_is_not_kept_the_picks_own_is_tried(
     it, is slower than the pick (the op lists' colouring, 0.8x float32's peak). The pick's own
     lean version, as fast and at 0.5x, is then timed and kept (before: nothing more was tried
     once one lean version had been); the line lists the other as not kept."""
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": 1e-3, "rules": 0.6e-3, "rules lean": 0.605e-3, "products": 0.55e-3,
@@ -1261,7 +1261,7 @@ def test_a_stages_set_up_is_not_spent_from_the_budget(monkeypatch, tmp_path):
     against a 5 s budget. The pick, the op lists' colouring at 0.8x float32's peak, still has
     its lean version (as fast, at 0.5x) timed and kept: the budget counts timed runs (before:
     the set-up spent it, and no lean version was tried)."""
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": 1e-3, "rules": 0.6e-3, "rules lean": 0.6e-3, "products": 0.7e-3,
@@ -1295,7 +1295,7 @@ def test_a_graph_too_slow_to_time_has_its_check_cached(
     first = rewrite()
     runs, measured = len(rewrite.fakes.runs), len(tried)
     assert runs > 0 and measured >= 2, (runs, tried)
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
     expected = {"lean": graph_timing.LEAN, "prediction": first.report.verdict.predicted,
                 "float32": graph_timing.FLOAT32}[kept]
     assert first.report.verdict.pick == expected, first.report.verdict.describe()
@@ -1325,7 +1325,7 @@ def test_a_graph_too_slow_to_time_keeps_within_float32s_peak(
     measured instead, one traced run each: the prediction where within float32's; else its
     first lean version within float32's (ordered products alone first); else float32. With
     TF_MPT_MEMORY=any nothing is measured and the prediction runs, as before."""
-    from tf_mpt.rewrite import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_MEMORY", memory)
     half_kinds = ("rules", "products")
     kind, tried, rewrite = _timed_relu_graph(
@@ -1446,7 +1446,7 @@ def _step_peak(graph_def, feeds):
     """Bytes: the step peak of one traced training step (step_timing.step_peak_bytes: the
     allocation records TensorFlow's allocators kept), one op at a time (the order of the
     graph's dependencies alone decides what is held together)."""
-    from tf_mpt.rewrite import step_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import step_timing  # pylint: disable=import-outside-toplevel
     graph = tf.Graph()
     with graph.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")

@@ -5,7 +5,10 @@ Layers, lowest first (a module may import its own layer or a lower one, never in
                import_hooks, autograph, xla)
     config     config (reads TF_MPT_*)
     costs      costs/ (kernel-time tables, their cache and the probes that measure them)
-    rewrite    rewrite/ (the orchestrator and its passes)
+    rewrite    rewrite/'s passes (painting, Casts, boundaries, the graph editor)
+    choose     choose/ (which colouring runs: candidates timed, the verdict, its cache)
+    orchestrate  rewrite/__init__ and tf_functions (rewrite_graph_def, rewrite_function:
+               the passes, then the choosing step)
     training   training/ (storage getter, loss scales, optimizer, checkpoints)
     uses       automatic/, models/ (built on rewrite and training)
     entries    cli, __main__, _process.startup, the public alias loss_scale
@@ -24,6 +27,9 @@ LAYERS = (
     ("config", ("tf_mpt.config", "tf_mpt.targets")),
     ("costs", ("tf_mpt.costs",)),
     ("rewrite", ("tf_mpt.rewrite",)),
+    ("choose", ("tf_mpt.choose",)),
+    # (exact modules, '=': the orchestrator is rewrite/'s __init__, above its passes)
+    ("orchestrate", ("=tf_mpt.rewrite", "=tf_mpt.rewrite.tf_functions")),
     ("training", ("tf_mpt.training",)),
     ("uses", ("tf_mpt.automatic", "tf_mpt.models")),
     ("entries", ("tf_mpt.cli", "tf_mpt.__main__", "tf_mpt._process.startup", "tf_mpt._process",
@@ -64,7 +70,11 @@ def _graph():
 
 def _layer(module):
     for index, (_, prefixes) in enumerate(LAYERS):
-        if any(module == p or module.startswith(p + ".") for p in prefixes if p != "tf_mpt"):
+        if any(module == p[1:] for p in prefixes if p.startswith("=")):
+            return index
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes
+               if p != "tf_mpt" and not p.startswith("=")):
             return index
     assert module == "tf_mpt", f"{module} is in no layer: add it to LAYERS"
     return len(LAYERS) - 1
@@ -129,4 +139,11 @@ def test_the_checks_find_circles_and_upward_imports():
         "x.a", "x.b", "x.c", "x.a"]
     assert upward_imports({"tf_mpt.rewrite.casts": {"tf_mpt.cli"}, "tf_mpt.cli": set()}) == [
         "tf_mpt.rewrite.casts (rewrite) imports tf_mpt.cli (entries)"]
+    # (the orchestrator is rewrite/'s __init__ alone: a pass importing the choosing step,
+    # or the choosing step importing the orchestrator, runs upward)
+    assert upward_imports({"tf_mpt.rewrite.apply": {"tf_mpt.choose.decision"},
+                           "tf_mpt.choose.decision": {"tf_mpt.rewrite"},
+                           "tf_mpt.rewrite": {"tf_mpt.choose.decision"}}) == [
+        "tf_mpt.choose.decision (choose) imports tf_mpt.rewrite (orchestrate)",
+        "tf_mpt.rewrite.apply (rewrite) imports tf_mpt.choose.decision (choose)"]
     assert longest_chain({"a": {"b"}, "b": {"c"}, "c": set()}) == ("a", "b", "c")

@@ -16,9 +16,9 @@ import tf_mpt
 from tf_mpt import config as _config
 from tf_mpt import report as _report
 from tf_mpt import targets as _targets
-from tf_mpt.rewrite import decision
-from tf_mpt.rewrite import graph_timing
-from tf_mpt.rewrite import step_timing as _timing
+from tf_mpt.choose import decision
+from tf_mpt.choose import graph_timing
+from tf_mpt.choose import step_timing as _timing
 from tf_mpt.rewrite import tf_functions as _functions
 from support import fake_timing
 
@@ -124,7 +124,7 @@ def test_the_reason_a_function_is_timed_is_said():
 def test_memory_first_times_every_step(memory, step_timing, timed):
     """TF_MPT_MEMORY=least: what a step holds is not predicted, so auto acts as always (a
     step whose predicted saving is large is timed); off stays off."""
-    from tf_mpt.rewrite import decision  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import decision  # pylint: disable=import-outside-toplevel
     config = _config.Config.from_env({"TF_MPT_MEMORY": memory,
                                       "TF_MPT_STEP_TIMING": step_timing,
                                       "TF_MPT_TIMING_BUDGET": "5"})
@@ -165,7 +165,7 @@ def test_auto_times_a_training_step_whose_cost_model_kept_nodes_float32(memory, 
     saving is large (35%, not timed for speed) is timed where it computes gradients and the
     cost model kept at least step_timing.KEPT_SHARE of its weighed nodes float32 (forward
     values may be held in float32 for the backward pass: what it holds is measured)."""
-    from tf_mpt.rewrite import decision  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import decision  # pylint: disable=import-outside-toplevel
     report = _training_report(kept, gradients=gradients)
     assert _timing.worth_timing(report, _HERE, "auto") is False  # (not for speed)
     assert 0.05 < _timing.KEPT_SHARE <= 0.22  # (the rows above sit on either side)

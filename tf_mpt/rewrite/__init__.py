@@ -66,8 +66,8 @@ from tf_mpt import _dtypes
 from tf_mpt import _opt_out
 from tf_mpt import report as _report
 from tf_mpt._process import autograph as _autograph
+from tf_mpt.choose import decision as _decision
 from tf_mpt.rewrite import boundaries as _boundaries
-from tf_mpt.rewrite import decision as _decision
 from tf_mpt.rewrite import dumps as _dumps
 from tf_mpt.rewrite import fold_batch_norms as _fold
 from tf_mpt.rewrite import graph_view as _graph_view

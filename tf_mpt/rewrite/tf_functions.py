@@ -21,15 +21,15 @@ import weakref
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops as _resource_variable_ops
 
-from tf_mpt.rewrite import function_bodies as _function_library
-from tf_mpt.rewrite import graph_timing as _graph_timing
-from tf_mpt.rewrite import step_timing as _timing
-from tf_mpt.rewrite import type_attrs as _ta
 from tf_mpt import _dtypes
-from tf_mpt._process import xla as _xla
 from tf_mpt import config as _config
-from tf_mpt import targets as _targets
 from tf_mpt import rewrite as _rewrite
+from tf_mpt import targets as _targets
+from tf_mpt._process import xla as _xla
+from tf_mpt.choose import graph_timing as _graph_timing
+from tf_mpt.choose import step_timing as _timing
+from tf_mpt.rewrite import function_bodies as _function_library
+from tf_mpt.rewrite import type_attrs as _ta
 from tf_mpt.rewrite.paint import shapes as _shapes
 
 _log = logging.getLogger(__name__)

@@ -35,9 +35,9 @@ import numpy as np
 from tensorflow.core.framework import types_pb2
 
 from tf_mpt._process import state as _state
+from tf_mpt.choose import step_timing as _step_timing
 from tf_mpt.rewrite import function_bodies as _function_library
 from tf_mpt.rewrite import graph_view as _graph_view
-from tf_mpt.rewrite import step_timing as _step_timing
 
 FLOAT32, RULES, COST, CONTRACTIONS = "float32", "rules", "cost model", "contractions only"
 REFINED = "refined"  # the pick with the op types its profile shows slower in half float32

@@ -72,14 +72,14 @@ from tf_mpt import _dtypes
 from tf_mpt import lists as _lists
 from tf_mpt import targets as _targets
 from tf_mpt._process import state as _state
+from tf_mpt.choose import cache as _verdicts
+from tf_mpt.choose import graph_timing as _timing
+from tf_mpt.choose import lean as _lean
+from tf_mpt.choose import step_timing as _step_timing
 from tf_mpt.costs import contractions as _contractions
-from tf_mpt.costs import verdicts as _verdicts
-from tf_mpt.rewrite import graph_timing as _timing
 from tf_mpt.rewrite import casts as _casts
 from tf_mpt.rewrite import graph_view as _graph_view
 from tf_mpt.rewrite import inputs as _inputs
-from tf_mpt.rewrite import lean as _lean
-from tf_mpt.rewrite import step_timing as _step_timing
 from tf_mpt.rewrite import type_attrs as _ta
 
 _log = logging.getLogger("tf_mpt.rewrite")
