@@ -35,7 +35,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 RUN_TIMEOUT_SECONDS = 1800
 
 # A fault: (file, text appended to it). Appending redefines a module-level name that the
-# rest of tf_mpt reads at call time (through the module: `graph_timing.pick(...)`).
+# rest of tf_mpt reads at call time (through the module: `policy.pick(...)`).
 FAULTS = {
     "empty_allow_list": ("tf_mpt/lists.py", """
 # --- planted fault (.ci/planted_faults.py): the allow lists are empty
@@ -49,7 +49,7 @@ BFLOAT16_LISTS = OpLists(allow=frozenset(), infer=BFLOAT16_LISTS.infer,
 def choose_colouring(over_rules, over_float32, rules_slower, least):
     return "float32"
 """),
-    "timer_picks_slowest": ("tf_mpt/choose/graph_timing.py", """
+    "timer_picks_slowest": ("tf_mpt/choose/policy.py", """
 # --- planted fault (.ci/planted_faults.py): the verdict keeps the slowest candidate timed
 def pick(times, predicted, peaks=None, least=False, price=0.0):
     return max(times, key=lambda name: statistics.median(times[name]))
@@ -98,7 +98,7 @@ FAULT_CHECKS = {
                         ".allow and not lists.default_lists('float16').allow",
     "cost_model_float32": "from tf_mpt.rewrite.paint import cost; "
                           "assert cost.choose_colouring(1.0, 1.0, False, 0.0) == 'float32'",
-    "timer_picks_slowest": "from tf_mpt.choose import graph_timing as t; "
+    "timer_picks_slowest": "from tf_mpt.choose import policy as t; "
                            "assert t.pick({'a': (1.0,), 'b': (2.0,)}, 'a') == 'b'",
     "lean_reads_half_copy": "from tf_mpt.choose import lean; "
                             "assert lean._saving_plan is not lean._planted_saving_plan",

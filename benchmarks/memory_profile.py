@@ -28,11 +28,11 @@ its optimizer and metrics; then the step `fit` traces (`model.train_step` in a t
 one batch) is rewritten as the automatic path rewrites it (tf_mpt's tf.function rewrite with
 step timing: its candidates timed and measured on copies of the variables), and the float32
 step and the rewritten one run side by side in step timing's sandbox
-(step_timing.traced_runs: copies of the variables, made-up inputs of the batch's shape), each
+(timers.steps.traced_runs: copies of the variables, made-up inputs of the batch's shape), each
 traced once after WARMUP runs. The same columns, from those traced runs.
 
 Where its lean version without ordered products (activations saved in half, late casts: what
-graph timing times beside a pick holding more than decision.SMALLER_ABOVE of float32's peak,
+graph timing times beside a pick holding more than policy.SMALLER_ABOVE of float32's peak,
 kept on a tie in time) changes tf_mpt's graph, a third row ("tf_mpt, lean") gives its holders.
 """
 
@@ -60,7 +60,7 @@ HALF = {tf.bfloat16.as_datatype_enum: "bfloat16", tf.float16.as_datatype_enum: "
 
 def lean_version(graph_def, dtype, shapes=None):
     """The rewrite's graph made lean as graph timing tries it beside a pick holding over
-    decision.SMALLER_ABOVE of float32's peak (lean.lean without ordered products: activations
+    policy.SMALLER_ABOVE of float32's peak (lean.lean without ordered products: activations
     saved in half, late casts; `shapes`: a tf.function's shape table, as its rewrite passes
     it), or None where that changes nothing (a lean pick already)."""
     from tf_mpt.choose import lean  # pylint: disable=import-outside-toplevel
@@ -138,7 +138,7 @@ def keras_rows(name, dtype):
     """{variant: analyse(...)} and the tf_mpt rewrite's report of Keras model `name`'s
     train step (see the module's docstring)."""
     import keras_models  # pylint: disable=import-outside-toplevel
-    from tf_mpt.choose import step_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose.timers import steps as _step_sandbox  # pylint: disable=import-outside-toplevel
     from tf_mpt.rewrite import tf_functions  # pylint: disable=import-outside-toplevel
     _, model, x, y, batch = keras_models.compiled_model(name, "float32", dtype, "keras")
     model.fit(x[:batch], y[:batch], batch_size=batch, epochs=1, verbose=0)
@@ -156,7 +156,7 @@ def keras_rows(name, dtype):
         if saved is not None:  # (its loop bodies may differ under the same names)
             graphs["tf_mpt, lean"] = tf_functions._rename_library(  # pylint: disable=protected-access
                 saved, "_lean")
-    metadatas, _ = step_timing.traced_runs(cf, graphs, batch, WARMUP)
+    metadatas, _ = _step_sandbox.traced_runs(cf, graphs, batch, WARMUP)
     return {variant: analyse(m) for variant, m in metadatas.items()}, rewritten.report
 
 

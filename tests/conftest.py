@@ -89,28 +89,30 @@ def _no_verdict_from_this_cpus_clock(request, monkeypatch):
             "Build the configuration with Config.from_env (the suite's TF_MPT_OP_COSTS table) "
             "or mark the test @pytest.mark.measures_this_cpu")
     monkeypatch.setattr(op_costs, "_in_child", measuring)
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose.timers import compiled as _compiled  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose.timers import graphs as _graph_sandbox  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose.timers import rounds as _rounds  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose.timers import steps as _step_sandbox  # pylint: disable=import-outside-toplevel
 
-    monkeypatch.setattr(graph_timing, "_Sandbox", _refusing(
+    monkeypatch.setattr(_graph_sandbox, "_Sandbox", _refusing(
         "this test timed candidate graphs on this machine: its verdict would depend on "
-        "this CPU's clock. Inject graph_timing._Sandbox and graph_timing._clock, or mark "
+        "this CPU's clock. Inject tf_mpt.choose.timers: graphs._Sandbox and rounds._clock, or mark "
         "the test @pytest.mark.measures_this_cpu"))
     # nor a traced step's candidates in step timing's sandbox (its copies of the variables,
-    # one Session), nor rounds on the real clock: a test injects graph_timing._clock, or
-    # step_timing.time_versions / profile_versions, or carries the mark
-    from tf_mpt.choose import step_timing  # pylint: disable=import-outside-toplevel
+    # one Session), nor rounds on the real clock: a test injects timers.rounds._clock, or
+    # timers.steps.time_versions / profile_versions, or carries the mark
 
-    monkeypatch.setattr(step_timing.Sandbox, "runs", _refusing(
+    monkeypatch.setattr(_step_sandbox.Sandbox, "runs", _refusing(
         "this test ran candidates in step timing's sandbox on this machine: its verdict "
-        "would depend on this CPU's clock. Inject step_timing.time_versions and "
+        "would depend on this CPU's clock. Inject timers.steps.time_versions and "
         "profile_versions, or mark the test @pytest.mark.measures_this_cpu"))
-    monkeypatch.setattr(step_timing.CompiledSandbox, "runners", _refusing(
+    monkeypatch.setattr(_compiled.CompiledSandbox, "runners", _refusing(
         "this test ran candidates XLA compiled in step timing's sandbox on this machine: "
-        "its verdict would depend on this CPU's clock. Inject step_timing.time_compiled, "
+        "its verdict would depend on this CPU's clock. Inject timers.compiled.time_compiled, "
         "or mark the test @pytest.mark.measures_this_cpu"))
-    monkeypatch.setattr(graph_timing, "_clock", _refusing(
+    monkeypatch.setattr(_rounds, "_clock", _refusing(
         "this test read the real clock of graph timing's rounds: its verdict would "
-        "depend on this CPU's clock. Inject graph_timing._clock (tests/support/"
+        "depend on this CPU's clock. Inject timers.rounds._clock (tests/support/"
         "fake_timing.py), or mark the test @pytest.mark.measures_this_cpu"))
     from tf_mpt.costs import dispatch  # pylint: disable=import-outside-toplevel
 

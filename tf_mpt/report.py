@@ -92,7 +92,7 @@ class RewriteReport:
             kernel, as TensorFlow runs it on this CPU, erred that many times the rounding of
             float32's result to the half type), where the graph runs here; {} otherwise.
         verdict: where the graph was decided for this CPU with timing on, the
-            graph_timing.Verdict: each candidate colouring's times and the pick (or why it was
+            verdict.Verdict: each candidate colouring's times and the pick (or why it was
             not timed); None otherwise.
     """
     dtype: str

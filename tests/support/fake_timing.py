@@ -1,8 +1,11 @@
-"""An injected clock and sandbox for graph timing (graph_timing._clock, graph_timing._Sandbox):
+"""An injected clock and sandbox for graph timing (timers.rounds._clock, timers.graphs._Sandbox):
 each run advances the clock by what the test's cost function says of the candidate's GraphDef,
 so every verdict is the test's, never this CPU's."""
 
-from tf_mpt.choose import graph_timing
+from tf_mpt.choose.timers import graphs as _graph_sandbox
+
+
+from tf_mpt.choose.timers import rounds as _rounds
 
 
 class Clock:
@@ -56,6 +59,6 @@ def install(monkeypatch, check=None):
         def peak(self):
             return fakes.peak(self.graph_def)
 
-    monkeypatch.setattr(graph_timing, "_clock", fakes.clock)
-    monkeypatch.setattr(graph_timing, "_Sandbox", FakeSandbox)
+    monkeypatch.setattr(_rounds, "_clock", fakes.clock)
+    monkeypatch.setattr(_graph_sandbox, "_Sandbox", FakeSandbox)
     return fakes

@@ -2,8 +2,8 @@
 candidate colourings (float32, the rules', the cost model's, contractions only) and keeps
 the fastest.
 
-The verdicts here come from an injected clock and sandbox (graph_timing._clock,
-graph_timing._Sandbox): each run advances the clock by what a cost function of the
+The verdicts here come from an injected clock and sandbox (timers.rounds._clock,
+timers.graphs._Sandbox): each run advances the clock by what a cost function of the
 candidate's GraphDef says, so every pick is decided by the test, never by this CPU. One test
 runs the real sandbox (@pytest.mark.measures_this_cpu) and asserts only what holds whichever
 way this machine's clock goes.
@@ -24,9 +24,15 @@ import tensorflow as tf
 import tf_mpt
 from tf_mpt import cli
 from tf_mpt import config as _config
-from tf_mpt.choose import decision
-from tf_mpt.choose import graph_timing
+from tf_mpt.choose import candidates as _candidates
 from tf_mpt.choose import lean
+from tf_mpt.choose import ledger as _ledger
+from tf_mpt.choose import policy as _policy
+from tf_mpt.choose import verdict as _verdict
+from tf_mpt.choose.timers import graphs as _graph_sandbox
+from tf_mpt.choose.timers import rounds as _rounds
+from tf_mpt.choose.timers import safety as _safety
+from tf_mpt.choose.timers import steps as _step_sandbox
 from support import fake_timing
 from support.helpers import run, tf1
 
@@ -109,23 +115,23 @@ def test_the_fastest_candidate_is_kept(timed):
     graph_def = _mlp()
     result = _rewrite(graph_def)
     verdict = result.report.verdict
-    assert verdict.timed and verdict.pick == graph_timing.RULES
-    assert verdict.predicted == graph_timing.COST
+    assert verdict.timed and verdict.pick == _candidates.RULES
+    assert verdict.predicted == _candidates.COST
     assert result.graph_def == _candidate(graph_def).graph_def
     assert _half(result.graph_def, "MatMul") == 4 and _half(result.graph_def, "Sigmoid") == 4
     assert result.report.target == "here" and result.report.weighed_nodes == (14, 14)
-    speed_up = verdict.median(graph_timing.FLOAT32) / verdict.median(graph_timing.RULES)
+    speed_up = verdict.median(_candidates.FLOAT32) / verdict.median(_candidates.RULES)
     assert f"picked rules, {speed_up:.2f}x float32" in result.report.summary()
     assert "over the prediction (cost model)" in result.report.summary()
     assert set(verdict.times) | set(verdict.same_as) == {
-        graph_timing.FLOAT32, graph_timing.RULES, graph_timing.COST, graph_timing.CONTRACTIONS}
-    assert all(len(t) >= graph_timing.MIN_ROUNDS for t in verdict.times.values())
+        _candidates.FLOAT32, _candidates.RULES, _candidates.COST, _candidates.CONTRACTIONS}
+    assert all(len(t) >= _policy.MIN_ROUNDS for t in verdict.times.values())
     assert f"float32 {verdict.median('float32') * 1e3:.3g} ms" in result.report.summary()
 
 
 def test_contractions_only_is_half_matrix_products_and_float32_around_them():
     graph_def = _mlp()
-    lists = decision.contractions_only(tf_mpt.Config.from_env(os.environ).lists_for(
+    lists = _candidates.contractions_only(tf_mpt.Config.from_env(os.environ).lists_for(
         "bfloat16"))
     assert lists.allow == {"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
                            "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter",
@@ -143,7 +149,7 @@ def test_float32_is_kept_where_it_is_fastest(timed):
     timed(lambda g, i: 1e-3 * (1 + 0.05 * (_half(g, "MatMul") + _half(g, "Sigmoid"))))
     graph_def = _mlp()
     result = _rewrite(graph_def)
-    assert result.report.verdict.pick == graph_timing.FLOAT32
+    assert result.report.verdict.pick == _candidates.FLOAT32
     assert result.graph_def == graph_def and not result.modified
     assert result.report.converted_nodes == 0 and result.report.casts_added == 0
     reasons = {d.reason for d in result.report.decisions.values()
@@ -171,10 +177,10 @@ def test_the_prediction_stays_unless_another_is_clearly_faster(timed):
 def test_a_clear_winner_stops_early_and_a_close_race_runs_every_round(timed):
     timed(lambda g, i: 1e-3 * (1 - 0.1 * _half(g, "MatMul") - 0.05 * _half(g, "Sigmoid")))
     verdict = _rewrite(_mlp()).report.verdict
-    assert {len(t) for t in verdict.times.values()} == {graph_timing.MIN_ROUNDS}
+    assert {len(t) for t in verdict.times.values()} == {_policy.MIN_ROUNDS}
     timed(lambda g, i: 1e-3 * (1.0 + (0.3 if i % 2 else -0.3) - 0.01 * _half(g, "MatMul")))
     verdict = _rewrite(_mlp()).report.verdict
-    assert {len(t) for t in verdict.times.values()} == {graph_timing.MAX_ROUNDS}
+    assert {len(t) for t in verdict.times.values()} == {_policy.MAX_ROUNDS}
 
 
 def test_the_first_rounds_spend_their_share_of_the_budget_and_leave_the_rest(timed):
@@ -184,15 +190,15 @@ def test_the_first_rounds_spend_their_share_of_the_budget_and_leave_the_rest(tim
     timed(lambda g, i: 0.1 * (1.0 + (0.3 if i % 2 else -0.3) - 0.01 * _half(g, "MatMul")))
     verdict = _rewrite(_mlp()).report.verdict
     rounds = {len(t) for t in verdict.times.values()}
-    assert len(rounds) == 1 and rounds.pop() < graph_timing.MAX_ROUNDS, verdict.times
+    assert len(rounds) == 1 and rounds.pop() < _policy.MAX_ROUNDS, verdict.times
     spent = sum(sum(t) for t in verdict.times.values())
     one_round = max(sum(t[k] for t in verdict.times.values())
-                    for k in range(len(verdict.times[graph_timing.FLOAT32])))
-    share = decision.FIRST_SHARE * 5
+                    for k in range(len(verdict.times[_candidates.FLOAT32])))
+    share = _policy.FIRST_SHARE * 5
     assert share < spent <= share + one_round, (spent, share, one_round)
     # (as the variable's documentation says)
     documented = dict((name, doc) for name, _, doc in _config.ENV_VARS)
-    assert f"first rounds spend up to {decision.FIRST_SHARE:.0%}" in \
+    assert f"first rounds spend up to {_policy.FIRST_SHARE:.0%}" in \
         documented["TF_MPT_TIMING_BUDGET"]
 
 
@@ -202,8 +208,8 @@ def test_a_graph_too_slow_for_the_budget_keeps_the_prediction_and_says_why(timed
     graph_def = _mlp()
     result = _rewrite(graph_def)
     verdict = result.report.verdict
-    assert not verdict.timed and verdict.pick == verdict.predicted == graph_timing.COST
-    assert f"do not fit in the {decision.FIRST_SHARE * 5:.0f} s the rounds may spend of the " \
+    assert not verdict.timed and verdict.pick == verdict.predicted == _candidates.COST
+    assert f"do not fit in the {_policy.FIRST_SHARE * 5:.0f} s the rounds may spend of the " \
         "budget (TF_MPT_TIMING_BUDGET)" in verdict.why
     assert "graph not timed (one round of the" in result.report.summary()
     no_timing = tf_mpt.Config.from_env(dict(os.environ, TF_MPT_TIMING_BUDGET="0"))
@@ -226,15 +232,15 @@ def test_where_the_rounds_would_not_fit_a_clearly_slower_candidate_runs_no_more(
     verdict = result.report.verdict
     fastest = min(statistics.median(t) for t in verdict.times.values()) if verdict.timed \
         else half_seconds * 0.95
-    assert (0.6 > fastest * (1.0 + graph_timing.DROP_SLOWER)) == (half_seconds == 0.25)
+    assert (0.6 > fastest * (1.0 + _policy.DROP_SLOWER)) == (half_seconds == 0.25)
     if half_seconds == 0.55:
         assert not verdict.timed and "do not fit" in verdict.why, verdict.describe()
         return
     assert verdict.timed, verdict.describe()
-    assert len(verdict.times[graph_timing.FLOAT32]) == 1, verdict.times
-    [raced] = {len(t) for name, t in verdict.times.items() if name != graph_timing.FLOAT32}
-    assert raced >= graph_timing.MIN_ROUNDS, verdict.times
-    assert verdict.pick != graph_timing.FLOAT32 and result.modified
+    assert len(verdict.times[_candidates.FLOAT32]) == 1, verdict.times
+    [raced] = {len(t) for name, t in verdict.times.items() if name != _candidates.FLOAT32}
+    assert raced >= _policy.MIN_ROUNDS, verdict.times
+    assert verdict.pick != _candidates.FLOAT32 and result.modified
     line = verdict.describe()
     assert f"median of {raced} rounds" in line and \
         "float32 600 ms (over 20% slower: 1 round)" in line, line
@@ -280,7 +286,7 @@ def test_only_what_runs_every_step_is_timed():
         saver = tf1.train.Saver()
     init = [op.name for op in graph.get_operations() if op.name.startswith("init")][0]
     fetches = [init, "loss", "train", saver.saver_def.save_tensor_name.split(":")[0]]
-    kept, needed = graph_timing.runnable(graph.as_graph_def(), fetches)
+    kept, needed = _graph_sandbox.runnable(graph.as_graph_def(), fetches)
     assert kept == ["loss", "train"]
     assert "x" in needed and init not in needed
 
@@ -348,7 +354,7 @@ def test_a_cached_verdict_is_never_replayed_onto_another_graph(timed):
                                + 0.001 * _casts(g)))
     first = _rewrite(_mlp())
     assert first.report.verdict.source == "timed"
-    assert first.report.verdict.pick == graph_timing.RULES
+    assert first.report.verdict.pick == _candidates.RULES
     runs = len(timed.runs)
     # the other graph's half Sigmoids are slow: its pick is not the rules' colouring
     timed(lambda g, i: 1e-3 * (1 - 0.1 * _half(g, "MatMul") + 0.2 * _half(g, "Sigmoid")
@@ -357,7 +363,7 @@ def test_a_cached_verdict_is_never_replayed_onto_another_graph(timed):
     other = _rewrite(other_graph)
     assert other.report.verdict.source == "timed" and len(timed.runs) > runs
     assert all(sum(n.op == "MatMul" for n in g.node) == 3 for g in timed.runs[runs:])
-    assert other.report.verdict.pick != graph_timing.RULES
+    assert other.report.verdict.pick != _candidates.RULES
     assert _half(other.graph_def, "Sigmoid") == 0 and _half(other.graph_def, "MatMul") == 3
 
 
@@ -446,8 +452,8 @@ def test_the_refinement_keeps_the_op_types_its_profile_shows_slower_float32(time
     graph_def = _mlp(bias=True)
     result = _rewrite(graph_def.__deepcopy__())
     verdict = result.report.verdict
-    assert verdict.pick == graph_timing.REFINED, verdict.describe()
-    assert verdict.refined_from in (graph_timing.RULES, graph_timing.COST)
+    assert verdict.pick == _candidates.REFINED, verdict.describe()
+    assert verdict.refined_from in (_candidates.RULES, _candidates.COST)
     assert verdict.refined_ops == {"Sigmoid": 4}
     assert verdict.refined == tuple(sorted(f"sigmoid_{k}" for k in range(4)))
     out = result.graph_def
@@ -476,8 +482,8 @@ def test_a_refinement_that_is_not_faster_is_not_kept(timed):
     timed(_layers_cost(0.0), profile=_profile)
     result = _rewrite(_mlp(bias=True))
     verdict = result.report.verdict
-    assert verdict.pick != graph_timing.REFINED and verdict.refined_ops == {"Sigmoid": 4}
-    assert graph_timing.REFINED in verdict.times and verdict.beside
+    assert verdict.pick != _candidates.REFINED and verdict.refined_ops == {"Sigmoid": 4}
+    assert _candidates.REFINED in verdict.times and verdict.beside
     assert _half(result.graph_def, "Sigmoid") == 4
     assert "refined (Sigmoid x4 float32)" in verdict.describe()
 
@@ -485,12 +491,12 @@ def test_a_refinement_that_is_not_faster_is_not_kept(timed):
 def test_no_refinement_without_a_slower_op_type_or_when_float32_wins(timed):
     timed(_layers_cost(0.05), profile=lambda g: {})  # no profile: nothing to refine
     verdict = _rewrite(_mlp(bias=True)).report.verdict
-    assert verdict.refined == () and graph_timing.REFINED not in verdict.times
+    assert verdict.refined == () and _candidates.REFINED not in verdict.times
     profiled = []
     timed(lambda g, i: 1e-3 * (1 + 0.1 * _half(g, "MatMul")),
           profile=lambda g: profiled.append(g) or _profile(g))
     verdict = _rewrite(_mlp(bias=True)).report.verdict
-    assert verdict.pick == graph_timing.FLOAT32 and not profiled
+    assert verdict.pick == _candidates.FLOAT32 and not profiled
 
 
 @pytest.mark.measures_this_cpu
@@ -515,32 +521,32 @@ def test_a_tf1_training_graph_is_timed_on_copies_of_its_variables(monkeypatch, t
                                       fetches=["loss", "train"], target="here")
     verdict = result.report.verdict
     assert verdict.timed, verdict.why
-    assert all(len(t) >= graph_timing.MIN_ROUNDS and min(t) > 0
+    assert all(len(t) >= _policy.MIN_ROUNDS and min(t) > 0
                for t in verdict.times.values())
     # each candidate's step peak was read from a traced run's allocation records
-    assert set(verdict.times) - {graph_timing.REFINED} <= set(verdict.peaks)
+    assert set(verdict.times) - {_candidates.REFINED} <= set(verdict.peaks)
     assert all(bytes_ > 0 for bytes_ in verdict.peaks.values()), verdict.peaks
     assert graph.as_graph_def().SerializeToString(deterministic=True) == before
     lists = tf_mpt.Config.from_env(os.environ).lists_for("bfloat16")
     expected = {
-        graph_timing.FLOAT32: lambda: graph.as_graph_def(),
-        graph_timing.RULES: lambda: tf_mpt.rewrite_graph_def(
+        _candidates.FLOAT32: lambda: graph.as_graph_def(),
+        _candidates.RULES: lambda: tf_mpt.rewrite_graph_def(
             graph.as_graph_def(), dtype="bfloat16", fetches=["loss", "train"],
             target="rules").graph_def,
-        graph_timing.CONTRACTIONS: lambda: tf_mpt.rewrite_graph_def(
+        _candidates.CONTRACTIONS: lambda: tf_mpt.rewrite_graph_def(
             graph.as_graph_def(), dtype="bfloat16", fetches=["loss", "train"],
-            target="rules", lists=decision.contractions_only(lists)).graph_def,
+            target="rules", lists=_candidates.contractions_only(lists)).graph_def,
     }
     if verdict.pick in expected:
         assert result.graph_def == expected[verdict.pick]()
-    elif verdict.pick == graph_timing.REFINED:  # the refinement won: its nodes run float32
+    elif verdict.pick == _candidates.REFINED:  # the refinement won: its nodes run float32
         nodes = {n.name: n for n in result.graph_def.node}
         assert verdict.refined and verdict.refined_from in verdict.times
         assert all(nodes[n].attr["T"].type == tf.float32.as_datatype_enum
                    for n in verdict.refined if "T" in nodes[n].attr)
         assert not [n for n in nodes.values() if "_tf_mpt_keep_fp32" in n.attr]
-    elif verdict.pick == graph_timing.LEAN:  # the fastest held too much: its lean version
-        assert not graph_timing.over_float32(verdict.peaks, graph_timing.LEAN)
+    elif verdict.pick == _candidates.LEAN:  # the fastest held too much: its lean version
+        assert not _policy.over_float32(verdict.peaks, _candidates.LEAN)
         monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "0")  # (the prediction, not timed again)
         source = expected.get(verdict.lean_from, lambda: tf_mpt.rewrite_graph_def(
             graph.as_graph_def(), dtype="bfloat16", fetches=["loss", "train"],
@@ -548,7 +554,7 @@ def test_a_tf1_training_graph_is_timed_on_copies_of_its_variables(monkeypatch, t
         made, _ = lean.lean(source, "float32 products" in verdict.lean_changes)
         assert result.graph_def == made
     else:
-        assert verdict.pick == verdict.predicted == graph_timing.COST
+        assert verdict.pick == verdict.predicted == _candidates.COST
     print(result.report.verdict.describe())
 
 
@@ -569,10 +575,10 @@ def test_a_signal_arriving_while_candidates_are_timed_stops_the_timing(monkeypat
     calls = []
     previous = signal.signal(signal.SIGUSR1, lambda signum, frame: handled.append(signum))
     try:
-        with pytest.raises(graph_timing.NotTimed, match="a signal arrived"):
+        with pytest.raises(_safety.NotTimed, match="a signal arrived"):
             with rewriter._signals_deferred():  # pylint: disable=protected-access
                 try:
-                    graph_timing.rounds({"a": run, "b": run}, 5.0, clock)
+                    _rounds.rounds({"a": run, "b": run}, 5.0, clock)
                 finally:
                     rewriter.run_deferred_signals()  # (a sandbox run returning: not yet)
                     assert handled == []
@@ -609,7 +615,7 @@ def test_candidates_whose_copies_would_take_too_much_memory_are_not_timed(timed,
     """Each candidate's sandbox holds copies of the graph's variables: four candidates of a
     graph with 2 x 4 MiB of weights take 32 MiB; under a 16 MiB bound the graph keeps the
     prediction, and the summary says why."""
-    monkeypatch.setattr(graph_timing._step_timing, "MAX_COPY_BYTES", 16 << 20)  # pylint: disable=protected-access
+    monkeypatch.setattr(_safety, "MAX_COPY_BYTES", 16 << 20)
     graph = tf.Graph()
     with graph.as_default():
         h = tf1.placeholder(tf.float32, [None, 1024], name="x")
@@ -653,17 +659,17 @@ def test_each_candidates_step_peak_is_given_beside_its_time(timed, monkeypatch):
     timed(_costs_rules_fastest, peak=_peaks_over_for_the_rules(10 << 20))
     result = _rewrite(_mlp())
     verdict = result.report.verdict
-    assert verdict.peaks[graph_timing.FLOAT32] == 10 * 2**20
-    assert set(verdict.peaks) == set(verdict.times) | {graph_timing.RESIDENT}
-    assert verdict.peaks[graph_timing.RESIDENT] == 32 * 1024 * 4  # (the made-up input)
-    assert verdict.pick == graph_timing.RULES  # the fastest: every layer half
-    assert graph_timing.over_float32(verdict.peaks, graph_timing.RULES)
-    assert not graph_timing.over_float32(verdict.peaks, graph_timing.COST)
+    assert verdict.peaks[_candidates.FLOAT32] == 10 * 2**20
+    assert set(verdict.peaks) == set(verdict.times) | {_ledger.RESIDENT}
+    assert verdict.peaks[_ledger.RESIDENT] == 32 * 1024 * 4  # (the made-up input)
+    assert verdict.pick == _candidates.RULES  # the fastest: every layer half
+    assert _policy.over_float32(verdict.peaks, _candidates.RULES)
+    assert not _policy.over_float32(verdict.peaks, _candidates.COST)
     line = verdict.describe()
     assert "float32 1 ms (peak 10.0 MiB)" in line, line
     assert "rules 0.4 ms (peak 10.3 MiB: over float32's)" in line, line
     assert "cost model 0.6 ms (peak 10.0 MiB)" in line, line  # (the suite's table: no Sigmoid)
-    assert graph_timing.LEAN not in verdict.times
+    assert _candidates.LEAN not in verdict.times
 
 
 def test_a_candidate_over_float32s_peak_is_not_kept_its_lean_version_is_tried(timed):
@@ -675,9 +681,9 @@ def test_a_candidate_over_float32s_peak_is_not_kept_its_lean_version_is_tried(ti
     timed(_costs_rules_fastest, peak=_peaks_over_for_the_rules(100 << 20, 100 << 20))
     result = _rewrite(_mlp(variables=True))
     verdict = result.report.verdict
-    assert verdict.pick == graph_timing.LEAN, verdict.describe()
-    assert verdict.lean_from == graph_timing.RULES
-    assert verdict.lean_against == graph_timing.COST
+    assert verdict.pick == _candidates.LEAN, verdict.describe()
+    assert verdict.lean_from == _candidates.RULES
+    assert verdict.lean_against == _candidates.COST
     assert verdict.lean_changes == {"late casts": 3, "ordered products": 0, "saved in half": 0,
                                    "reduced first": 0, "anchored waits": 0,
                                    "weights' lists in float32": 0,
@@ -703,13 +709,13 @@ def test_a_lean_version_still_over_float32s_peak_is_not_kept(timed):
           peak=_peaks_over_for_the_rules(int((100 << 20) * 1.05), 100 << 20))
     result = _rewrite(_mlp(variables=True))
     verdict = result.report.verdict
-    assert verdict.pick == graph_timing.COST, verdict.describe()
-    assert graph_timing.LEAN in verdict.times and _late(result.graph_def) == 0
+    assert verdict.pick == _candidates.COST, verdict.describe()
+    assert _candidates.LEAN in verdict.times and _late(result.graph_def) == 0
     line = verdict.describe()
     # the rules' lean version, tried first, is listed as not kept and over float32's peak;
     # then the pick's own lean version was timed beside it (slower here: not kept either)
     assert "lean rules 0.46 ms (peak 105.0 MiB: over float32's), not kept" in line, line
-    assert verdict.lean_from == graph_timing.COST and "lean cost model (" in line, line
+    assert verdict.lean_from == _candidates.COST and "lean cost model (" in line, line
     assert line.endswith("(faster but over float32's peak: rules)"), line
 
 
@@ -723,7 +729,7 @@ def test_the_step_peak_is_the_highest_sum_of_bytes_held_during_the_run():
         record = memory.allocation_records.add()
         record.alloc_micros, record.alloc_bytes = micros, size
     # at 3 us the 80 bytes count before the 100 are released: 100 + 50 + 80 (conservative)
-    assert graph_timing.step_peak_bytes(metadata) == 230
+    assert _step_sandbox.step_peak_bytes(metadata) == 230
 
 
 def test_a_tie_in_time_goes_to_the_candidate_holding_least(timed, monkeypatch):
@@ -735,35 +741,35 @@ def test_a_tie_in_time_goes_to_the_candidate_holding_least(timed, monkeypatch):
     peak = lambda g: int((10 << 20) * (0.7 if _half(g, "Sigmoid") == 4 else 1.0))  # noqa: E731
     timed(cost, peak=peak)
     verdict = _rewrite(_mlp()).report.verdict
-    assert verdict.median(graph_timing.RULES) > verdict.median(graph_timing.COST) * (
-        1 - graph_timing.MARGIN)
-    assert verdict.pick == graph_timing.RULES, verdict.describe()
+    assert verdict.median(_candidates.RULES) > verdict.median(_candidates.COST) * (
+        1 - _policy.MARGIN)
+    assert verdict.pick == _candidates.RULES, verdict.describe()
     monkeypatch.setenv("TF_MPT_MEMORY", "any")
     timed(cost, peak=peak)
-    assert _rewrite(_mlp()).report.verdict.pick == graph_timing.COST
+    assert _rewrite(_mlp()).report.verdict.pick == _candidates.COST
 
 
 def test_memory_first_picks_the_candidate_holding_least_not_slower_than_float32():
-    """graph_timing.pick with least (TF_MPT_MEMORY=least): of the candidates whose median is
+    """policy.pick with least (TF_MPT_MEMORY=least): of the candidates whose median is
     not above float32's, the one holding least; within PEAK_SLACK of that, the fastest; a
     candidate over float32's peak is never kept."""
     rounds = lambda ms: (ms * 1e-3,) * 3  # noqa: E731
-    times = {graph_timing.FLOAT32: rounds(10), graph_timing.COST: rounds(6),
-             graph_timing.RULES: rounds(9), graph_timing.CONTRACTIONS: rounds(11)}
-    peaks = {graph_timing.FLOAT32: 100, graph_timing.COST: 90, graph_timing.RULES: 60,
-             graph_timing.CONTRACTIONS: 40, graph_timing.RESIDENT: 0}
-    assert graph_timing.pick(times, graph_timing.COST, peaks) == graph_timing.COST
+    times = {_candidates.FLOAT32: rounds(10), _candidates.COST: rounds(6),
+             _candidates.RULES: rounds(9), _candidates.CONTRACTIONS: rounds(11)}
+    peaks = {_candidates.FLOAT32: 100, _candidates.COST: 90, _candidates.RULES: 60,
+             _candidates.CONTRACTIONS: 40, _ledger.RESIDENT: 0}
+    assert _policy.pick(times, _candidates.COST, peaks) == _candidates.COST
     # contractions only holds least but is slower than float32: the rules' colouring
-    assert graph_timing.pick(times, graph_timing.COST, peaks, least=True) == graph_timing.RULES
-    peaks[graph_timing.COST] = 61  # (within PEAK_SLACK of the least: the faster)
-    assert graph_timing.pick(times, graph_timing.COST, peaks, least=True) == graph_timing.COST
-    peaks[graph_timing.RULES] = 103  # (over float32's: never)
-    peaks[graph_timing.COST] = 102
-    assert graph_timing.pick(times, graph_timing.COST, peaks, least=True) == \
-        graph_timing.COST
-    peaks[graph_timing.COST] = 103
-    assert graph_timing.pick(times, graph_timing.COST, peaks, least=True) == \
-        graph_timing.FLOAT32
+    assert _policy.pick(times, _candidates.COST, peaks, least=True) == _candidates.RULES
+    peaks[_candidates.COST] = 61  # (within PEAK_SLACK of the least: the faster)
+    assert _policy.pick(times, _candidates.COST, peaks, least=True) == _candidates.COST
+    peaks[_candidates.RULES] = 103  # (over float32's: never)
+    peaks[_candidates.COST] = 102
+    assert _policy.pick(times, _candidates.COST, peaks, least=True) == \
+        _candidates.COST
+    peaks[_candidates.COST] = 103
+    assert _policy.pick(times, _candidates.COST, peaks, least=True) == \
+        _candidates.FLOAT32
 
 
 def test_an_untimed_verdict_reads_back_only_whole():
@@ -772,22 +778,22 @@ def test_an_untimed_verdict_reads_back_only_whole():
     it was not timed, float32's peak, a lean pick's changes) or with a pick the check never
     makes reads as None, so the graph is tried again."""
     mib = 2 ** 20
-    written = graph_timing.Verdict(
-        {}, graph_timing.LEAN, graph_timing.COST, "one round takes 7.2 s",
-        peaks={graph_timing.FLOAT32: 10 * mib, graph_timing.COST: 12 * mib,
-               graph_timing.LEAN: 8 * mib},
-        lean_from=graph_timing.COST, lean_changes={"late casts": 3})
+    written = _verdict.Verdict(
+        {}, _candidates.LEAN, _candidates.COST, "one round takes 7.2 s",
+        peaks={_candidates.FLOAT32: 10 * mib, _candidates.COST: 12 * mib,
+               _candidates.LEAN: 8 * mib},
+        lean_from=_candidates.COST, lean_changes={"late casts": 3})
     data = json.loads(json.dumps(written.to_dict()))
-    read = graph_timing.Verdict.from_dict(data, "cached")
+    read = _verdict.Verdict.from_dict(data, "cached")
     assert read == dataclasses.replace(written, source="cached")
     assert "cached here: its peaks measured instead" in read.describe(), read.describe()
     broken = [dict(data, why=""), dict(data, lean_changes={}), dict(data, pick="refined"),
-              dict(data, peaks={graph_timing.COST: 12 * mib, graph_timing.LEAN: 8 * mib}),
-              dict(data, peaks={graph_timing.FLOAT32: 10 * mib})]
+              dict(data, peaks={_candidates.COST: 12 * mib, _candidates.LEAN: 8 * mib}),
+              dict(data, peaks={_candidates.FLOAT32: 10 * mib})]
     for record in broken:
-        assert graph_timing.Verdict.from_dict(record, "cached") is None, record
-    kept_float32 = dict(data, pick=graph_timing.FLOAT32, lean_from="", lean_changes={})
-    assert graph_timing.Verdict.from_dict(kept_float32, "cached").pick == graph_timing.FLOAT32
+        assert _verdict.Verdict.from_dict(record, "cached") is None, record
+    kept_float32 = dict(data, pick=_candidates.FLOAT32, lean_from="", lean_changes={})
+    assert _verdict.Verdict.from_dict(kept_float32, "cached").pick == _candidates.FLOAT32
 
 
 def test_a_sub_second_budget_reads_as_itself_in_why_a_graph_was_not_timed(timed, monkeypatch):
@@ -795,5 +801,5 @@ def test_a_sub_second_budget_reads_as_itself_in_why_a_graph_was_not_timed(timed,
     timed(lambda g, i: 2.0)
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "0.05")
     verdict = _rewrite(_mlp()).report.verdict
-    assert f"do not fit in the {decision.FIRST_SHARE * 0.05:.3g} s the rounds" in verdict.why
+    assert f"do not fit in the {_policy.FIRST_SHARE * 0.05:.3g} s the rounds" in verdict.why
     assert "do not fit in the 0.03 s" in verdict.why, verdict.why

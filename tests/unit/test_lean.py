@@ -208,7 +208,7 @@ def test_the_leaner_version_is_tried_where_the_lean_one_still_holds_too_much(
     as float32; the leaner one is kept, faster than float32, and a cached verdict makes it
     again."""
     from support import fake_timing  # pylint: disable=import-outside-toplevel
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
     fakes = fake_timing.install(monkeypatch)
@@ -234,7 +234,7 @@ def test_the_leaner_version_is_tried_where_the_lean_one_still_holds_too_much(
                                         target="here")
     result = rewrite()
     verdict = result.report.verdict
-    assert verdict.pick == graph_timing.LEAN, verdict.describe()
+    assert verdict.pick == _candidates.LEAN, verdict.describe()
     assert verdict.lean_changes["float32 products"] == 2, verdict.lean_changes
     assert kind(result.graph_def) == "leaner"
     assert "picked lean, 1.43x float32" in verdict.describe(), verdict.describe()
@@ -251,7 +251,7 @@ def test_ordered_products_alone_are_tried_first(monkeypatch, tmp_path, ordered_p
     against 25.2 MiB); where they still hold 10% more, the lean version is tried and kept.
     A cached verdict makes the same graph again."""
     from support import fake_timing  # pylint: disable=import-outside-toplevel
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
     fakes = fake_timing.install(monkeypatch)
@@ -282,7 +282,7 @@ def test_ordered_products_alone_are_tried_first(monkeypatch, tmp_path, ordered_p
     result = rewrite()
     verdict = result.report.verdict
     assert "ordered" in tried and ("lean" in tried) == (kept == "lean"), tried
-    assert verdict.pick == graph_timing.LEAN and kind(result.graph_def) == kept, \
+    assert verdict.pick == _candidates.LEAN and kind(result.graph_def) == kept, \
         verdict.describe()
     if kept == "ordered":
         assert set(verdict.lean_changes) == {"ordered products"} and \
@@ -525,13 +525,14 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
         monkeypatch, tmp_path, lean_cost, kept):
     """Graph timing (an injected clock and sandbox): the products-only colouring (contractions
     only: Relu and ReluGrad float32, on the lists' clear list) is fastest and holds 0.9x
-    float32's peak, over decision.SMALLER_ABOVE; its lean version (activations
+    float32's peak, over policy.SMALLER_ABOVE; its lean version (activations
     saved in half) holds 0.6x, within it. Kept where it is within MARGIN of the pick's time
-    (a tie goes to memory) and where it is 8% slower (within decision.HALF_MEMORY_PRICE: the
+    (a tie goes to memory) and where it is 8% slower (within policy.HALF_MEMORY_PRICE: the
     price of reaching the goal), not where it is 12% slower; a cached verdict makes the same
     graph again."""
     from support import fake_timing  # pylint: disable=import-outside-toplevel
-    from tf_mpt.choose import decision, graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import policy as _policy  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
     fakes = fake_timing.install(monkeypatch)
@@ -547,10 +548,10 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
                                         target="here")
     result = rewrite()
     verdict = result.report.verdict
-    assert 0.9 > decision.SMALLER_ABOVE
-    assert graph_timing.LEAN in verdict.times, verdict.describe()
+    assert 0.9 > _policy.SMALLER_ABOVE
+    assert _candidates.LEAN in verdict.times, verdict.describe()
     assert kind(result.graph_def) == ("saved" if kept else "products")
-    assert verdict.pick == (graph_timing.LEAN if kept else verdict.lean_from)
+    assert verdict.pick == (_candidates.LEAN if kept else verdict.lean_from)
     assert verdict.lean_against == verdict.lean_from
     # (ordered products are for a candidate over float32's peak)
     assert set(verdict.lean_changes) == {"saved in half", "reduced first", "late casts",
@@ -558,12 +559,12 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
                                          "late casts in loops",
                                          "accumulated in order"} and \
         verdict.lean_changes["saved in half"] >= 2, verdict.lean_changes
-    assert 0.08 < decision.HALF_MEMORY_PRICE < 0.12
+    assert 0.08 < _policy.HALF_MEMORY_PRICE < 0.12
     if kept and lean_cost < 0.62e-3:
         assert "picked lean, 1.64x float32" in verdict.describe(), verdict.describe()
     if kept and lean_cost > 0.62e-3:  # (the line says what the memory cost in time)
         assert f"picked lean, 1.54x float32 (8% slower than contractions only, holding " \
-            f"{_share(verdict, graph_timing.LEAN):.2f}x float32's peak)" in verdict.describe(), \
+            f"{_share(verdict, _candidates.LEAN):.2f}x float32's peak)" in verdict.describe(), \
             verdict.describe()
     if kept:
         # the report counts the lean graph's own Casts (copies and Casts back included)
@@ -582,7 +583,7 @@ def test_a_pick_within_the_goal_is_not_made_lean(monkeypatch, tmp_path):
     """The same graph where the fastest colouring already holds 0.6x float32's peak: no lean
     version is timed."""
     from support import fake_timing  # pylint: disable=import-outside-toplevel
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
     fakes = fake_timing.install(monkeypatch)
@@ -595,7 +596,7 @@ def test_a_pick_within_the_goal_is_not_made_lean(monkeypatch, tmp_path):
     result = tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", fetches=fetches,
                                       target="here")
     verdict = result.report.verdict
-    assert graph_timing.LEAN not in verdict.times and kind(result.graph_def) == "products", \
+    assert _candidates.LEAN not in verdict.times and kind(result.graph_def) == "products", \
         verdict.describe()
 
 
@@ -604,7 +605,7 @@ def test_a_candidate_timed_again_keeps_the_peak_the_pick_was_made_with(monkeypat
     is timed again beside its lean version (6 MiB): the verdict keeps 9 MiB, the figure its
     pick was made with, so the lean version holds less and is kept."""
     from support import fake_timing  # pylint: disable=import-outside-toplevel
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
     fakes = fake_timing.install(monkeypatch)
@@ -623,9 +624,9 @@ def test_a_candidate_timed_again_keeps_the_peak_the_pick_was_made_with(monkeypat
     verdict = tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", fetches=fetches,
                                        target="here").report.verdict
     assert measured.count("products") == 2, measured
-    assert verdict.pick == graph_timing.LEAN, verdict.describe()
+    assert verdict.pick == _candidates.LEAN, verdict.describe()
     assert verdict.peaks[verdict.lean_from] == 9 << 20 and \
-        verdict.peaks[graph_timing.LEAN] == 6 << 20, verdict.peaks
+        verdict.peaks[_candidates.LEAN] == 6 << 20, verdict.peaks
 
 
 @pytest.mark.parametrize("lean_cost, kept", [(0.9e-3, True), (1.1e-3, False)])
@@ -636,7 +637,7 @@ def test_memory_first_keeps_the_lean_version_not_slower_than_float32(
     and float32 and kept where it is not slower than float32 (0.9 ms against 1 ms, though
     50% slower than the pick), not where it is (1.1 ms)."""
     from support import fake_timing  # pylint: disable=import-outside-toplevel
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TF_MPT_MEMORY", "least")
@@ -655,7 +656,7 @@ def test_memory_first_keeps_the_lean_version_not_slower_than_float32(
     result = tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", fetches=fetches,
                                       target="here")
     verdict = result.report.verdict
-    assert verdict.lean_from == "contractions only" and graph_timing.LEAN in verdict.times, \
+    assert verdict.lean_from == "contractions only" and _candidates.LEAN in verdict.times, \
         verdict.describe()
     # float32 measured in the first rounds and again beside the lean version
     assert timed_with.count("float32") == 2 and timed_with.count("saved") == 1, timed_with
@@ -663,7 +664,7 @@ def test_memory_first_keeps_the_lean_version_not_slower_than_float32(
     monkeypatch.setenv("TF_MPT_MEMORY", "float32")  # (the default: within the goal already)
     verdict = tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", fetches=fetches,
                                        target="here").report.verdict
-    assert graph_timing.LEAN not in verdict.times and verdict.source == "timed", \
+    assert _candidates.LEAN not in verdict.times and verdict.source == "timed", \
         verdict.describe()
 
 
@@ -720,7 +721,7 @@ def test_a_functional_loops_weight_casts_wait_for_the_iterations_own_values():
     added: the loss and gradients are the candidate's, bit for bit, run side by side on the
     same copies of the variables."""
     from support import lstm  # pylint: disable=import-outside-toplevel
-    from tf_mpt.choose import step_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose.timers import steps as _step_sandbox  # pylint: disable=import-outside-toplevel
     from tf_mpt.rewrite import tf_functions  # pylint: disable=import-outside-toplevel
     from tf_mpt.rewrite.boundaries import tensor_lists  # pylint: disable=import-outside-toplevel
     cf, _ = lstm.tf2_loss_and_grads()
@@ -767,7 +768,7 @@ def test_a_functional_loops_weight_casts_wait_for_the_iterations_own_values():
 
     def outputs(runners, *_):
         return {name: run() for name, run in runners.items()}
-    got = step_timing._in_sandbox(  # pylint: disable=protected-access
+    got = _step_sandbox._in_sandbox(  # pylint: disable=protected-access
         cf, {"candidate": tf_functions._rename_library(half, "_a"),  # pylint: disable=protected-access
              "lean": tf_functions._rename_library(ordered, "_b")},  # pylint: disable=protected-access
         lstm.B, outputs)
@@ -835,7 +836,7 @@ def test_where_the_fastest_ones_lean_versions_hold_too_much_the_next_ones_are_tr
     its lean versions still hold more than float32; the products-only colouring, next
     fastest and also over float32's peak, has a lean version within it: that one is kept
     (before: only the fastest's were tried, and float32 ran)."""
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": 1e-3, "rules": 0.5e-3, "rules lean": 0.52e-3, "products": 0.6e-3,
@@ -846,9 +847,9 @@ def test_where_the_fastest_ones_lean_versions_hold_too_much_the_next_ones_are_tr
     verdict = result.report.verdict
     assert "rules lean" in tried and "products lean" in tried, tried
     assert tried.index("rules lean") < tried.index("products lean")
-    assert verdict.pick == graph_timing.LEAN and kind(result.graph_def) == "products lean", \
+    assert verdict.pick == _candidates.LEAN and kind(result.graph_def) == "products lean", \
         verdict.describe()
-    assert verdict.lean_against == graph_timing.FLOAT32
+    assert verdict.lean_against == _candidates.FLOAT32
 
 
 def test_a_slow_lean_version_within_float32s_peak_does_not_end_the_search(
@@ -859,7 +860,7 @@ def test_a_slow_lean_version_within_float32s_peak_does_not_end_the_search(
     speed; the op lists' colouring, 2x float32's speed, has a lean version within it at
     1.9x: that one is kept (before: the first within ended the search, and the step ran at
     1.05x)."""
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": 1e-3, "rules": 0.5e-3, "rules lean": 0.52e-3, "products": 0.48e-3,
@@ -869,11 +870,11 @@ def test_a_slow_lean_version_within_float32s_peak_does_not_end_the_search(
     result = rewrite()
     verdict = result.report.verdict
     assert tried.index("products lean") < tried.index("rules lean"), tried
-    assert verdict.pick == graph_timing.LEAN and kind(result.graph_def) == "rules lean", \
+    assert verdict.pick == _candidates.LEAN and kind(result.graph_def) == "rules lean", \
         verdict.describe()
     rules = verdict.same_as.get("rules", "rules")
-    assert verdict.lean_from == rules and verdict.lean_against == graph_timing.FLOAT32
-    assert verdict.median(graph_timing.LEAN) == pytest.approx(0.52e-3), verdict.describe()
+    assert verdict.lean_from == rules and verdict.lean_against == _candidates.FLOAT32
+    assert verdict.median(_candidates.LEAN) == pytest.approx(0.52e-3), verdict.describe()
     again = rewrite()
     assert again.report.verdict.source == "cached" and again.graph_def == result.graph_def
 
@@ -885,7 +886,7 @@ def test_a_next_colouring_no_faster_than_the_kept_lean_version_is_not_made_lean(
     version is kept at 2x float32's speed. The op lists' colouring, over float32's peak and
     no faster than that kept version in the first rounds, has no lean version made (its
     would be no faster): the kept one stays, whatever its lean version would run at."""
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": 1e-3, "rules": 0.51e-3, "rules lean": slower * 1e-3,
@@ -895,7 +896,7 @@ def test_a_next_colouring_no_faster_than_the_kept_lean_version_is_not_made_lean(
     result = rewrite()
     verdict = result.report.verdict
     assert "rules lean" not in tried, tried
-    assert verdict.pick == graph_timing.LEAN and kind(result.graph_def) == "products lean", \
+    assert verdict.pick == _candidates.LEAN and kind(result.graph_def) == "products lean", \
         verdict.describe()
 
 
@@ -904,12 +905,14 @@ def test_a_tie_in_time_goes_to_another_colourings_lean_version(
         monkeypatch, tmp_path, rules_cost, kept):
     """Graph timing (an injected clock and sandbox): the products-only colouring is fastest
     (0.6 ms) and holds 0.9x float32's peak; its own lean version is 12% slower (over
-    decision.HALF_MEMORY_PRICE). The op lists'
+    policy.HALF_MEMORY_PRICE). The op lists'
     colouring, 5% slower, made lean runs within MARGIN of the pick and holds 0.5x: kept (a tie
     in time goes to memory, whichever colouring the lean version comes from). With the op
-    lists' colouring 20% slower (over decision.SMALLER_WINDOW) its lean version is not
+    lists' colouring 20% slower (over policy.SMALLER_WINDOW) its lean version is not
     tried, and the pick stays."""
-    from tf_mpt.choose import decision, graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import ledger as _ledger  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import policy as _policy  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": 1e-3, "rules": rules_cost, "rules lean": 0.605e-3,
@@ -918,16 +921,16 @@ def test_a_tie_in_time_goes_to_another_colourings_lean_version(
                "products": 9 << 20, "products lean": 6 << 20})
     result = rewrite()
     verdict = result.report.verdict
-    assert 1.05 < 1.0 + decision.SMALLER_WINDOW < 1.2
+    assert 1.05 < 1.0 + _policy.SMALLER_WINDOW < 1.2
     assert "products lean" in tried, tried
     assert ("rules lean" in tried) == (kept == "rules lean"), tried
     assert kind(result.graph_def) == kept, verdict.describe()
     assert verdict.lean_against == "contractions only"
     if kept == "rules lean":
         rules = verdict.same_as.get("rules", "rules")  # (the cost model's: the same graph)
-        assert verdict.pick == graph_timing.LEAN and verdict.lean_from == rules, \
+        assert verdict.pick == _candidates.LEAN and verdict.lean_from == rules, \
             verdict.describe()
-        assert verdict.peaks[graph_timing.LEAN] == 5 << 20, verdict.peaks
+        assert verdict.peaks[_candidates.LEAN] == 5 << 20, verdict.peaks
         assert f"lean {rules} (" in verdict.describe(), verdict.describe()
         # the pick's own lean versions, timed in the same rounds, are in the line too
         assert set(verdict.lean_others) == {"contractions only", _FROM_COPIES}, \
@@ -939,12 +942,12 @@ def test_a_tie_in_time_goes_to_another_colourings_lean_version(
     else:  # (the pick's own lean version, timed and not kept, is the record)
         assert verdict.pick == "contractions only" and \
             verdict.lean_from == "contractions only", verdict.describe()
-        assert verdict.peaks[graph_timing.LEAN] == 6 << 20, verdict.peaks
+        assert verdict.peaks[_candidates.LEAN] == 6 << 20, verdict.peaks
         # its version from half copies alone (as slow as float32 here), timed, not kept
         assert verdict.lean_others == {_FROM_COPIES: (pytest.approx(1e-3), 9 << 20)}, \
             verdict.lean_others
     assert set(verdict.peaks) == {"float32", "rules", "cost model", "contractions only",
-                                  graph_timing.LEAN, graph_timing.RESIDENT} & \
+                                  _candidates.LEAN, _ledger.RESIDENT} & \
         set(verdict.peaks) and not any(k.startswith("lean ") for k in verdict.peaks), \
         verdict.peaks
     again = rewrite()
@@ -960,10 +963,10 @@ def test_where_the_lean_version_costs_time_the_picks_from_its_half_copies_is_kep
     """Graph timing (an injected clock and sandbox), as a Keras Transformer's fit step
     measured on Sapphire Rapids: the products-only pick holds 0.9x float32's peak, its lean
     version 0.6x but 12% slower (each new half copy a Cast down and a Cast up; over
-    decision.HALF_MEMORY_PRICE). Its version
+    policy.HALF_MEMORY_PRICE). Its version
     from its half copies alone (a Cast up each) runs as fast as the pick and holds 0.7x: kept,
     the other listed as not kept; a cached verdict makes the same graph again."""
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": 1e-3, "rules": 0.8e-3, "rules lean": 0.85e-3, "products": 0.6e-3,
@@ -976,11 +979,11 @@ def test_where_the_lean_version_costs_time_the_picks_from_its_half_copies_is_kep
     line = verdict.describe()
     assert tried.index("products lean") < tried.index("products lean from copies"), tried
     assert kind(result.graph_def) == "products lean from copies", line
-    assert verdict.pick == graph_timing.LEAN and \
+    assert verdict.pick == _candidates.LEAN and \
         verdict.lean_from == verdict.lean_against == "contractions only", line
     assert lean.FROM_COPIES in verdict.lean_changes and \
         "saved in half" not in verdict.lean_changes, verdict.lean_changes
-    assert verdict.peaks[graph_timing.LEAN] == 7 << 20, verdict.peaks
+    assert verdict.peaks[_candidates.LEAN] == 7 << 20, verdict.peaks
     assert verdict.lean_others == {"contractions only": (pytest.approx(0.67e-3), 6 << 20)}, \
         verdict.lean_others
     assert f"{lean.FROM_COPIES} x3) 0.6 ms (peak 7.0 MiB) beside contractions only" in line and \
@@ -991,9 +994,10 @@ def test_where_the_lean_version_costs_time_the_picks_from_its_half_copies_is_kep
 
 def _share(verdict, name):
     """Candidate `name`'s peak over float32's, the bytes both hold alike added to each."""
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
-    return graph_timing.total_peak(verdict.peaks, name) / \
-        graph_timing.total_peak(verdict.peaks, graph_timing.FLOAT32)
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import policy as _policy  # pylint: disable=import-outside-toplevel
+    return _policy.total_peak(verdict.peaks, name) / \
+        _policy.total_peak(verdict.peaks, _candidates.FLOAT32)
 
 
 @pytest.mark.parametrize("float32_cost, kept", [(1e-3, "products lean"),
@@ -1003,12 +1007,13 @@ def test_the_memory_goal_is_bought_with_a_bounded_share_of_the_picks_speed(
     """Graph timing (an injected clock and sandbox), as a Keras Transformer's fit step
     measured on Sapphire Rapids: the products-only pick holds 0.9x float32's peak; its
     version from its half copies alone runs as fast and holds 0.7x (over
-    decision.SMALLER_ABOVE), its lean version holds 0.6x (within it) and runs 7% slower
-    (within decision.HALF_MEMORY_PRICE). The lean version is kept, and the line says what it
+    policy.SMALLER_ABOVE), its lean version holds 0.6x (within it) and runs 7% slower
+    (within policy.HALF_MEMORY_PRICE). The lean version is kept, and the line says what it
     cost; not where float32 runs 0.66 ms (the lean version, 0.642 ms, would then be under
     MARGIN faster than float32): there the version from copies is kept (a tie goes to
     memory)."""
-    from tf_mpt.choose import decision, graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import policy as _policy  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": float32_cost, "rules": 0.8e-3, "rules lean": 0.85e-3,
@@ -1020,21 +1025,21 @@ def test_the_memory_goal_is_bought_with_a_bounded_share_of_the_picks_speed(
     result = rewrite()
     verdict = result.report.verdict
     line = verdict.describe()
-    assert 0.6 < decision.SMALLER_ABOVE < 0.7
-    assert 1.0 + decision.HALF_MEMORY_PRICE > 0.642 / 0.6 > 1.0 + graph_timing.MARGIN
+    assert 0.6 < _policy.SMALLER_ABOVE < 0.7
+    assert 1.0 + _policy.HALF_MEMORY_PRICE > 0.642 / 0.6 > 1.0 + _policy.MARGIN
     assert {"products lean", "products lean from copies"} <= set(tried), tried
     assert kind(result.graph_def) == kept, line
-    assert verdict.pick == graph_timing.LEAN and verdict.lean_against == "contractions only"
+    assert verdict.pick == _candidates.LEAN and verdict.lean_against == "contractions only"
     if kept == "products lean":
         assert "saved in half" in verdict.lean_changes, verdict.lean_changes
-        assert verdict.peaks[graph_timing.LEAN] == 5 << 20, verdict.peaks
-        assert _share(verdict, graph_timing.LEAN) <= decision.SMALLER_ABOVE < \
+        assert verdict.peaks[_candidates.LEAN] == 5 << 20, verdict.peaks
+        assert _share(verdict, _candidates.LEAN) <= _policy.SMALLER_ABOVE < \
             _share(verdict, "contractions only")
         assert f"picked lean, 1.56x float32 (7% slower than contractions only, holding " \
-            f"{_share(verdict, graph_timing.LEAN):.2f}x float32's peak)" in line, line
+            f"{_share(verdict, _candidates.LEAN):.2f}x float32's peak)" in line, line
     else:
         assert lean.FROM_COPIES in verdict.lean_changes, verdict.lean_changes
-        assert verdict.peaks[graph_timing.LEAN] == 7 << 20, verdict.peaks
+        assert verdict.peaks[_candidates.LEAN] == 7 << 20, verdict.peaks
         assert "slower than" not in line, line
     again = rewrite()
     assert again.report.verdict.source == "cached" and again.graph_def == result.graph_def
@@ -1043,10 +1048,10 @@ def test_the_memory_goal_is_bought_with_a_bounded_share_of_the_picks_speed(
 def test_of_the_versions_reaching_the_memory_goal_a_tie_in_time_goes_to_memory(
         monkeypatch, tmp_path):
     """The pick (products only) holds 0.9x float32's peak, its version from half copies (as
-    fast) 0.7x; two lean versions reach decision.SMALLER_ABOVE within HALF_MEMORY_PRICE of
+    fast) 0.7x; two lean versions reach policy.SMALLER_ABOVE within HALF_MEMORY_PRICE of
     the pick's time: its own (5% slower, 5.5 MiB) and the op lists' (7% slower, within MARGIN
     of it, 4 MiB). The op lists' is kept: it holds least."""
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": 1e-3, "rules": 0.66e-3, "rules lean": 0.64e-3,
@@ -1059,9 +1064,9 @@ def test_of_the_versions_reaching_the_memory_goal_a_tie_in_time_goes_to_memory(
     verdict = result.report.verdict
     assert {"rules lean", "products lean", "products lean from copies"} <= set(tried), tried
     assert kind(result.graph_def) == "rules lean", verdict.describe()
-    assert verdict.pick == graph_timing.LEAN and \
-        verdict.peaks[graph_timing.LEAN] == 4 << 20, verdict.describe()
-    assert _share(verdict, graph_timing.LEAN) < _share(verdict, "contractions only")
+    assert verdict.pick == _candidates.LEAN and \
+        verdict.peaks[_candidates.LEAN] == 4 << 20, verdict.describe()
+    assert _share(verdict, _candidates.LEAN) < _share(verdict, "contractions only")
 
 
 @pytest.mark.parametrize("lean_cost, kept", [(0.99e-3, True), (1.01e-3, False)])
@@ -1072,7 +1077,8 @@ def test_a_lean_version_kept_for_memory_is_not_slower_than_float32(monkeypatch, 
     float32, within MARGIN, so the prediction stays; its lean version holds 0.5x float32's
     peak and runs within MARGIN of it. Kept where it is not slower than float32 (0.99 ms),
     not where it is (1.01 ms: a tie with the pick, but the pick had used up the margin)."""
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import policy as _policy  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": 1e-3, "rules": 1.02e-3, "rules lean": lean_cost,
@@ -1083,10 +1089,10 @@ def test_a_lean_version_kept_for_memory_is_not_slower_than_float32(monkeypatch, 
     verdict = result.report.verdict
     assert "rules lean" in tried, tried
     rules = verdict.same_as.get("rules", "rules")
-    assert verdict.median(rules) > verdict.median(graph_timing.FLOAT32) and \
-        verdict.median(rules) < verdict.median(graph_timing.FLOAT32) * (1 + graph_timing.MARGIN)
+    assert verdict.median(rules) > verdict.median(_candidates.FLOAT32) and \
+        verdict.median(rules) < verdict.median(_candidates.FLOAT32) * (1 + _policy.MARGIN)
     assert kind(result.graph_def) == ("rules lean" if kept else "rules"), verdict.describe()
-    assert verdict.pick == (graph_timing.LEAN if kept else rules), verdict.describe()
+    assert verdict.pick == (_candidates.LEAN if kept else rules), verdict.describe()
 
 
 def _half_compute(graph_def):
@@ -1143,7 +1149,7 @@ def test_a_memory_price_buys_float32s_own_lean_version(monkeypatch, tmp_path, pr
     the line says what it cost; 0.05 (under its 6%) keeps float32; unset, no lean version
     is made (never slower than float32). A price's verdict is cached apart: the same graph
     without the price is timed again."""
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     if price:
         monkeypatch.setenv("TF_MPT_MEMORY_PRICE", price)
     kind, tried, rewrite = _timed_relu_graph(
@@ -1158,17 +1164,17 @@ def test_a_memory_price_buys_float32s_own_lean_version(monkeypatch, tmp_path, pr
     assert kind(result.graph_def) == kept, line
     if not price:
         assert not [k for k in tried if "lean" in k], tried
-        assert verdict.pick == graph_timing.FLOAT32, line
+        assert verdict.pick == _candidates.FLOAT32, line
         return
     assert {"float32 lean", "rules lean"} <= set(tried), tried
     if kept == "float32":
-        assert verdict.pick == graph_timing.FLOAT32, line
+        assert verdict.pick == _candidates.FLOAT32, line
         return
-    assert verdict.pick == graph_timing.LEAN and verdict.lean_from == graph_timing.FLOAT32 \
-        and verdict.lean_against == graph_timing.FLOAT32, line
-    assert _share(verdict, graph_timing.LEAN) < 0.65, line
+    assert verdict.pick == _candidates.LEAN and verdict.lean_from == _candidates.FLOAT32 \
+        and verdict.lean_against == _candidates.FLOAT32, line
+    assert _share(verdict, _candidates.LEAN) < 0.65, line
     assert f"picked lean, 0.94x float32 (6% slower than float32, holding " \
-        f"{_share(verdict, graph_timing.LEAN):.2f}x float32's peak: " \
+        f"{_share(verdict, _candidates.LEAN):.2f}x float32's peak: " \
         f"TF_MPT_MEMORY_PRICE=0.1)" in line, line
     assert _half_compute(result.graph_def) == [] and result.report.converted_nodes == 0
     assert result.report.casts_added == sum(n.op == "Cast" for n in result.graph_def.node)
@@ -1177,7 +1183,7 @@ def test_a_memory_price_buys_float32s_own_lean_version(monkeypatch, tmp_path, pr
     monkeypatch.delenv("TF_MPT_MEMORY_PRICE")
     unpriced = rewrite()
     assert unpriced.report.verdict.source == "timed" and \
-        unpriced.report.verdict.pick == graph_timing.FLOAT32
+        unpriced.report.verdict.pick == _candidates.FLOAT32
 
 
 @pytest.mark.parametrize("price, kept", [("", "float32"), ("0.1", "float32 lean")])
@@ -1187,7 +1193,7 @@ def test_memory_least_with_a_price_keeps_the_least_held_within_it(monkeypatch, t
     kept. With TF_MPT_MEMORY_PRICE=0.1 the op lists' colouring (5% slower, 0.6x float32's
     peak) is the first rounds' pick; its lean version holds least but is 20% slower; of the
     versions within the price, float32's own lean version holds least (0.4x): kept."""
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_MEMORY", "least")
     if price:
         monkeypatch.setenv("TF_MPT_MEMORY_PRICE", price)
@@ -1203,7 +1209,7 @@ def test_memory_least_with_a_price_keeps_the_least_held_within_it(monkeypatch, t
     if price:
         assert {"float32 lean", "rules lean"} <= set(tried), tried
         assert verdict.lean_against == verdict.same_as.get("rules", "rules") and \
-            verdict.lean_from == graph_timing.FLOAT32, verdict.describe()
+            verdict.lean_from == _candidates.FLOAT32, verdict.describe()
     else:
         assert "float32 lean" not in tried, tried
 
@@ -1211,7 +1217,7 @@ def test_memory_least_with_a_price_keeps_the_least_held_within_it(monkeypatch, t
 def test_with_memory_any_the_goal_buys_nothing(monkeypatch, tmp_path):
     """TF_MPT_MEMORY=any: the same graph keeps the fastest (the products-only pick), its
     lean versions not made."""
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_MEMORY", "any")
     kind, _, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
@@ -1220,7 +1226,7 @@ def test_with_memory_any_the_goal_buys_nothing(monkeypatch, tmp_path):
         peaks={"float32": 10 << 20, "rules": 9 << 20, "rules lean": 6 << 20,
                "products": 9 << 20, "products lean": 6 << 20})
     verdict = rewrite().report.verdict
-    assert verdict.pick == "contractions only" and graph_timing.LEAN not in verdict.times, \
+    assert verdict.pick == "contractions only" and _candidates.LEAN not in verdict.times, \
         verdict.describe()
 
 
@@ -1231,7 +1237,7 @@ def test_after_the_fastest_ones_lean_version_is_not_kept_the_picks_own_is_tried(
     it, is slower than the pick (the op lists' colouring, 0.8x float32's peak). The pick's own
     lean version, as fast and at 0.5x, is then timed and kept (before: nothing more was tried
     once one lean version had been); the line lists the other as not kept."""
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": 1e-3, "rules": 0.6e-3, "rules lean": 0.605e-3, "products": 0.55e-3,
@@ -1243,9 +1249,9 @@ def test_after_the_fastest_ones_lean_version_is_not_kept_the_picks_own_is_tried(
     assert tried.index("products lean") < tried.index("rules lean"), tried
     rules = verdict.same_as.get("rules", "rules")
     assert kind(result.graph_def) == "rules lean", verdict.describe()
-    assert verdict.pick == graph_timing.LEAN and verdict.lean_from == rules and \
+    assert verdict.pick == _candidates.LEAN and verdict.lean_from == rules and \
         verdict.lean_against == rules, verdict.describe()
-    assert verdict.peaks[graph_timing.LEAN] == 5 << 20, verdict.peaks
+    assert verdict.peaks[_candidates.LEAN] == 5 << 20, verdict.peaks
     assert set(verdict.lean_others) == {"contractions only"}, verdict.lean_others
     median, held = verdict.lean_others["contractions only"]
     assert median == pytest.approx(0.65e-3) and held == 9 << 20, verdict.lean_others
@@ -1261,7 +1267,7 @@ def test_a_stages_set_up_is_not_spent_from_the_budget(monkeypatch, tmp_path):
     against a 5 s budget. The pick, the op lists' colouring at 0.8x float32's peak, still has
     its lean version (as fast, at 0.5x) timed and kept: the budget counts timed runs (before:
     the set-up spent it, and no lean version was tried)."""
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
         monkeypatch, tmp_path,
         costs={"float32": 1e-3, "rules": 0.6e-3, "rules lean": 0.6e-3, "products": 0.7e-3,
@@ -1272,7 +1278,7 @@ def test_a_stages_set_up_is_not_spent_from_the_budget(monkeypatch, tmp_path):
     result = rewrite()
     verdict = result.report.verdict
     assert "rules lean" in tried, (tried, verdict.describe())
-    assert verdict.pick == graph_timing.LEAN and kind(result.graph_def) == "rules lean", \
+    assert verdict.pick == _candidates.LEAN and kind(result.graph_def) == "rules lean", \
         verdict.describe()
 
 
@@ -1295,9 +1301,9 @@ def test_a_graph_too_slow_to_time_has_its_check_cached(
     first = rewrite()
     runs, measured = len(rewrite.fakes.runs), len(tried)
     assert runs > 0 and measured >= 2, (runs, tried)
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
-    expected = {"lean": graph_timing.LEAN, "prediction": first.report.verdict.predicted,
-                "float32": graph_timing.FLOAT32}[kept]
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
+    expected = {"lean": _candidates.LEAN, "prediction": first.report.verdict.predicted,
+                "float32": _candidates.FLOAT32}[kept]
     assert first.report.verdict.pick == expected, first.report.verdict.describe()
     again = rewrite()
     verdict = again.report.verdict
@@ -1325,7 +1331,7 @@ def test_a_graph_too_slow_to_time_keeps_within_float32s_peak(
     measured instead, one traced run each: the prediction where within float32's; else its
     first lean version within float32's (ordered products alone first); else float32. With
     TF_MPT_MEMORY=any nothing is measured and the prediction runs, as before."""
-    from tf_mpt.choose import graph_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_MEMORY", memory)
     half_kinds = ("rules", "products")
     kind, tried, rewrite = _timed_relu_graph(
@@ -1355,13 +1361,13 @@ def test_a_graph_too_slow_to_time_keeps_within_float32s_peak(
             "speed not measured)" in line, line
     elif kept == "lean":
         assert tried[2:] == [f"{tried[1]} lean"], tried  # (the first lean version is within)
-        assert verdict.pick == graph_timing.LEAN and verdict.lean_from == predicted, line
+        assert verdict.pick == _candidates.LEAN and verdict.lean_from == predicted, line
         assert set(verdict.lean_changes) == {"ordered products"}, verdict.lean_changes
         assert kind(result.graph_def) == f"{tried[1]} lean", line
         assert f"kept lean {predicted}, within float32's peak" in line, line
     else:  # every lean version measured over float32's peak
         assert len(tried) >= 4 and set(tried[2:]) == {f"{tried[1]} lean"}, tried
-        assert verdict.pick == graph_timing.FLOAT32 and kind(result.graph_def) == "float32"
+        assert verdict.pick == _candidates.FLOAT32 and kind(result.graph_def) == "float32"
         assert "kept float32, the only one within float32's peak" in line, line
         assert result.report.converted_nodes == 0
         reasons = {d.reason for d in result.report.decisions.values()}
@@ -1443,10 +1449,10 @@ def test_anchored_waits_leave_graphs_with_tf1_control_flow_and_plain_waits_alone
 
 
 def _step_peak(graph_def, feeds):
-    """Bytes: the step peak of one traced training step (step_timing.step_peak_bytes: the
+    """Bytes: the step peak of one traced training step (timers.steps.step_peak_bytes: the
     allocation records TensorFlow's allocators kept), one op at a time (the order of the
     graph's dependencies alone decides what is held together)."""
-    from tf_mpt.choose import step_timing  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose.timers import steps as _step_sandbox  # pylint: disable=import-outside-toplevel
     graph = tf.Graph()
     with graph.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")
@@ -1457,7 +1463,7 @@ def _step_peak(graph_def, feeds):
         metadata = tf1.RunMetadata()
         session.run("train", feeds, options=tf1.RunOptions(
             trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
-    return step_timing.step_peak_bytes(metadata)
+    return _step_sandbox.step_peak_bytes(metadata)
 
 
 @pytest.mark.measures_this_cpu  # (real allocations; no clock is read)

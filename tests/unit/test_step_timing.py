@@ -16,9 +16,13 @@ import tf_mpt
 from tf_mpt import config as _config
 from tf_mpt import report as _report
 from tf_mpt import targets as _targets
-from tf_mpt.choose import decision
-from tf_mpt.choose import graph_timing
-from tf_mpt.choose import step_timing as _timing
+from tf_mpt.choose import ledger as _ledger
+from tf_mpt.choose import policy as _policy
+from tf_mpt.choose import when as _when
+from tf_mpt.choose.timers import compiled as _compiled
+from tf_mpt.choose.timers import rounds as _rounds
+from tf_mpt.choose.timers import safety as _safety
+from tf_mpt.choose.timers import steps as _step_sandbox
 from tf_mpt.rewrite import tf_functions as _functions
 from support import fake_timing
 
@@ -50,7 +54,7 @@ _RULES = _targets.Target(_targets.RULES)
     ("always", _HERE, _report_with(0.0, 0.0, converted=0), False),  # nothing converted
 ])
 def test_which_functions_are_timed(mode, target, report, timed):
-    assert _timing.worth_timing(report, target, mode) is timed
+    assert _when.worth_timing(report, target, mode) is timed
 
 
 @pytest.mark.parametrize("mode, target, timed", [
@@ -63,8 +67,8 @@ def test_auto_times_every_step_xla_compiles_where_decisions_are_for_this_cpu(mod
     float32 on the prediction alone: benchmarks/keras_models.py --jit)."""
     report = _report_with(5.0, 14.4, target="rules" if target is _RULES else "here")
     config = _config.Config.from_env({"TF_MPT_STEP_TIMING": mode})
-    assert decision.step_reason(config, target, report) is None
-    why = decision.step_reason(config, target, report, compiled=True)
+    assert _when.step_reason(config, target, report) is None
+    why = _when.step_reason(config, target, report, compiled=True)
     assert (why is not None) is timed
     if timed:
         assert why.startswith("XLA compiles it (jit_compile): the cost model adds up")
@@ -79,15 +83,15 @@ def test_auto_times_every_step_xla_compiles_where_decisions_are_for_this_cpu(mod
     (_report_with(5.0, 14.4, elementwise_ms=1.01), True),     # just over ELEMENTWISE_SHARE
 ])
 def test_auto_times_a_function_whose_saving_rests_on_element_wise_kernels(report, timed):
-    """A large predicted saving (not thin: over step_timing.THIN of what it adds up) is timed
+    """A large predicted saving (not thin: over policy.THIN of what it adds up) is timed
     all the same where half kernels other than matrix products and convolutions make over
     ELEMENTWISE_SHARE of it: their times come from kernels probed alone, not at the node's
     shapes (the first three rows: the Keras steps' reports of that run, in ms); 'off' times
     none of them, nor a target not measured here."""
-    assert report.predicted_saving >= _timing.THIN * report.predicted_changed
-    assert _timing.worth_timing(report, _HERE, "auto") is timed
-    assert _timing.worth_timing(report, _HERE, "off") is False
-    assert _timing.worth_timing(dataclasses.replace(report, target="rules"), _RULES,
+    assert report.predicted_saving >= _policy.THIN * report.predicted_changed
+    assert _when.worth_timing(report, _HERE, "auto") is timed
+    assert _when.worth_timing(report, _HERE, "off") is False
+    assert _when.worth_timing(dataclasses.replace(report, target="rules"), _RULES,
                                 "auto") is False
 
 
@@ -95,27 +99,27 @@ def test_the_reason_a_function_is_timed_is_said():
     """step_reason gives the rule that fired, with the prediction's figures; None where
     nothing is timed."""
     config = _config.Config.from_env({"TF_MPT_TIMING_BUDGET": "5"})
-    assert decision.step_reason(config, _HERE, _report_with(2.5, 14.4)) == (
+    assert _when.step_reason(config, _HERE, _report_with(2.5, 14.4)) == (
         "its predicted saving, 2.5 ms per run, is under 30% of the 14.4 ms of kernel and "
         "Cast times it adds up")
-    assert decision.step_reason(config, _HERE, _report_with(5.51, 8.72, elementwise_ms=8.36)) \
+    assert _when.step_reason(config, _HERE, _report_with(5.51, 8.72, elementwise_ms=8.36)) \
         == ("8.36 ms of its predicted saving of 5.51 ms per run (over 20%) is half kernels "
             "other than matrix products and convolutions, each probed alone, not at the "
             "graph's shapes")
-    assert decision.step_reason(config, _HERE, _training_report(22)) == (
+    assert _when.step_reason(config, _HERE, _training_report(22)) == (
         "it computes gradients and the cost model kept 22 of the 100 nodes it weighed "
         "float32: what it holds for the backward pass is measured, not predicted")
     least = _config.Config.from_env({"TF_MPT_TIMING_BUDGET": "5", "TF_MPT_MEMORY": "least"})
-    assert decision.step_reason(least, _HERE, _report_with(5.0, 14.4)).startswith(
+    assert _when.step_reason(least, _HERE, _report_with(5.0, 14.4)).startswith(
         "TF_MPT_MEMORY=least")
     always = _config.Config.from_env({"TF_MPT_TIMING_BUDGET": "5",
                                       "TF_MPT_STEP_TIMING": "always"})
-    assert decision.step_reason(always, _HERE, _report_with(5.0, 14.4)) == \
+    assert _when.step_reason(always, _HERE, _report_with(5.0, 14.4)) == \
         "TF_MPT_STEP_TIMING=always"
-    assert decision.step_reason(config, _HERE, _report_with(5.0, 14.4)) is None
-    assert decision.step_reason(config, _HERE, _training_report(5)) is None
+    assert _when.step_reason(config, _HERE, _report_with(5.0, 14.4)) is None
+    assert _when.step_reason(config, _HERE, _training_report(5)) is None
     no_budget = _config.Config.from_env({"TF_MPT_TIMING_BUDGET": "0"})
-    assert decision.step_reason(no_budget, _HERE, _report_with(2.5, 14.4)) is None
+    assert _when.step_reason(no_budget, _HERE, _report_with(2.5, 14.4)) is None
 
 
 @pytest.mark.parametrize("memory, step_timing, timed", [
@@ -124,11 +128,11 @@ def test_the_reason_a_function_is_timed_is_said():
 def test_memory_first_times_every_step(memory, step_timing, timed):
     """TF_MPT_MEMORY=least: what a step holds is not predicted, so auto acts as always (a
     step whose predicted saving is large is timed); off stays off."""
-    from tf_mpt.choose import decision  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import when as _when  # pylint: disable=import-outside-toplevel
     config = _config.Config.from_env({"TF_MPT_MEMORY": memory,
                                       "TF_MPT_STEP_TIMING": step_timing,
                                       "TF_MPT_TIMING_BUDGET": "5"})
-    assert decision.step_applies(config, _HERE, _report_with(5.0, 14.4)) is timed
+    assert _when.step_applies(config, _HERE, _report_with(5.0, 14.4)) is timed
 
 
 def _training_report(kept, converted=30, gradients=True):
@@ -163,18 +167,19 @@ def test_auto_times_a_training_step_whose_cost_model_kept_nodes_float32(memory, 
                                                                         gradients, timed):
     """TF_MPT_STEP_TIMING=auto with the default TF_MPT_MEMORY=float32: a step whose predicted
     saving is large (35%, not timed for speed) is timed where it computes gradients and the
-    cost model kept at least step_timing.KEPT_SHARE of its weighed nodes float32 (forward
+    cost model kept at least policy.KEPT_SHARE of its weighed nodes float32 (forward
     values may be held in float32 for the backward pass: what it holds is measured)."""
-    from tf_mpt.choose import decision  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import policy as _policy  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import when as _when  # pylint: disable=import-outside-toplevel
     report = _training_report(kept, gradients=gradients)
-    assert _timing.worth_timing(report, _HERE, "auto") is False  # (not for speed)
-    assert 0.05 < _timing.KEPT_SHARE <= 0.22  # (the rows above sit on either side)
+    assert _when.worth_timing(report, _HERE, "auto") is False  # (not for speed)
+    assert 0.05 < _policy.KEPT_SHARE <= 0.22  # (the rows above sit on either side)
     config = _config.Config.from_env({"TF_MPT_MEMORY": memory, "TF_MPT_TIMING_BUDGET": "5"})
-    assert decision.step_applies(config, _HERE, report) is timed
+    assert _when.step_applies(config, _HERE, report) is timed
     off = _config.Config.from_env({"TF_MPT_MEMORY": memory, "TF_MPT_STEP_TIMING": "off",
                                    "TF_MPT_TIMING_BUDGET": "5"})
-    assert decision.step_applies(off, _HERE, report) is False
-    assert decision.step_applies(config, _RULES, dataclasses.replace(report, target="rules")) \
+    assert _when.step_applies(off, _HERE, report) is False
+    assert _when.step_applies(config, _RULES, dataclasses.replace(report, target="rules")) \
         is False  # (nothing measured for this CPU)
 
 
@@ -196,18 +201,18 @@ def test_auto_times_a_training_step_whose_loops_keep_half_buffers(memory, lists,
     report = dataclasses.replace(_training_report(5, gradients=gradients),
                                  tensor_lists_kept_half=lists,
                                  loop_variables_kept_half=loop_variables)
-    assert _timing.worth_timing(report, _HERE, "auto") is False  # (not for speed)
-    assert not _timing.holds_float32_for_gradients(report)
+    assert _when.worth_timing(report, _HERE, "auto") is False  # (not for speed)
+    assert not _when.holds_float32_for_gradients(report)
     config = _config.Config.from_env({"TF_MPT_MEMORY": memory, "TF_MPT_TIMING_BUDGET": "5"})
-    assert decision.step_applies(config, _HERE, report) is timed
+    assert _when.step_applies(config, _HERE, report) is timed
     if timed:
-        assert decision.step_reason(config, _HERE, report) == (
+        assert _when.step_reason(config, _HERE, report) == (
             f"it computes gradients through a loop with {lists + loop_variables} buffer(s) "
             "(TensorLists, loop variables) kept half: what its iterations hold for the "
             "backward pass is measured, not predicted")
     off = _config.Config.from_env({"TF_MPT_MEMORY": memory, "TF_MPT_STEP_TIMING": "off",
                                    "TF_MPT_TIMING_BUDGET": "5"})
-    assert decision.step_applies(off, _HERE, report) is False
+    assert _when.step_applies(off, _HERE, report) is False
 
 
 @pytest.mark.parametrize("memory, price, gradients, timed", [
@@ -222,16 +227,16 @@ def test_auto_times_every_training_step_where_memory_has_a_price(memory, price, 
     under KEPT_SHARE kept float32, no loop) is timed, and the reason names the price; an
     inference step is not."""
     report = _training_report(5, gradients=gradients)
-    assert _timing.worth_timing(report, _HERE, "auto") is False  # (not for speed)
+    assert _when.worth_timing(report, _HERE, "auto") is False  # (not for speed)
     config = _config.Config.from_env({"TF_MPT_MEMORY": memory, "TF_MPT_TIMING_BUDGET": "5",
                                       "TF_MPT_MEMORY_PRICE": price})
-    assert decision.step_applies(config, _HERE, report) is timed
+    assert _when.step_applies(config, _HERE, report) is timed
     if timed and memory == "float32":
-        assert decision.step_reason(config, _HERE, report) == (
+        assert _when.step_reason(config, _HERE, report) == (
             "it computes gradients and TF_MPT_MEMORY_PRICE=0.1: what it holds for the "
             "backward pass is measured, not predicted")
     # (float32's own lean version is tried for memory where a backward pass reads values)
-    assert decision.prices_float32(config, report) is (bool(price) and gradients)
+    assert _when.prices_float32(config, report) is (bool(price) and gradients)
 
 
 @pytest.mark.parametrize("environment, dtype, for_this_cpu", [
@@ -294,7 +299,7 @@ def _clock_of_runs(monkeypatch):
     def tick():
         clock.now += 1e-3
         return clock.now
-    monkeypatch.setattr(graph_timing, "_clock", tick)
+    monkeypatch.setattr(_rounds, "_clock", tick)
 
 
 @pytest.mark.measures_this_cpu
@@ -303,16 +308,16 @@ def test_each_version_is_timed_on_copies_and_the_scripts_variables_stay_as_they_
     cf = step.get_concrete_function()
     before = acc.numpy().copy()
     peaks = {}
-    times = _timing.time_versions(cf, _versions(cf), 64, graph_timing.rounds, budget_seconds=20,
+    times = _step_sandbox.time_versions(cf, _versions(cf), 64, _rounds.rounds, budget_seconds=20,
                                   peaks=peaks)
     assert set(times) == {"float32", "mixed"}
     # each version's step peak (issue "memory"): over the 64 x WIDTH float32 activations
     # it makes; the resident bytes: the copies of x, w and acc
-    assert set(peaks) == {"float32", "mixed", graph_timing.RESIDENT}
+    assert set(peaks) == {"float32", "mixed", _ledger.RESIDENT}
     assert peaks["float32"] >= 64 * WIDTH * 4 and peaks["mixed"] > 0, peaks
-    assert peaks[graph_timing.RESIDENT] == (64 * WIDTH + w.shape.num_elements() +
+    assert peaks[_ledger.RESIDENT] == (64 * WIDTH + w.shape.num_elements() +
                                             acc.shape.num_elements()) * 4
-    assert len(times["float32"]) == len(times["mixed"]) >= graph_timing.MIN_ROUNDS
+    assert len(times["float32"]) == len(times["mixed"]) >= _policy.MIN_ROUNDS
     assert all(t > 0 for t in times["float32"] + times["mixed"])
     np.testing.assert_array_equal(acc.numpy(), before)  # the copies were updated, not acc
     np.testing.assert_array_equal(w.numpy(), np.eye(WIDTH, dtype=np.float32) * 0.5)
@@ -333,9 +338,9 @@ def test_a_step_timers_sandbox_serves_every_stage_importing_each_candidate_once(
     other = graph_pb2.GraphDef()
     other.CopyFrom(versions["mixed"])  # (another candidate: equal, but not the same object)
     made, imported = [], []
-    sandbox, import_ = _timing._sandbox, _timing._import  # pylint: disable=protected-access
-    monkeypatch.setattr(_timing, "_sandbox", lambda *a: made.append(a) or sandbox(*a))
-    monkeypatch.setattr(_timing, "_import", lambda *a: imported.append(a[2]) or import_(*a))
+    sandbox, import_ = _step_sandbox._sandbox, _step_sandbox._import  # pylint: disable=protected-access
+    monkeypatch.setattr(_step_sandbox, "_sandbox", lambda *a: made.append(a) or sandbox(*a))
+    monkeypatch.setattr(_step_sandbox, "_import", lambda *a: imported.append(a[2]) or import_(*a))
     timer = _functions._step_timer(cf, False, cf.graph.as_graph_def())  # pylint: disable=W0212
     with caplog.at_level(logging.DEBUG, logger="tf_mpt"):
         first = timer(versions, 64, 0.5)
@@ -371,7 +376,7 @@ def test_a_sandbox_whose_copies_fail_to_set_up_starts_again_at_its_next_use(monk
     step, _, _ = _step()
     cf = step.get_concrete_function()
     versions = _versions(cf)
-    made = _timing._sandbox  # pylint: disable=protected-access
+    made = _step_sandbox._sandbox  # pylint: disable=protected-access
 
     def failing(*args):
         graph, input_map, (init, feeds), copied = made(*args)
@@ -380,26 +385,26 @@ def test_a_sandbox_whose_copies_fail_to_set_up_starts_again_at_its_next_use(monk
                 condition=tf.compat.v1.placeholder_with_default(False, []),
                 data=[tf.constant("planted")])
         return graph, input_map, (planted, feeds), copied  # (the copies never set)
-    monkeypatch.setattr(_timing, "_sandbox", failing)
-    sandbox = _timing.Sandbox(cf)
-    with pytest.raises(_timing.NotTimed, match="its copies could not be set up"):
-        _timing.time_versions(cf, versions, 64, graph_timing.rounds, 0.5, sandbox=sandbox)
-    monkeypatch.setattr(_timing, "_sandbox", made)
-    times = _timing.time_versions(cf, versions, 64, graph_timing.rounds, 0.5, sandbox=sandbox)
+    monkeypatch.setattr(_step_sandbox, "_sandbox", failing)
+    sandbox = _step_sandbox.Sandbox(cf)
+    with pytest.raises(_safety.NotTimed, match="its copies could not be set up"):
+        _step_sandbox.time_versions(cf, versions, 64, _rounds.rounds, 0.5, sandbox=sandbox)
+    monkeypatch.setattr(_step_sandbox, "_sandbox", made)
+    times = _step_sandbox.time_versions(cf, versions, 64, _rounds.rounds, 0.5, sandbox=sandbox)
     sandbox.close()
     assert set(times) == {"float32", "mixed"}
 
 
 @pytest.mark.measures_this_cpu
 def test_each_versions_traced_run_carries_its_allocations_by_dtype():
-    """step_timing.traced_runs (benchmarks/memory_profile.py's Keras rows): one traced run per
+    """timers.steps.traced_runs (benchmarks/memory_profile.py's Keras rows): one traced run per
     version after its warm-up runs; the float32 version's allocation records include its
     float32 products' 64 x WIDTH outputs, the mixed one's its bfloat16 ones; the script's
     variables are untouched."""
     step, _, acc = _step()
     cf = step.get_concrete_function()
     before = acc.numpy().copy()
-    traced, resident = _timing.traced_runs(cf, _versions(cf), 64, warmup=1)
+    traced, resident = _step_sandbox.traced_runs(cf, _versions(cf), 64, warmup=1)
     assert set(traced) == {"float32", "mixed"} and resident > 0
 
     def product_outputs(metadata):
@@ -413,7 +418,7 @@ def test_each_versions_traced_run_carries_its_allocations_by_dtype():
     assert product_outputs(traced["float32"]) == [(f32, 64 * WIDTH * 4)] * 2
     assert (bf16, 64 * WIDTH * 2) in product_outputs(traced["mixed"]), \
         product_outputs(traced["mixed"])
-    assert all(_timing.step_peak_bytes(m) >= 64 * WIDTH * 2 for m in traced.values())
+    assert all(_step_sandbox.step_peak_bytes(m) >= 64 * WIDTH * 2 for m in traced.values())
     np.testing.assert_array_equal(acc.numpy(), before)
 
 
@@ -424,7 +429,7 @@ def test_each_version_is_profiled_per_node_under_its_own_node_names():
     step, _, acc = _step()
     cf = step.get_concrete_function()
     before = acc.numpy().copy()
-    profiles = _timing.profile_versions(cf, _versions(cf), 64, runs=2)
+    profiles = _step_sandbox.profile_versions(cf, _versions(cf), 64, runs=2)
     products = sorted(op.name for op in cf.graph.get_operations() if op.type == "MatMul")
     assert len(products) == 2
     for name in ("float32", "mixed"):
@@ -438,9 +443,9 @@ def test_a_failing_run_on_made_up_inputs_is_not_timed():
     """Both versions run: an assertion the made-up noise breaks stops the timing."""
     step, _, _ = _step(extra=lambda h: tf.debugging.assert_greater(h, 1e9, message="big"))
     cf = step.get_concrete_function()
-    with pytest.raises(_timing.NotTimed, match=r"a run on made-up inputs failed "
+    with pytest.raises(_safety.NotTimed, match=r"a run on made-up inputs failed "
                                                 r"\(InvalidArgumentError: .*big"):
-        _timing.time_versions(cf, _versions(cf), 64, graph_timing.rounds)
+        _step_sandbox.time_versions(cf, _versions(cf), 64, _rounds.rounds)
 
 
 @pytest.mark.parametrize("extra, op", [
@@ -450,18 +455,18 @@ def test_a_failing_run_on_made_up_inputs_is_not_timed():
 def test_a_function_acting_outside_its_variables_is_not_timed(extra, op):
     step, _, _ = _step(extra=extra)
     cf = step.get_concrete_function()
-    with pytest.raises(_timing.NotTimed, match=rf"op\(s\) with effects outside its "
+    with pytest.raises(_safety.NotTimed, match=rf"op\(s\) with effects outside its "
                                                 rf"variables: .*{op}"):
-        _timing.time_versions(cf, _versions(cf), 64, graph_timing.rounds)
+        _step_sandbox.time_versions(cf, _versions(cf), 64, _rounds.rounds)
 
 
 @pytest.mark.measures_this_cpu
 def test_an_argument_whose_size_is_unknown_beyond_the_batch_is_not_timed():
     step, _, _ = _step(signature=[tf.TensorSpec([64, None], tf.float32)])
     cf = step.get_concrete_function()
-    with pytest.raises(_timing.NotTimed, match=r"argument x:0 has shape \(64, None\): a size "
+    with pytest.raises(_safety.NotTimed, match=r"argument x:0 has shape \(64, None\): a size "
                                                 r"other than the batch is unknown"):
-        _timing.time_versions(cf, {"float32": cf.graph.as_graph_def()}, 64, graph_timing.rounds)
+        _step_sandbox.time_versions(cf, {"float32": cf.graph.as_graph_def()}, 64, _rounds.rounds)
 
 
 @pytest.mark.parametrize("fastest", ["float32", "cost model", "contractions only"])
@@ -476,9 +481,9 @@ def test_tf_mpt_function_times_the_candidates_and_runs_the_fastest(monkeypatch, 
     def timed(cf, graphs, batch, rounds, budget, peaks=None, sandbox=None):
         seen.append((batch, budget, list(graphs)))
         return {name: (0.1,) * 3 if name == fastest else (0.2,) * 3 for name in graphs}
-    monkeypatch.setattr(_timing, "time_versions", timed)
+    monkeypatch.setattr(_step_sandbox, "time_versions", timed)
     # (no per-node profile: nothing to refine; test_a_step_runs_its_refinement refines)
-    monkeypatch.setattr(_timing, "profile_versions", lambda cf, graphs, batch, runs, sandbox=None: {
+    monkeypatch.setattr(_step_sandbox, "profile_versions", lambda cf, graphs, batch, runs, sandbox=None: {
         name: {} for name in graphs})
     step, _, acc = _step()
     mixed = tf_mpt.function(step.python_function, dtype="bfloat16",
@@ -488,7 +493,7 @@ def test_tf_mpt_function_times_the_candidates_and_runs_the_fastest(monkeypatch, 
         out = mixed(x)
     # the batch of the call; the first rounds' share of the budget; every candidate whose
     # graph differs
-    assert seen == [(64, decision.FIRST_SHARE * 20.0,
+    assert seen == [(64, _policy.FIRST_SHARE * 20.0,
                      ["float32", "cost model", "contractions only"])]
     assert out.dtype == tf.float32
     graph = mixed.get_concrete_function(tf.TensorSpec([None, WIDTH], tf.float32)).graph
@@ -530,8 +535,8 @@ def test_a_steps_verdict_is_cached_for_the_same_step_traced_again(monkeypatch, t
         seen.append(list(graphs))
         return {name: (0.1,) * 3 if name == "contractions only" else (0.2,) * 3
                 for name in graphs}
-    monkeypatch.setattr(_timing, "time_versions", timed)
-    monkeypatch.setattr(_timing, "profile_versions", lambda cf, graphs, batch, runs, sandbox=None: {
+    monkeypatch.setattr(_step_sandbox, "time_versions", timed)
+    monkeypatch.setattr(_step_sandbox, "profile_versions", lambda cf, graphs, batch, runs, sandbox=None: {
         name: {} for name in graphs})
     step, _, _ = _step()
     spec = tf.TensorSpec([None, WIDTH], tf.float32)
@@ -562,7 +567,7 @@ def test_a_steps_verdict_is_cached_for_the_same_step_traced_again(monkeypatch, t
 def test_an_xla_step_is_timed_as_xla_runs_it_and_its_verdict_says_so(monkeypatch, tmp_path,
                                                                      caplog, fastest):
     """A jit_compile=True step (issue "XLA", item 3): its candidates are timed compiled
-    (step_timing.time_compiled, injected here), never the way TensorFlow's executor runs
+    (timers.compiled.time_compiled, injected here), never the way TensorFlow's executor runs
     them; the fastest runs, float32 the floor; the verdict says it was compiled, and is
     cached apart from the same step's without XLA (timed again there, the executor's way)."""
     monkeypatch.setenv("TF_MPT_STEP_TIMING", "always")
@@ -574,17 +579,17 @@ def test_an_xla_step_is_timed_as_xla_runs_it_and_its_verdict_says_so(monkeypatch
         return {name: (0.1,) * 3 if name == fastest else (0.2,) * 3 for name in graphs}
 
     def time_compiled(cf, graphs, batch, rounds, budget, sandbox):
-        assert isinstance(sandbox, _timing.CompiledSandbox)
+        assert isinstance(sandbox, _compiled.CompiledSandbox)
         compiled.append((batch, budget, list(graphs)))
         return times(graphs)
 
     def time_versions(cf, graphs, batch, rounds, budget, peaks=None, sandbox=None):
         executed.append(list(graphs))
         return times(graphs)
-    monkeypatch.setattr(_timing, "time_compiled", time_compiled)
-    monkeypatch.setattr(_timing, "time_versions", time_versions)
+    monkeypatch.setattr(_compiled, "time_compiled", time_compiled)
+    monkeypatch.setattr(_step_sandbox, "time_versions", time_versions)
     profiled = []  # (XLA fuses the nodes a profile times: a compiled step is not refined)
-    monkeypatch.setattr(_timing, "profile_versions", lambda cf, graphs, batch, runs,
+    monkeypatch.setattr(_step_sandbox, "profile_versions", lambda cf, graphs, batch, runs,
                         sandbox=None: profiled.append(list(graphs)) or {n: {} for n in graphs})
     step, _, _ = _step()
     spec = tf.TensorSpec([None, WIDTH], tf.float32)
@@ -598,7 +603,7 @@ def test_an_xla_step_is_timed_as_xla_runs_it_and_its_verdict_says_so(monkeypatch
         return {op.get_attr("T") for op in graph.get_operations() if op.type == "MatMul"}
     products = run(True)
     assert profiled == []
-    assert compiled == [(64, decision.FIRST_SHARE * 20.0,
+    assert compiled == [(64, _policy.FIRST_SHARE * 20.0,
                          ["float32", "cost model", "contractions only"])] and executed == []
     assert products == ({tf.float32} if fastest == "float32" else {tf.bfloat16})
     (message,) = [r.getMessage() for r in caplog.records if "timed tf.function" in
@@ -631,11 +636,11 @@ def test_a_step_calling_a_compiled_function_is_timed_whatever_the_prediction(mon
     def time_versions(cf, graphs, batch, rounds, budget, peaks=None, sandbox=None):
         timed.append(list(graphs))
         return {name: (0.1,) * 3 for name in graphs}
-    monkeypatch.setattr(_timing, "time_versions", time_versions)
-    monkeypatch.setattr(_timing, "time_compiled", lambda *a, **k: pytest.fail("compiled"))
-    monkeypatch.setattr(_timing, "profile_versions", lambda cf, graphs, batch, runs,
+    monkeypatch.setattr(_step_sandbox, "time_versions", time_versions)
+    monkeypatch.setattr(_compiled, "time_compiled", lambda *a, **k: pytest.fail("compiled"))
+    monkeypatch.setattr(_step_sandbox, "profile_versions", lambda cf, graphs, batch, runs,
                         sandbox=None: {n: {} for n in graphs})
-    monkeypatch.setattr(decision, "step_reason", _with_a_trusted_saving(decision.step_reason))
+    monkeypatch.setattr(_when, "step_reason", _with_a_trusted_saving(_when.step_reason))
     step, _, _ = _step()
     inner = tf.function(step.python_function, jit_compile=True)
     for jit_inside, expected in ((True, 1), (False, 1)):  # (the count so far)
@@ -649,7 +654,7 @@ def test_a_step_calling_a_compiled_function_is_timed_whatever_the_prediction(mon
 
 
 def _with_a_trusted_saving(step_reason):
-    """decision.step_reason as for a report whose predicted saving the cost model trusts
+    """when.step_reason as for a report whose predicted saving the cost model trusts
     (auto would not time it without XLA), whatever the suite's table predicts here."""
     def reason(config, target, report, compiled=False):
         trusted = dataclasses.replace(report, predicted_saving=1.0, predicted_changed=1.0,
@@ -669,11 +674,11 @@ def test_each_candidate_is_compiled_by_xla_once_and_timed_on_copies(monkeypatch)
     step, w, acc = _step()
     cf = step.get_concrete_function()
     before = acc.numpy().copy()
-    sandbox = _timing.CompiledSandbox(cf, _tf_functions._compiled_candidate)  # pylint: disable=W0212
+    sandbox = _compiled.CompiledSandbox(cf, _tf_functions._compiled_candidate)  # pylint: disable=W0212
     versions = _versions(cf)
-    times = _timing.time_compiled(cf, versions, 64, graph_timing.rounds, 20.0, sandbox)
+    times = _compiled.time_compiled(cf, versions, 64, _rounds.rounds, 20.0, sandbox)
     assert set(times) == {"float32", "mixed"}
-    assert len(times["float32"]) == len(times["mixed"]) >= graph_timing.MIN_ROUNDS
+    assert len(times["float32"]) == len(times["mixed"]) >= _policy.MIN_ROUNDS
     runners, compiling = sandbox.runners(versions, 64)
     assert compiling == 0.0  # (the same GraphDefs: compiled once)
     hlo = {name: run.function.experimental_get_compiler_ir()(stage="hlo") for name, run in
@@ -704,17 +709,17 @@ def test_compiling_that_takes_the_rounds_budget_is_too_slow_and_a_failed_compile
     cf = step.get_concrete_function()
     graphs = {"float32": cf.graph.as_graph_def()}
     rounds = []
-    monkeypatch.setattr(graph_timing, "rounds", lambda runners, budget: rounds.append(budget))
-    with pytest.raises(_timing.TooSlow, match=r"XLA took 3\.0 s to compile the 1 candidates, "
+    monkeypatch.setattr(_rounds, "rounds", lambda runners, budget: rounds.append(budget))
+    with pytest.raises(_safety.TooSlow, match=r"XLA took 3\.0 s to compile the 1 candidates, "
                        r"the 2 s the rounds may spend of the budget \(TF_MPT_TIMING_BUDGET\)"):
-        _timing.time_compiled(cf, graphs, 64, graph_timing.rounds, 2.0,
+        _compiled.time_compiled(cf, graphs, 64, _rounds.rounds, 2.0,
                               _FakeCompiledSandbox(compiling=3.0))
-    _timing.time_compiled(cf, graphs, 64, graph_timing.rounds, 2.0,
+    _compiled.time_compiled(cf, graphs, 64, _rounds.rounds, 2.0,
                           _FakeCompiledSandbox(compiling=0.5))
     assert rounds == [1.5]  # the compile's seconds came off the rounds' share
-    with pytest.raises(_timing.NotTimed, match=r"a candidate did not compile or run on made-up "
+    with pytest.raises(_safety.NotTimed, match=r"a candidate did not compile or run on made-up "
                        r"inputs under XLA \(InvalidArgumentError\)"):
-        _timing.time_compiled(cf, graphs, 64, graph_timing.rounds, 2.0, _FakeCompiledSandbox(
+        _compiled.time_compiled(cf, graphs, 64, _rounds.rounds, 2.0, _FakeCompiledSandbox(
             error=tf.errors.InvalidArgumentError(None, None, "no kernel")))
 
 
@@ -723,9 +728,9 @@ def test_compiling_that_takes_the_rounds_budget_is_too_slow_and_a_failed_compile
 def test_a_compiled_function_acting_outside_its_variables_is_not_timed(extra, op):
     step, _, _ = _step(extra)
     cf = step.get_concrete_function()
-    with pytest.raises(_timing.NotTimed, match=f"effects outside its variables: .*{op}"):
-        _timing.time_compiled(cf, {"float32": cf.graph.as_graph_def()}, 64,
-                              graph_timing.rounds, 2.0, _FakeCompiledSandbox())
+    with pytest.raises(_safety.NotTimed, match=f"effects outside its variables: .*{op}"):
+        _compiled.time_compiled(cf, {"float32": cf.graph.as_graph_def()}, 64,
+                              _rounds.rounds, 2.0, _FakeCompiledSandbox())
 
 
 @pytest.mark.measures_this_cpu
@@ -739,7 +744,7 @@ def test_a_compiled_step_timed_while_its_caller_traces_runs_its_candidates_eager
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "20")
     _clock_of_runs(monkeypatch)
     runs = []
-    time_compiled = _timing.time_compiled
+    time_compiled = _compiled.time_compiled
 
     def counted(cf, graphs, batch, rounds, budget, sandbox):
         def counting(runners, budget):
@@ -747,7 +752,7 @@ def test_a_compiled_step_timed_while_its_caller_traces_runs_its_candidates_eager
                 runners[name] = lambda run=run, name=name: runs.append((name, run()))
             return rounds(runners, budget)
         return time_compiled(cf, graphs, batch, counting, budget, sandbox)
-    monkeypatch.setattr(_timing, "time_compiled", counted)
+    monkeypatch.setattr(_compiled, "time_compiled", counted)
     step, _, _ = _step()
     mixed = tf_mpt.function(step.python_function, dtype="bfloat16", jit_compile=True,
                             input_signature=step.input_signature)
@@ -814,8 +819,8 @@ def test_a_step_runs_its_refinement_where_its_profile_finds_a_slower_half_op(mon
                        if n.op == "Relu" else 1e-4
                        for n in graph.node if n.op in ("Relu", "MatMul")}
                 for name, graph in graphs.items()}
-    monkeypatch.setattr(_timing, "time_versions", timed)
-    monkeypatch.setattr(_timing, "profile_versions", profiled)
+    monkeypatch.setattr(_step_sandbox, "time_versions", timed)
+    monkeypatch.setattr(_step_sandbox, "profile_versions", profiled)
     step, _, acc = _step()
     mixed = tf_mpt.function(step.python_function, dtype="bfloat16",
                             input_signature=step.input_signature)
@@ -836,10 +841,10 @@ def test_a_step_runs_its_refinement_where_its_profile_finds_a_slower_half_op(mon
 def test_a_step_too_slow_for_the_budget_stops_after_one_round():
     step, _, acc = _step()
     cf = step.get_concrete_function()
-    with pytest.raises(_timing.NotTimed, match=r"one round of the 2 candidates takes \d+\.\d s: "
+    with pytest.raises(_safety.NotTimed, match=r"one round of the 2 candidates takes \d+\.\d s: "
                                                 r"3 rounds do not fit in the 0 s the rounds may "
                                                 r"spend of the budget"):
-        _timing.time_versions(cf, _versions(cf), 64, graph_timing.rounds, budget_seconds=0.0)
+        _step_sandbox.time_versions(cf, _versions(cf), 64, _rounds.rounds, budget_seconds=0.0)
     assert not acc.numpy().any()
 
 
@@ -854,28 +859,28 @@ def test_a_step_too_slow_to_time_has_its_peaks_measured_on_its_copies():
     versions = _versions(cf)
     timer = _functions._step_timer(cf, False, cf.graph.as_graph_def())  # pylint: disable=W0212
     try:
-        with pytest.raises(_timing.TooSlow, match="do not fit"):
+        with pytest.raises(_safety.TooSlow, match="do not fit"):
             timer(versions, 64, 0.0)
         assert timer.peaks == {}
         runs = timer.peaks_only(versions, 64)
     finally:
         timer.close()
     assert set(runs) == {"float32", "mixed"} and all(len(t) == 1 for t in runs.values())
-    assert set(timer.peaks) == {"float32", "mixed", _timing.RESIDENT}, timer.peaks
+    assert set(timer.peaks) == {"float32", "mixed", _ledger.RESIDENT}, timer.peaks
     assert timer.peaks["float32"] >= 64 * WIDTH * 4 and timer.peaks["mixed"] > 0, timer.peaks
-    assert timer.peaks[_timing.RESIDENT] >= (WIDTH * WIDTH + 64 * WIDTH) * 4, timer.peaks
+    assert timer.peaks[_ledger.RESIDENT] >= (WIDTH * WIDTH + 64 * WIDTH) * 4, timer.peaks
     assert not acc.numpy().any()
 
 
 @pytest.mark.measures_this_cpu
 def test_variables_too_big_to_copy_are_not_timed(monkeypatch):
     """w [512x512] float32 alone is 1 MiB: above a 1 MiB bound with the input and acc."""
-    monkeypatch.setattr(_timing, "MAX_COPY_BYTES", 1 << 20)
+    monkeypatch.setattr(_safety, "MAX_COPY_BYTES", 1 << 20)
     step, _, _ = _step()
     cf = step.get_concrete_function()
-    with pytest.raises(_timing.NotTimed, match=r"copies of its variables would take over "
+    with pytest.raises(_safety.NotTimed, match=r"copies of its variables would take over "
                                                 r"1 MiB"):
-        _timing.time_versions(cf, _versions(cf), 64, graph_timing.rounds)
+        _step_sandbox.time_versions(cf, _versions(cf), 64, _rounds.rounds)
 
 
 def test_a_nodes_called_functions_come_in_the_order_of_their_attrs_names():

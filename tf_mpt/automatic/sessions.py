@@ -132,7 +132,7 @@ class _Shadow:
         self.user_graph = graph
         self.version = graph.version
         settings = _state.STATE.settings
-        # (timed where the decisions are for this CPU: rewrite_graph, decision.py)
+        # (timed where the decisions are for this CPU: rewrite_graph, tf_mpt.choose)
         self.graph = _rewrite.rewrite_graph(graph, dtype=settings.dtype,
                                             config=settings.config)
         self.session = tf.compat.v1.Session(target=session.sess_str, graph=self.graph,

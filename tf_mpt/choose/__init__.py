@@ -1,12 +1,20 @@
 """Choosing which colouring of a graph runs: candidates, their measurement, the verdict.
 
-    decision.py       the decision for one graph (decide): candidates, the budget, the
-                      stages (first rounds, lean versions, smaller ones, the refinement),
-                      the verdict; when a traced step is timed (step_reason)
-    graph_timing.py   a GraphDef's candidates run in Session sandboxes on made-up inputs;
-                      the rounds, the pick and the Verdict
-    step_timing.py    a traced tf.function's candidates run on copies of its variables (as
-                      XLA compiles them where the step is jit_compile)
+    decision.py       decide: the decision for one graph (the candidates, the budget, the
+                      stages, the verdict, its cache), the one place they meet
+    when.py           which graphs and traced steps have their candidates timed
+    candidates.py     the candidates: float32, the op lists', the cost model's, contractions
+                      only, refined, lean; each made by the painter or a transform
+    policy.py         every threshold, and the rules that read them (pick, over_float32,
+                      slower_ops)
+    ledger.py         what was measured beside the candidates' times (RESIDENT), the budget
+    verdict.py        the Verdict: every time and peak, the pick, one line that says them
+    stages/           after the first rounds: lean versions (lean.py), smaller ones
+                      (smaller.py), the refinement (refinement.py), the peaks of a graph too
+                      slow to time (untimed.py)
+    timers/           measuring only: the rounds (rounds.py), a GraphDef's Session sandbox
+                      (graphs.py), a traced step's copies of its variables (steps.py), a step
+                      XLA compiles (compiled.py), what a sandbox may run (safety.py)
     lean.py           a candidate's graph rearranged to hold fewer bytes at its peak
     cache.py          verdicts kept per machine, or in a cost table file
 

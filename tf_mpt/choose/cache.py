@@ -1,6 +1,6 @@
 """Graph timing's verdicts, measured once.
 
-A verdict (graph_timing.Verdict: each candidate colouring's times and the pick) is keyed by
+A verdict (verdict.Verdict: each candidate colouring's times and the pick) is keyed by
 the graph's fingerprint: the GraphDef as given, the fetches timed, the half dtype, the op
 lists and the batch assumed for an unknown leading dimension. It is kept
 
@@ -28,7 +28,7 @@ from tf_mpt._process import state as _state
 VERSION = 12  # of the fingerprint and the verdict record; a change makes old ones unused
 # (4: lean versions reduce a loss first and order weight gradients' Casts; 5: they make late
 # casts in loops' bodies and order their accumulations: a cached lean pick rebuilt from its
-# changes would not be the graph that was timed; 6: a pick holding over decision.SMALLER_ABOVE
+# changes would not be the graph that was timed; 6: a pick holding over policy.SMALLER_ABOVE
 # has the lean versions of the candidates near its time tried, not only its own; 7: a pick
 # over float32's peak first tries its weight gradients' products ordered alone; 8: a pick
 # whose faster candidate's lean version was not kept has its own lean version tried too)

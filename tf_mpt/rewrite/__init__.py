@@ -47,7 +47,7 @@ in loop_trials.py, TF_MPT_DUMP_DIR in dumps.py:
     7. verdict     (rewrite_with_library: timing=True, or a traced tf.function's step_timer)
                    where the decisions are for this CPU: the candidate colourings timed in
                    sandboxes and the fastest kept, or a verdict cached here or held by the
-                   target's table (decision.py)
+                   target's table (tf_mpt.choose)
 
 Example:
     >>> result = tf_mpt.rewrite_graph_def(graph.as_graph_def(), dtype="bfloat16")
@@ -67,6 +67,7 @@ from tf_mpt import _opt_out
 from tf_mpt import report as _report
 from tf_mpt._process import autograph as _autograph
 from tf_mpt.choose import decision as _decision
+from tf_mpt.choose import when as _when
 from tf_mpt.rewrite import boundaries as _boundaries
 from tf_mpt.rewrite import dumps as _dumps
 from tf_mpt.rewrite import fold_batch_norms as _fold
@@ -142,9 +143,9 @@ def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_r
     have to run (a tf.function's control outputs, e.g. the While of an RNN): the boundary
     passes may change their dtypes, as they do a function body's. `timing`: where the
     target is `here` and TF_MPT_TIMING_BUDGET is not 0, time the candidate colourings on this
-    CPU and keep the fastest (decision.py).
+    CPU and keep the fastest (tf_mpt.choose).
     `step_timer`: a traced tf.function's (decision.decide's timer, on copies of its
-    variables), used where decision.step_reason gives a reason (an INFO line says it);
+    variables), used where when.step_reason gives a reason (an INFO line says it);
     `label` names the function in the INFO lines."""
     # The rewrite allocates many small objects while TensorFlow keeps ~300k tracked ones:
     # pausing the cyclic collector halves the time on large graphs (nothing here is cyclic).
@@ -158,7 +159,7 @@ def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_r
         resolved = _measuring.resolved_target(config, dtype) \
             if timing or step_timer is not None else None
         if step_timer is not None and result.report.error is None:
-            why = _decision.step_reason(config, resolved, result.report,
+            why = _when.step_reason(config, resolved, result.report,
                                         compiled=getattr(step_timer, "calls_compiled",
                                                          False))
             if why is not None:
@@ -167,7 +168,7 @@ def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_r
             timed = why is not None
         else:
             timed = result.report.error is None and timing and \
-                _decision.applies(config, resolved, result.report.dtype)
+                _when.applies(config, resolved, result.report.dtype)
         if timed:
             base = lists if lists is not None else config.lists_for(result.report.dtype)
 

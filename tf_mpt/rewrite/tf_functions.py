@@ -26,8 +26,12 @@ from tf_mpt import config as _config
 from tf_mpt import rewrite as _rewrite
 from tf_mpt import targets as _targets
 from tf_mpt._process import xla as _xla
-from tf_mpt.choose import graph_timing as _graph_timing
-from tf_mpt.choose import step_timing as _timing
+from tf_mpt.choose import candidates as _candidates
+from tf_mpt.choose import policy as _policy
+from tf_mpt.choose.timers import compiled as _compiled
+from tf_mpt.choose.timers import rounds as _rounds
+from tf_mpt.choose.timers import safety as _safety
+from tf_mpt.choose.timers import steps as _step_sandbox
 from tf_mpt.rewrite import function_bodies as _function_library
 from tf_mpt.rewrite import type_attrs as _ta
 from tf_mpt.rewrite.paint import shapes as _shapes
@@ -93,7 +97,7 @@ class _Rewritten:
 
 
 def _rewrite_concrete(cf, dtype, config, jit_compile, target, timed=False, name=None):
-    """timed: where decision.step_applies (tf_mpt.function), the candidate colourings are
+    """timed: where when.step_applies (tf_mpt.function), the candidate colourings are
     timed on copies of the function's variables and the fastest is kept; `name` is the
     function's in the INFO line that says so (None: the trace's)."""
     config = _rewrite.with_target(config, target)
@@ -122,18 +126,18 @@ def _rewrite_concrete(cf, dtype, config, jit_compile, target, timed=False, name=
 
 
 def _step_timer(cf, jit_compile, graph_def):
-    """decision.decide's timer for `cf`'s candidates: step_timing.time_versions on copies of
+    """decision.decide's timer for `cf`'s candidates: timers.steps.time_versions on copies of
     its variables, each half candidate's library functions named apart (the eager context
     holds the float32 ones under their names); its `profile` attribute, the per-node profile
-    the refinement reads (step_timing.profile_versions); its `peaks`, each candidate's step
+    the refinement reads (timers.steps.profile_versions); its `peaks`, each candidate's step
     peak as timed (the memory criterion's); its `peaks_only`, the peaks of a step too slow
     to time (one first run and one traced run each). One sandbox serves every call until
     `close()` (decide's stages: a candidate timed again is not imported or set up again)."""
-    compiled = bool(jit_compile)  # timed as XLA runs it (step_timing.time_compiled)
+    compiled = bool(jit_compile)  # timed as XLA runs it (timers.compiled.time_compiled)
 
     def check():
         if tf.distribute.has_strategy():
-            raise _timing.NotTimed("it runs under a tf.distribute strategy, on devices the "
+            raise _safety.NotTimed("it runs under a tf.distribute strategy, on devices the "
                                    "timing would not use")
 
     named_apart = {}  # {id(GraphDef): (the GraphDef, its copy named apart)}, held for reuse
@@ -141,7 +145,7 @@ def _step_timer(cf, jit_compile, graph_def):
     def apart(graphs):
         out = {}
         for name, graph in graphs.items():
-            if name == _graph_timing.FLOAT32:
+            if name == _candidates.FLOAT32:
                 out[name] = graph
                 continue
             if id(graph) not in named_apart:
@@ -152,27 +156,27 @@ def _step_timer(cf, jit_compile, graph_def):
 
     peaks = {}  # {candidate: step peak bytes}, filled as candidates are timed
     # (set up at its first use)
-    sandbox = _timing.CompiledSandbox(cf, _compiled_candidate) if compiled else \
-        _timing.Sandbox(cf)
+    sandbox = _compiled.CompiledSandbox(cf, _compiled_candidate) if compiled else \
+        _step_sandbox.Sandbox(cf)
 
     def timer(graphs, batch, budget):
         check()
         if compiled:  # (no allocation records under XLA: no peaks)
-            return _timing.time_compiled(cf, apart(graphs), batch, _graph_timing.rounds,
+            return _compiled.time_compiled(cf, apart(graphs), batch, _rounds.rounds,
                                          budget, sandbox)
-        return _timing.time_versions(cf, apart(graphs), batch, _graph_timing.rounds, budget,
+        return _step_sandbox.time_versions(cf, apart(graphs), batch, _rounds.rounds, budget,
                                      peaks, sandbox=sandbox)
 
     def profile(graphs, batch):
         check()
-        return _timing.profile_versions(cf, apart(graphs), batch, _graph_timing.PROFILE_RUNS,
+        return _step_sandbox.profile_versions(cf, apart(graphs), batch, _policy.PROFILE_RUNS,
                                         sandbox=sandbox)
 
     def peaks_only(graphs, batch):
         check()
         if compiled:
-            raise _timing.NotTimed("XLA runs it: its steps' allocations are not recorded")
-        return _timing.time_versions(cf, apart(graphs), batch, _graph_timing.first_runs, 0.0,
+            raise _safety.NotTimed("XLA runs it: its steps' allocations are not recorded")
+        return _step_sandbox.time_versions(cf, apart(graphs), batch, _rounds.first_runs, 0.0,
                                      peaks, sandbox=sandbox)
 
     def key_graph(graph_def):
@@ -219,7 +223,7 @@ def _compiled_candidate(cf, graph_def, values):
     """A no-argument tf.function(jit_compile=True) running candidate `graph_def` of `cf` (its
     library functions named apart) on `values` ({the placeholder name of each argument and
     capture: an eager tensor or a variable copy's handle}): the step as XLA compiles it,
-    reading and updating the copies (step_timing.CompiledSandbox)."""
+    reading and updating the copies (timers.compiled.CompiledSandbox)."""
     output_names = [t.name for t in cf.outputs]
     control_names = [op.name for op in cf.graph.control_outputs]
     graph_def, unused = _without_mapped_placeholders(graph_def, list(values),

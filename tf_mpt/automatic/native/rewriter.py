@@ -235,7 +235,7 @@ def _rewrite_or_leave(graph_data, graph_size, request_data, request_size, sink, 
             config = dataclasses.replace(config, cost_batch=batch)
         # timing: where the decisions are for this CPU, the candidates of this graph (its
         # fetches and feeds) run in sandbox Sessions of their own, on random copies of its
-        # variables and made-up inputs of the fed batch (decision.py)
+        # variables and made-up inputs of the fed batch (tf_mpt.choose)
         result = _rewrite_module.rewrite_with_library(
             graph_def, dtype=params.get("dtype", settings.dtype), fetches=preserved,
             lists=None, strict=True, shapes=shapes, config=config, timing=True)

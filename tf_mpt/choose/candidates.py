@@ -1,0 +1,131 @@
+"""The candidates: the colourings of one graph that are timed against each other.
+
+    float32           the graph as given
+    rules             the op lists' colouring
+    cost model        the cost model's colouring (the prediction where the target has a table)
+    contractions only matrix products and convolutions half, every other op float32
+    refined           a half candidate with the op types its profile showed slower float32
+    lean              a candidate rearranged to hold less at its peak (lean.py)
+
+Each is made by the painter (`rewrite(target, lists, graph)`, the orchestrator's) or by a
+transform of another's graph; nothing here measures or decides.
+"""
+
+import dataclasses
+
+from tensorflow.core.framework import graph_pb2
+
+from tf_mpt import _dtypes
+from tf_mpt import lists as _lists
+from tf_mpt.choose import lean as _lean
+from tf_mpt.costs import contractions as _contractions
+from tf_mpt.rewrite import casts as _casts
+from tf_mpt.rewrite import type_attrs as _ta
+
+
+FLOAT32, RULES, COST, CONTRACTIONS = "float32", "rules", "cost model", "contractions only"
+REFINED = "refined"  # the pick with the op types its profile shows slower in half float32
+LEAN = "lean"  # the fastest candidate rearranged to hold less (lean.py)
+CONTRACTION_OPS = _contractions.NODE_TIMED_OPS | frozenset((
+    "Conv3D", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2"))
+
+
+def contractions_only(lists):
+    """The op lists with only their matrix products and convolutions allowed half and no op
+    inferred or cleared: every other op float32, with Casts around each contraction."""
+    return _lists.OpLists(allow=lists.allow & CONTRACTION_OPS, deny=lists.deny)
+
+
+def float32_result(graph_def, predicted,
+                   reason="graph timing: the graph ran faster in float32"):
+    """The RewriteResult of keeping the graph float32, its report the prediction's with
+    nothing converted, each node's decision giving `reason`."""
+    unchanged = graph_pb2.GraphDef()
+    unchanged.CopyFrom(graph_def)
+    decisions = {}
+    for name, d in predicted.report.decisions.items():
+        if d.converted:
+            d = dataclasses.replace(d, colour="fp32", converted=False, reason=reason)
+        decisions[name] = d
+    report = dataclasses.replace(predicted.report, converted_nodes=0, casts_added=0,
+                                 cast_names=(), decisions=decisions, predicted_saving=0.0,
+                                 loop_variables_kept_half=0, call_values_kept_half=0,
+                                 tensor_lists_kept_half=0, batch_norms_folded=0)
+    return type(predicted)(unchanged, report, False)
+
+
+def candidate_rewrite(name, rewrite, lists):
+    """rewrite(graph) of candidate `name` (graph None: the graph decided): its target and
+    op lists."""
+    target_name, candidate_lists = {
+        RULES: ("rules", None), COST: (None, None),
+        CONTRACTIONS: ("rules", contractions_only(lists))}[name]
+    return lambda graph: rewrite(target_name, candidate_lists, graph)
+
+
+def keeping_float32(graph_def, names, candidate, rewrite, lists):
+    """Candidate `candidate`'s RewriteResult for `graph_def` with the nodes `names` kept
+    float32 (the refinement's), their decisions saying why."""
+    keep = set(names)
+    marked = graph_pb2.GraphDef()
+    marked.CopyFrom(graph_def)
+    for node in marked.node:
+        if node.name in keep and _ta.KEEP_FP32_ATTR not in node.attr:
+            node.attr[_ta.KEEP_FP32_ATTR].b = True
+        else:
+            keep.discard(node.name)  # (an attr of the graph's own stays)
+    result = candidate_rewrite(candidate, rewrite, lists)(marked)
+    for node in result.graph_def.node:
+        if node.name in keep:
+            del node.attr[_ta.KEEP_FP32_ATTR]
+    decisions = dict(result.report.decisions)
+    for name in keep:
+        if name in decisions:
+            decisions[name] = dataclasses.replace(
+                decisions[name], colour="fp32", converted=False,
+                reason="graph timing: its op type ran slower in half than in float32 in this "
+                       "graph's per-node profile (the refinement)")
+    return type(result)(result.graph_def,
+                        dataclasses.replace(result.report, decisions=decisions),
+                        result.modified)
+
+
+FLOAT32_SAVED_IN_HALF = ("graph timing: float32, the values its backward pass reads saved "
+                         "in half (TF_MPT_MEMORY_PRICE)")
+
+
+def graph_of(name, results, float32_graph):
+    """Candidate `name`'s GraphDef (float32's: `float32_graph`)."""
+    return float32_graph if name == FLOAT32 else results[name].graph_def
+
+
+def result_of(name, results, float32_graph, predicted):
+    """Candidate `name`'s RewriteResult (float32's: made from `float32_graph` and the
+    prediction's report, `predicted`, as a lean version's source)."""
+    if name != FLOAT32:
+        return results[name]
+    return float32_result(float32_graph, results[predicted], FLOAT32_SAVED_IN_HALF)
+
+
+def lean_result(result, graph_def):
+    """`result` (a candidate's RewriteResult) with the lean graph `graph_def`: its report's
+    `casts_added` counts the lean graph's own tf_mpt Casts (the candidate's, less those a
+    leaner version turned into Identities, plus the per-use copies and Casts back)."""
+    report = dataclasses.replace(
+        result.report, casts_added=result.report.casts_added +
+        _casts.our_casts(graph_def.node) - _casts.our_casts(result.graph_def.node))
+    return type(result)(graph_def, report, True)
+
+
+def lean_again(verdict, results, lean_inputs, float32_graph):
+    """The RewriteResult of a verdict's lean pick, made again (a cached verdict; float32's
+    own lean version from `float32_graph`)."""
+    changes = verdict.lean_changes
+    source = result_of(verdict.lean_from, results, float32_graph, verdict.predicted)
+    graph, _ = _lean.lean(source.graph_def,
+                          "float32 products" in changes, *lean_inputs,
+                          ordered="ordered products" in changes,
+                          only_ordered=set(changes) == {"ordered products"},
+                          new_copies=_lean.FROM_COPIES not in changes,
+                          half=_dtypes.parse(source.report.dtype).enum)
+    return lean_result(source, graph)

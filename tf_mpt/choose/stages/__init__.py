@@ -1,0 +1,1 @@
+"""The stages after the first rounds: each times new versions of a pick beside it."""

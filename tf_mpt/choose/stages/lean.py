@@ -1,0 +1,87 @@
+"""Lean versions of a pick over float32's peak: its weight gradients' products ordered, its
+lean version, its leaner one, each timed beside the fastest within float32's peak."""
+
+import dataclasses
+import statistics
+
+from tf_mpt.choose import candidates as _candidates
+from tf_mpt.choose import lean as _lean
+from tf_mpt.choose import ledger as _ledger
+from tf_mpt.choose import policy as _policy
+
+
+def lean_versions(graph_def, lean_inputs, tried):
+    """(lean GraphDef, {change: count}) of each of `graph_def`'s lean versions in turn, from
+    the cheapest: its weight gradients' products ordered alone (lean.lean's `only_ordered`),
+    its lean version, its leaner one (weight gradients' products in float32); a version that
+    changes nothing, or equals one in `tried` (a list, which each version yielded joins), is
+    skipped."""
+    for products_in_float32, only_ordered in ((False, True), (False, False), (True, False)):
+        graph, changes = _lean.lean(graph_def, products_in_float32, *lean_inputs,
+                                    only_ordered=only_ordered)
+        if graph is graph_def or any(graph == t for t in tried):
+            continue
+        tried.append(graph)
+        yield graph, changes
+
+
+def make_lean(verdict, results, graphs, config, lean_inputs, timer, budget):
+    """Where the first rounds' fastest candidate is over float32's peak: its weight
+    gradients' products ordered (lean.lean's cheapest version, `only_ordered`), then where
+    that is still over its lean version (lean.lean, with `lean_inputs`, its lists and
+    shapes), then its leaner one (weight gradients' products in float32), each timed beside
+    the pick (the fastest within float32's peak) within what is left of `budget` and
+    kept if within float32's peak and over MARGIN faster; a candidate's versions stop at
+    the first within float32's peak. Then the same for the next fastest candidate over it
+    that is over MARGIN faster than the pick (the Keras LSTM's fit step: contractions only's
+    lean versions still hold more than float32, the cost model's holds less) and, where a
+    version is kept, over MARGIN faster than it in the first rounds (the MLP on Sapphire
+    Rapids: contractions only's leaner version, within at 1.03x float32's speed, ended the
+    search before the cost model's, within at 2.2x); of those kept, the fastest against the
+    pick. Returns the verdict, with the kept lean version's record, else the last one timed;
+    `results` gets its RewriteResult."""
+    fastest = _policy.pick(verdict.times,
+                           verdict.same_as.get(verdict.predicted, verdict.predicted))
+    if fastest in (verdict.pick, _candidates.FLOAT32) or \
+            not _policy.over_float32(verdict.peaks, fastest):
+        return verdict  # (the pick is another for a tie in time: it holds less)
+    against, tried = verdict.pick, []
+    bound = statistics.median(verdict.times[against]) * (1.0 - _policy.MARGIN)
+    over = sorted((name for name in graphs if name != _candidates.FLOAT32 and
+                   _policy.over_float32(verdict.peaks, name) and
+                   statistics.median(verdict.times[name]) < bound),
+                  key=lambda name: (name != fastest, statistics.median(verdict.times[name])))
+    best = None  # (verdict, its lean version's time over the pick's, RewriteResult)
+    first = statistics.median(verdict.times[against])
+    for source in over:
+        if best is not None and statistics.median(verdict.times[source]) / first >= \
+                best[1] * (1.0 - _policy.MARGIN):
+            continue  # (its lean versions cannot be over MARGIN faster than the kept one)
+        for graph, changes in lean_versions(graphs[source], lean_inputs, tried):
+            left = budget.left()
+            if left <= 0:
+                break
+            times = budget.spend(timer({against: graphs[against], _candidates.LEAN: graph},
+                                       config.cost_batch, left))
+            result = _candidates.lean_result(results[source], graph)
+            peaks = _ledger.peaks_after(timer, verdict)
+            within = not _policy.over_float32(peaks, _candidates.LEAN)
+            ratio = statistics.median(times[_candidates.LEAN]) / statistics.median(times[against])
+            kept = within and ratio < 1.0 - _policy.MARGIN and (best is None or ratio < best[1])
+            if kept or best is None:
+                recorded = dataclasses.replace(
+                    verdict, times={**verdict.times, _candidates.LEAN: times[_candidates.LEAN]},
+                    pick=_candidates.LEAN if kept else against, lean_from=source,
+                    lean_against=against, lean_beside=times[against],
+                    lean_changes=dict(changes), peaks=peaks)
+                if kept:
+                    best = (recorded, ratio, result)
+                else:
+                    verdict, results[_candidates.LEAN] = recorded, result
+            if within:
+                break  # (its later versions hold less and run slower)
+        if budget.left() <= 0:
+            break
+    if best is not None:
+        verdict, _, results[_candidates.LEAN] = best
+    return verdict

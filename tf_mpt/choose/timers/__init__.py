@@ -1,0 +1,1 @@
+"""Measuring candidates on this CPU: sandboxes and rounds; nothing here decides."""

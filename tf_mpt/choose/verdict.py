@@ -1,0 +1,226 @@
+"""The verdict for one graph: every candidate's times and peaks, the pick, in one record.
+
+It is what the report holds (RewriteReport.verdict), what the cache stores (to_dict /
+from_dict) and what one INFO line prints (describe).
+"""
+
+import dataclasses
+import statistics
+
+from tf_mpt.choose import candidates as _candidates
+from tf_mpt.choose import ledger as _ledger
+from tf_mpt.choose import policy as _policy
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What graph timing found for one graph.
+
+    Attributes:
+        times: {candidate: (seconds per run, one per round)} of the candidates timed, in the
+            order they were timed; {} where nothing was timed.
+        pick: the candidate the graph runs as.
+        predicted: the candidate the prediction (the cost model, or the op lists) chose.
+        why: '' where timed; else why the graph was not timed (it keeps the prediction).
+        same_as: {candidate: the candidate whose graph it equals} for candidates not timed
+            because their graph was another's.
+        source: 'timed' (here, now), 'cached' (here, by an earlier process: nothing timed)
+            or 'table' (a cost table file's, `tf-mpt measure --model`: nothing timed).
+        refined: the node names the refinement kept float32 (() where none was tried);
+            times[REFINED] its candidate's rounds, timed beside `refined_from`'s (`beside`).
+        refined_from: the candidate refined (the pick of the first rounds).
+        refined_ops: {op type: nodes kept float32}.
+        beside: `refined_from`'s times in the refinement's rounds.
+        peaks: {candidate: step peak bytes of a traced run} where measured ({} otherwise); a
+            candidate over PEAK_SLACK above float32's is flagged where it is printed.
+        lean_from: the candidate made lean (LEAN; '' where none was); times[LEAN] its
+            rounds, timed beside `lean_against`'s (`lean_beside`).
+        lean_against: the candidate the lean one was timed beside (the fastest within
+            float32's peak in the first rounds).
+        lean_beside: `lean_against`'s times in those rounds.
+        lean_changes: {change: count} (lean.lean).
+        lean_others: {candidate: (median seconds, step peak bytes or None)} of the other
+            lean versions timed in the same rounds and not recorded as LEAN (decision.
+            make_smaller: those of candidates near the pick's time).
+        memory_price: TF_MPT_MEMORY_PRICE where the lean pick was kept under it (0: none).
+        compiled: the candidates were timed as XLA compiles them (a jit_compile step:
+            timers.compiled.time_compiled; no step peaks, nor a refinement, are measured there).
+    """
+    times: dict
+    pick: str
+    predicted: str
+    why: str = ""
+    same_as: dict = dataclasses.field(default_factory=dict)
+    source: str = "timed"
+    refined: tuple = ()
+    refined_from: str = ""
+    refined_ops: dict = dataclasses.field(default_factory=dict)
+    beside: tuple = ()
+    peaks: dict = dataclasses.field(default_factory=dict)
+    lean_from: str = ""
+    lean_against: str = ""
+    lean_beside: tuple = ()
+    lean_changes: dict = dataclasses.field(default_factory=dict)
+    lean_others: dict = dataclasses.field(default_factory=dict)
+    memory_price: float = 0.0
+    compiled: bool = False
+
+    @classmethod
+    def from_dict(cls, data, source):
+        """A verdict as `to_dict` wrote it (None where it does not read as one)."""
+        try:
+            times = {str(k): tuple(float(t) for t in v) for k, v in data["times"].items()}
+            pick, predicted = str(data["pick"]), str(data["predicted"])
+            refined = tuple(str(n) for n in data.get("refined", ()))
+            refined_from = str(data.get("refined_from", ""))
+            refined_ops = {str(k): int(v) for k, v in data.get("refined_ops", {}).items()}
+            beside = tuple(float(t) for t in data.get("beside", ()))
+            peaks = {str(k): int(v) for k, v in data.get("peaks", {}).items()}
+            lean_from = str(data.get("lean_from", ""))
+            lean_against = str(data.get("lean_against", ""))
+            lean_beside = tuple(float(t) for t in data.get("lean_beside", ()))
+            lean_changes = {str(k): int(v) for k, v in data.get("lean_changes", {}).items()}
+            lean_others = {str(k): (float(v[0]), None if v[1] is None else int(v[1]))
+                           for k, v in data.get("lean_others", {}).items()}
+            why = str(data.get("why", ""))
+            memory_price = float(data.get("memory_price", 0.0))
+            compiled = bool(data.get("compiled", False))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+        if not times:  # (a graph too slow to time, its peaks measured instead: decision's
+            # memory check; the prediction, float32 or a lean version of the prediction)
+            float32, lean = _candidates.FLOAT32, _candidates.LEAN
+            if not why or float32 not in peaks or \
+                    not set(peaks) - {float32, _ledger.RESIDENT} or \
+                    pick not in (predicted, float32, lean) or (
+                    pick == lean and not (lean_from and lean in peaks and lean_changes)):
+                return None
+            return cls({}, pick, predicted, why, {}, source, peaks=peaks, lean_from=lean_from,
+                       lean_changes=lean_changes)
+        if pick not in times or not all(times.values()) or (
+                pick == _candidates.REFINED and
+                not (refined and refined_from in times and beside)) or (
+                pick == _candidates.LEAN and not (lean_from in times and lean_beside)):
+            return None
+        return cls(times, pick, predicted, "", {}, source, refined, refined_from, refined_ops,
+                   beside, peaks, lean_from, lean_against, lean_beside, lean_changes,
+                   lean_others, memory_price, compiled)
+
+    @property
+    def timed(self):
+        return bool(self.times)
+
+    def median(self, name):
+        return statistics.median(self.times[name]) if name in self.times else None
+
+    def describe(self):
+        """One line: each candidate's median time and the pick."""
+        if not self.timed:
+            return self._describe_untimed()
+        later = (_candidates.REFINED, _candidates.LEAN)  # (timed beside another, later)
+        first = {name: len(t) for name, t in self.times.items() if name not in later}
+        dropped = {name for name, n in first.items() if n < max(first.values(), default=0)}
+        rounds = min(len(t) for name, t in self.times.items() if name not in dropped)
+        where = {"cached": "cached here, ", "table": "from the target's table, "}.get(
+            self.source, "")
+        # (a cached verdict's come sorted)
+        listed = (_candidates.FLOAT32, _candidates.COST, _candidates.RULES,
+                  _candidates.CONTRACTIONS)
+        parts = [f"{name} {self.median(name) * 1e3:.3g} ms" + (
+                    f" (over {_policy.DROP_SLOWER:.0%} slower: {first[name]} round"
+                    f"{'s' if first[name] > 1 else ''})" if name in dropped else "") +
+                 self._peak(name)
+                 for name in sorted(self.times, key=lambda n: (
+                     listed.index(n) if n in listed else len(listed), n))
+                 if name not in later]
+        parts += [f"{name} = {other}" for name, other in self.same_as.items()]
+        if _candidates.REFINED in self.times:
+            ops = ", ".join(f"{op} x{n}" for op, n in sorted(self.refined_ops.items()))
+            parts.append(f"{_candidates.REFINED} ({ops} float32) "
+                         f"{self.median(_candidates.REFINED) * 1e3:.3g} ms"
+                         f"{self._peak(_candidates.REFINED)} beside {self.refined_from} "
+                         f"{statistics.median(self.beside) * 1e3:.3g} ms")
+        if _candidates.LEAN in self.times:
+            changes = ", ".join(f"{change} x{n}" for change, n in
+                                sorted(self.lean_changes.items()) if n)
+            parts.append(f"{_candidates.LEAN} {self.lean_from} ({changes}) "
+                         f"{self.median(_candidates.LEAN) * 1e3:.3g} ms"
+                         f"{self._peak(_candidates.LEAN)} beside {self.lean_against} "
+                         f"{statistics.median(self.lean_beside) * 1e3:.3g} ms")
+        for name, (median, peak) in self.lean_others.items():
+            mark = ": over float32's" if peak is not None and _policy.over_float32(
+                {**self.peaks, _candidates.LEAN: peak}, _candidates.LEAN) else ""
+            held = "" if peak is None else f" (peak {peak / 2**20:.1f} MiB{mark})"
+            parts.append(f"{_candidates.LEAN} {name} {median * 1e3:.3g} ms{held}, not kept")
+        base = self.median(_candidates.FLOAT32)
+        speed = (f", {base / self.median(self.pick):.2f}x float32" if base and
+                 self.pick not in (_candidates.FLOAT32,) + later else "")
+        if base and self.pick == _candidates.LEAN:
+            ratio = (base / self.median(self.lean_against) *
+                     statistics.median(self.lean_beside) / self.median(_candidates.LEAN))
+            speed = f", {ratio:.2f}x float32"
+            slower = self.median(_candidates.LEAN) / statistics.median(self.lean_beside) - 1.0
+            if slower > _policy.MARGIN and _candidates.FLOAT32 in self.peaks and \
+                    _candidates.LEAN in self.peaks:
+                share = (_policy.total_peak(self.peaks, _candidates.LEAN) /
+                         _policy.total_peak(self.peaks, _candidates.FLOAT32))
+                price = (f": TF_MPT_MEMORY_PRICE={self.memory_price:g}"
+                         if self.memory_price and ratio < 1.0 else "")
+                speed += (f" ({slower:.0%} slower than {self.lean_against}, holding "
+                          f"{share:.2f}x float32's peak{price})")
+        # (two ratios, each measured in one set of rounds)
+        if base and self.pick == _candidates.REFINED:
+            ratio = (base / self.median(self.refined_from) *
+                     statistics.median(self.beside) / self.median(_candidates.REFINED))
+            speed = f", {ratio:.2f}x float32"
+        predicted = self.same_as.get(self.predicted, self.predicted)
+        over = sorted(name for name in self.times if _policy.over_float32(self.peaks, name) and
+                      self.median(name) < (self.median(self.pick) or 0))
+        held = (f" (faster but over float32's peak: {', '.join(over)})" if over else "")
+        how = ", compiled by XLA as the step runs" if self.compiled else ""
+        return (f"graph timing ({where}median of {rounds} rounds{how}): {', '.join(parts)}; "
+                f"picked {self.pick}{speed}" + ("" if self.pick == predicted else
+                                                f" over the prediction ({self.predicted})") + held)
+
+    def _describe_untimed(self):
+        """The line of a verdict not timed: why, and where its peaks were measured instead
+        (decision's memory check of a graph too slow to time), what they were and what was
+        kept."""
+        text = f"graph not timed ({self.why})"
+        if not any(name in self.peaks for name in (_candidates.FLOAT32, self.predicted)):
+            return f"{text}: kept the prediction ({self.predicted})"
+        parts = [f"{name}{self._peak(name)}" for name in (_candidates.FLOAT32, self.predicted)
+                 if name in self.peaks]
+        if _candidates.LEAN in self.peaks:
+            changes = ", ".join(f"{change} x{n}" for change, n in
+                                sorted(self.lean_changes.items()) if n)
+            parts.append(f"{_candidates.LEAN} {self.lean_from} ({changes})"
+                         f"{self._peak(_candidates.LEAN)}")
+        kept = {_candidates.FLOAT32: "float32",
+                _candidates.LEAN: f"{_candidates.LEAN} {self.lean_from}"}.get(
+            self.pick, f"the prediction ({self.predicted})")
+        where = "cached here: " if self.source == "cached" else ""
+        return (f"{text}; {where}its peaks measured instead (one traced run each): "
+                f"{', '.join(parts)}; kept {kept}, "
+                + ("the only one within float32's peak" if self.pick == _candidates.FLOAT32 else
+                   "within float32's peak") + " (its speed not measured)")
+
+    def _peak(self, name):
+        """' (peak 12.3 MiB)' where `name`'s step peak was measured, ' (peak 12.3 MiB: over
+        float32's)' where it is over float32's by more than PEAK_SLACK."""
+        if name not in self.peaks:
+            return ""
+        over = "" if name == _candidates.FLOAT32 or \
+            not _policy.over_float32(self.peaks, name) else ": over float32's"
+        return f" (peak {self.peaks[name] / 2**20:.1f} MiB{over})"
+
+    def to_dict(self):
+        return {"times": {k: list(v) for k, v in self.times.items()}, "pick": self.pick,
+                "predicted": self.predicted, "why": self.why, "same_as": dict(self.same_as),
+                "source": self.source, "refined": list(self.refined),
+                "refined_from": self.refined_from, "refined_ops": dict(self.refined_ops),
+                "beside": list(self.beside), "peaks": dict(self.peaks),
+                "lean_from": self.lean_from, "lean_against": self.lean_against,
+                "lean_beside": list(self.lean_beside), "lean_changes": dict(self.lean_changes),
+                "lean_others": {k: list(v) for k, v in self.lean_others.items()},
+                "memory_price": self.memory_price, "compiled": self.compiled}
