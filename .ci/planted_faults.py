@@ -54,7 +54,7 @@ def choose_colouring(over_rules, over_float32, rules_slower, least):
 def pick(times, predicted, peaks=None, least=False, price=0.0):
     return max(times, key=lambda name: statistics.median(times[name]))
 """),
-    "lean_reads_half_copy": ("tf_mpt/choose/lean.py", """
+    "lean_reads_half_copy": ("tf_mpt/choose/transforms/saving.py", """
 # --- planted fault (.ci/planted_faults.py): the value's early (forward) readers read its
 # half copy too, cast back at once
 _planted_saving_plan = _saving_plan
@@ -100,8 +100,8 @@ FAULT_CHECKS = {
                           "assert cost.choose_colouring(1.0, 1.0, False, 0.0) == 'float32'",
     "timer_picks_slowest": "from tf_mpt.choose import policy as t; "
                            "assert t.pick({'a': (1.0,), 'b': (2.0,)}, 'a') == 'b'",
-    "lean_reads_half_copy": "from tf_mpt.choose import lean; "
-                            "assert lean._saving_plan is not lean._planted_saving_plan",
+    "lean_reads_half_copy": "from tf_mpt.choose.transforms import saving; "
+                            "assert saving._saving_plan is not saving._planted_saving_plan",
     "dispatch_times_nothing": "import tensorflow as tf; from tf_mpt.costs import dispatch as d;"
                               " patterns, f32 = d._patterns(tf, 'bfloat16'); "
                               "t = d.pattern_graph(tf, patterns['MatMul'], f32, tf.bfloat16)[2];"

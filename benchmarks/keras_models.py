@@ -424,7 +424,7 @@ def main():
         print("\ntf_mpt's step timing (the default way: each traced step it timed, each "
               "candidate's sandbox ms per run (a candidate equal to another is timed once; "
               "refined: the pick with its op types profiled slower in half float32, timed "
-              "beside it; lean: a candidate's lean version (lean.py), timed beside it; -: "
+              "beside it; lean: a candidate's lean version (tf_mpt/choose/transforms/), timed beside it; -: "
               "not tried) "
               "and the one that ran; first round):")
         names = ("float32", "rules", "cost model", "contractions only", "refined", "lean")

@@ -63,8 +63,8 @@ def lean_version(graph_def, dtype, shapes=None):
     policy.SMALLER_ABOVE of float32's peak (lean.lean without ordered products: activations
     saved in half, late casts; `shapes`: a tf.function's shape table, as its rewrite passes
     it), or None where that changes nothing (a lean pick already)."""
-    from tf_mpt.choose import lean  # pylint: disable=import-outside-toplevel
-    out, _ = lean.lean(graph_def, False, tf_mpt.lists.default_lists(dtype), shapes,
+    from tf_mpt.choose.transforms import lean as _lean  # pylint: disable=import-outside-toplevel
+    out, _ = _lean.lean(graph_def, False, tf_mpt.lists.default_lists(dtype), shapes,
                        ordered=False)
     return out if out is not graph_def else None
 

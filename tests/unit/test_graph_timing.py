@@ -25,7 +25,7 @@ import tf_mpt
 from tf_mpt import cli
 from tf_mpt import config as _config
 from tf_mpt.choose import candidates as _candidates
-from tf_mpt.choose import lean
+from tf_mpt.choose.transforms import lean as _lean
 from tf_mpt.choose import ledger as _ledger
 from tf_mpt.choose import policy as _policy
 from tf_mpt.choose import verdict as _verdict
@@ -551,7 +551,7 @@ def test_a_tf1_training_graph_is_timed_on_copies_of_its_variables(monkeypatch, t
         source = expected.get(verdict.lean_from, lambda: tf_mpt.rewrite_graph_def(
             graph.as_graph_def(), dtype="bfloat16", fetches=["loss", "train"],
             target="here").graph_def)()
-        made, _ = lean.lean(source, "float32 products" in verdict.lean_changes)
+        made, _ = _lean.lean(source, "float32 products" in verdict.lean_changes)
         assert result.graph_def == made
     else:
         assert verdict.pick == verdict.predicted == _candidates.COST
@@ -631,7 +631,7 @@ def test_candidates_whose_copies_would_take_too_much_memory_are_not_timed(timed,
 
 
 def _late(graph_def):
-    """The number of Casts made to wait for another input (lean.late_casts)."""
+    """The number of Casts made to wait for another input (late_casts.late_casts)."""
     return sum(1 for n in graph_def.node if n.op == "Cast" and
                any(i.startswith("^") for i in n.input))
 

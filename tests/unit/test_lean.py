@@ -1,4 +1,4 @@
-"""The lean graph (tf_mpt/choose/lean.py, issue "memory" item 2): a half Cast of a held
+"""The lean graph (tf_mpt/choose/transforms/, issue "memory" item 2): a half Cast of a held
 value made at each use after the use's other input; weight gradients' products ordered. The
 structure is checked exactly, and the lean graph computes the same numbers as the graph it
 came from (the same ops, only control edges and Cast copies added)."""
@@ -11,7 +11,13 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
-from tf_mpt.choose import lean
+from tf_mpt.choose.transforms import graph_order as _graph_order
+from tf_mpt.choose.transforms import late_casts as _late_casts
+from tf_mpt.choose.transforms import lean as _lean
+from tf_mpt.choose.transforms import loops as _loops
+from tf_mpt.choose.transforms import ordering as _ordering
+from tf_mpt.choose.transforms import reduce as _reduce
+from tf_mpt.choose.transforms import saving as _saving
 from tf_mpt.rewrite.graph_view import GraphView
 
 tf1 = tf.compat.v1
@@ -82,7 +88,7 @@ def test_a_weights_half_cast_is_made_at_each_use_after_the_other_input():
     graph_def, fetches = _training_mlp()
     half = _half(graph_def, fetches)
     original = half.SerializeToString()
-    out, moved = lean.late_casts(half)
+    out, moved = _late_casts.late_casts(half)
     assert half.SerializeToString() == original  # the input is not changed
     view = GraphView(out)
     stem = "matmul_1/ReadVariableOp-0-CastToBf16"
@@ -102,7 +108,7 @@ def test_the_lean_graph_computes_what_the_candidate_does():
     bit; and both within a named tolerance of float32's."""
     graph_def, fetches = _training_mlp()
     half = _half(graph_def, fetches)
-    lean_graph, changes = lean.lean(half)
+    lean_graph, changes = _lean.lean(half)
     assert changes["late casts"] >= 2 and changes["ordered products"] >= 1
     feeds = {"x:0": np.random.RandomState(0).standard_normal((BATCH, WIDTH)).astype(
         np.float32)}
@@ -118,7 +124,7 @@ def test_a_weight_gradient_waits_for_the_input_gradient_and_the_previous_weight_
     wait for the input gradient's ReluGrad."""
     graph_def, fetches = _training_mlp(depth=3)
     half = _half(graph_def, fetches)
-    out, ordered = lean.ordered_products(half)
+    out, ordered = _ordering.ordered_products(half)
     by_name = {n.name: n for n in out.node}
     gradients = sorted(n.name for n in out.node if n.op == "MatMul" and
                        n.name.endswith("_grad/MatMul_1"))
@@ -153,7 +159,7 @@ def test_a_loops_weight_cast_waits_for_each_iterations_other_input():
                               [tf.constant(0), x], name="rnn")
         return h
     half = _half(*_training_graph(loop, control_flow_v1=True))
-    out, moved = lean.late_casts(half)
+    out, moved = _late_casts.late_casts(half)
     waiting = [n for n in out.node if n.op == "Cast" and n.name.startswith(
         ("rnn/", "gradients/rnn/")) and any(i.startswith("^") for i in n.input)]
     assert moved >= 2 and len(waiting) >= 2, [n.name for n in waiting]
@@ -163,8 +169,8 @@ def test_a_loops_weight_cast_waits_for_each_iterations_other_input():
                                **SAME)
 
 
-@pytest.mark.parametrize("change", [lean.late_casts, lean.ordered_products,
-                                    lean.reduced_first])
+@pytest.mark.parametrize("change", [_late_casts.late_casts, _ordering.ordered_products,
+                                    _reduce.reduced_first])
 def test_a_graph_with_nothing_to_change_is_returned_as_it_is(change):
     graph = tf.Graph()
     with graph.as_default():
@@ -180,7 +186,7 @@ def test_float32_products_compute_each_weight_gradient_in_float32():
     named tolerance of the candidate's (float32 sums instead of bfloat16 ones)."""
     graph_def, fetches = _training_mlp()
     half = _half(graph_def, fetches)
-    out, changed = lean.float32_products(half)
+    out, changed = _ordering.float32_products(half)
     assert changed == 2
     by_name = {n.name: n for n in out.node}
     for k in range(2):
@@ -303,14 +309,14 @@ def test_no_product_is_ordered_in_a_graph_with_tf1_control_flow(monkeypatch):
     assert any(n.op == "Switch" for n in half.node)
     assert any(n.op == "MatMul" and n.attr["T"].type == tf.bfloat16.as_datatype_enum
                for n in half.node)
-    assert lean.ordered_products(half) == (half, 0)
-    monkeypatch.setattr(lean, "_SWITCHES", frozenset())  # (without the rule: ordered)
-    assert lean.ordered_products(half)[1] >= 1
+    assert _ordering.ordered_products(half) == (half, 0)
+    monkeypatch.setattr(_graph_order, "SWITCHES", frozenset())  # (without the rule: ordered)
+    assert _ordering.ordered_products(half)[1] >= 1
 
 
 # --- saved in half ----------------------------------------------------------------------------
 
-SAVED_BATCH, SAVED_WIDTH = 64, 256  # activations of 16384 elements: lean.MIN_SAVED_ELEMENTS
+SAVED_BATCH, SAVED_WIDTH = 64, 256  # activations of 16384 elements: saving.MIN_SAVED_ELEMENTS
 ROUNDED = dict(rtol=0.02, atol=0.002)  # late readers reading bfloat16-rounded activations
 
 
@@ -360,7 +366,7 @@ def test_a_product_held_in_float32_for_the_backward_pass_is_held_in_half():
     graph_def, fetches = _deep_training_graph(lambda z, k: z * tf.sigmoid(z))
     half = _with_lists(graph_def, fetches, {"Mul", "Sigmoid", "SigmoidGrad"})
     original = half.SerializeToString()
-    out, changed = lean.saved_in_half(half)  # (no lists: only Casts up from half change)
+    out, changed = _saving.saved_in_half(half)  # (no lists: only Casts up from half change)
     assert half.SerializeToString() == original
     waiting = _waiting_casts_to_float32(out)
     sources = sorted(source for source, _ in waiting.values())
@@ -390,8 +396,8 @@ def test_a_float32_activation_read_late_by_a_half_listed_op_is_held_in_half():
     graph_def, fetches = _deep_training_graph(lambda z, k: tf.nn.relu(z, name=f"relu_{k}"),
                                               depth=5)
     half = _with_lists(graph_def, fetches, {"Relu", "ReluGrad"})
-    assert lean.saved_in_half(half) == (half, 0)
-    out, changed = lean.saved_in_half(half, tf_mpt.lists.default_lists("bfloat16"))
+    assert _saving.saved_in_half(half) == (half, 0)
+    out, changed = _saving.saved_in_half(half, tf_mpt.lists.default_lists("bfloat16"))
     waiting = _waiting_casts_to_float32(out)
     assert changed == len(waiting), waiting
     # each early Relu's output; and the loss's gradient, which does not wait for the forward
@@ -416,8 +422,8 @@ def test_from_half_copies_alone_no_value_gets_a_new_cast_down():
                                               depth=5)
     half = _with_lists(graph_def, fetches, {"Relu", "ReluGrad"})
     lists = tf_mpt.lists.default_lists("bfloat16")
-    every, changed = lean.saved_in_half(half, lists)
-    copies, from_copies = lean.saved_in_half(half, lists, new_copies=False)
+    every, changed = _saving.saved_in_half(half, lists)
+    copies, from_copies = _saving.saved_in_half(half, lists, new_copies=False)
     sources = sorted(s for s, _ in _waiting_casts_to_float32(every).values())
     kept_sources = sorted(s for s, _ in _waiting_casts_to_float32(copies).values())
     new = {n.name for n in every.node} - {n.name for n in half.node}
@@ -437,14 +443,14 @@ def test_small_values_and_forward_readers_are_not_changed(monkeypatch):
     graph_def, fetches = _deep_training_graph(lambda z, k: tf.nn.relu(z), depth=5)
     half = _with_lists(graph_def, fetches, {"Relu", "ReluGrad"})
     lists = tf_mpt.lists.default_lists("bfloat16")
-    assert lean.saved_in_half(half, lists)[1] >= 2
+    assert _saving.saved_in_half(half, lists)[1] >= 2
     # sized by the shape table given (a tf.function's); a value it does not know is left alone
-    assert lean.saved_in_half(half, lists, shapes={}) == (half, 0)
-    monkeypatch.setattr(lean, "MIN_SAVED_ELEMENTS", SAVED_BATCH * SAVED_WIDTH + 1)
-    assert lean.saved_in_half(half, lists) == (half, 0)
-    monkeypatch.setattr(lean, "MIN_SAVED_ELEMENTS", 1)
-    monkeypatch.setattr(lean, "LATE_LEVELS", len(half.node))
-    assert lean.saved_in_half(half, lists) == (half, 0)
+    assert _saving.saved_in_half(half, lists, shapes={}) == (half, 0)
+    monkeypatch.setattr(_saving, "MIN_SAVED_ELEMENTS", SAVED_BATCH * SAVED_WIDTH + 1)
+    assert _saving.saved_in_half(half, lists) == (half, 0)
+    monkeypatch.setattr(_saving, "MIN_SAVED_ELEMENTS", 1)
+    monkeypatch.setattr(_saving, "LATE_LEVELS", len(half.node))
+    assert _saving.saved_in_half(half, lists) == (half, 0)
 
 
 # --- reduced first ------------------------------------------------------------------------------
@@ -477,7 +483,7 @@ def test_a_loss_is_reduced_before_the_backward_pass_reads_its_difference():
     by_name = {n.name: n for n in half.node}
     assert by_name["loss"].input[0] == "square-0-CastToFp32-TfMpt"  # (the chain tested)
     original = half.SerializeToString()
-    out, moved = lean.reduced_first(half)
+    out, moved = _reduce.reduced_first(half)
     assert half.SerializeToString() == original
     waiting = {n.name: [i for i in n.input if i.startswith("^")] for n in out.node
                if any(i.startswith("^") for i in n.input)}
@@ -493,7 +499,7 @@ def test_a_loss_is_reduced_before_the_backward_pass_reads_its_difference():
     np.testing.assert_allclose(_run(out, "loss", feeds, 3), _run(half, "loss", feeds, 3),
                                **SAME)
     small = _half(*_squared_error_graph(width=16))
-    assert lean.reduced_first(small) == (small, 0)
+    assert _reduce.reduced_first(small) == (small, 0)
 
 
 def _new_half_copy_of_the_loss_gradient(graph_def):
@@ -570,7 +576,7 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
         # the report counts the lean graph's own Casts (copies and Casts back included)
         assert result.report.casts_added == sum(
             1 for n in result.graph_def.node if n.op == "Cast" and n.name.endswith("-TfMpt"))
-        lean_graph, changes = lean.lean(result.graph_def, ordered=False)
+        lean_graph, changes = _lean.lean(result.graph_def, ordered=False)
         assert lean_graph is result.graph_def and \
             changes == {"saved in half": 0, "reduced first": 0, "late casts": 0,
                         "anchored waits": 0, "weights' lists in float32": 0, "late casts in loops": 0,
@@ -680,15 +686,15 @@ def test_a_reshaped_fed_input_counts_as_held(monkeypatch):
     half = _with_lists(*_training_graph(layers), {"Reshape"})  # (the Reshape float32)
     stem = "flat-0-CastToBf16"
     assert [n.name for n in half.node if n.name.startswith(stem)] == [stem + "-TfMpt"]
-    out, _ = lean.late_casts(half)
+    out, _ = _late_casts.late_casts(half)
     casts = [n for n in out.node if n.name.startswith(stem)]
     assert len(casts) == 2 and all(c.input[0] == "flat" for c in casts), casts
     readers = sorted(n.name for n in out.node
                      if any(i.split(":")[0] in {c.name for c in casts} for i in n.input))
     assert readers == ["gradients/matmul_grad/MatMul_1", "matmul"], readers
     assert any(i.startswith("^") for c in casts for i in c.input)
-    monkeypatch.setattr(lean, "_PASS_THROUGH", lean._PASS_THROUGH - {"Reshape"})
-    out, _ = lean.late_casts(half)
+    monkeypatch.setattr(_graph_order, "PASS_THROUGH", _graph_order.PASS_THROUGH - {"Reshape"})
+    out, _ = _late_casts.late_casts(half)
     assert [n.name for n in out.node if n.name.startswith(stem)] == [stem + "-TfMpt"]
 
 
@@ -735,7 +741,7 @@ def test_a_functional_loops_weight_casts_wait_for_the_iterations_own_values():
     assert switched == 2
     assert _variable_reads_pushed(half) == {"half": 2} and \
         _variable_reads_pushed(lists) == {"float32": 2}
-    out, moved = lean.late_casts_in_loops(lists)
+    out, moved = _loops.late_casts_in_loops(lists)
     assert half.SerializeToString() == original
     waiting = {}  # body kind -> [(the Cast's source op, what it waits for)]
     for fdef in out.library.function:
@@ -750,7 +756,7 @@ def test_a_functional_loops_weight_casts_wait_for_the_iterations_own_values():
     assert sum(source == "TensorListPopBack" for source, _ in waiting["gradient"]) >= 2, waiting
     assert moved == sum(len(found) for found in waiting.values())
     # the gradient loop's per-step gradients of wx and wh wait for the sums they are added to
-    ordered, changed = lean.accumulated_in_order(out)
+    ordered, changed = _loops.accumulated_in_order(out)
     assert changed == 2
     [gradient_body] = [f for f in ordered.library.function if "_grad_" in f.signature.name and
                        any(n.op == "TensorListPopBack" for n in f.node_def)]
@@ -764,7 +770,7 @@ def test_a_functional_loops_weight_casts_wait_for_the_iterations_own_values():
                    any(i.split(":")[0] == product for i in n.input)]
         assert any(i.split(":")[0] == waited for i in adder.input), (product, adder.input)
         assert nodes[waited].op == "Identity"  # (of the body's argument: the running sum)
-    assert lean.accumulated_in_order(ordered)[1] == 0  # (nothing left to order)
+    assert _loops.accumulated_in_order(ordered)[1] == 0  # (nothing left to order)
 
     def outputs(runners, *_):
         return {name: run() for name, run in runners.items()}
@@ -955,7 +961,7 @@ def test_a_tie_in_time_goes_to_another_colourings_lean_version(
     assert again.report.verdict.lean_others == verdict.lean_others
 
 
-_FROM_COPIES = f"contractions only ({lean.FROM_COPIES})"
+_FROM_COPIES = f"contractions only ({_lean.FROM_COPIES})"
 
 
 def test_where_the_lean_version_costs_time_the_picks_from_its_half_copies_is_kept(
@@ -981,12 +987,12 @@ def test_where_the_lean_version_costs_time_the_picks_from_its_half_copies_is_kep
     assert kind(result.graph_def) == "products lean from copies", line
     assert verdict.pick == _candidates.LEAN and \
         verdict.lean_from == verdict.lean_against == "contractions only", line
-    assert lean.FROM_COPIES in verdict.lean_changes and \
+    assert _lean.FROM_COPIES in verdict.lean_changes and \
         "saved in half" not in verdict.lean_changes, verdict.lean_changes
     assert verdict.peaks[_candidates.LEAN] == 7 << 20, verdict.peaks
     assert verdict.lean_others == {"contractions only": (pytest.approx(0.67e-3), 6 << 20)}, \
         verdict.lean_others
-    assert f"{lean.FROM_COPIES} x3) 0.6 ms (peak 7.0 MiB) beside contractions only" in line and \
+    assert f"{_lean.FROM_COPIES} x3) 0.6 ms (peak 7.0 MiB) beside contractions only" in line and \
         "lean contractions only 0.67 ms (peak 6.0 MiB), not kept" in line, line
     again = rewrite()
     assert again.report.verdict.source == "cached" and again.graph_def == result.graph_def
@@ -1038,7 +1044,7 @@ def test_the_memory_goal_is_bought_with_a_bounded_share_of_the_picks_speed(
         assert f"picked lean, 1.56x float32 (7% slower than contractions only, holding " \
             f"{_share(verdict, _candidates.LEAN):.2f}x float32's peak)" in line, line
     else:
-        assert lean.FROM_COPIES in verdict.lean_changes, verdict.lean_changes
+        assert _lean.FROM_COPIES in verdict.lean_changes, verdict.lean_changes
         assert verdict.peaks[_candidates.LEAN] == 7 << 20, verdict.peaks
         assert "slower than" not in line, line
     again = rewrite()
@@ -1111,9 +1117,9 @@ def test_float32s_own_lean_version_computes_float32_and_saves_in_half():
     gradients read the rounded copies). Without the half type the graph is left alone."""
     graph_def, fetches = _deep_training_graph(lambda z, k: tf.nn.relu(z), depth=4)
     lists = tf_mpt.lists.default_lists("bfloat16")
-    same, _ = lean.lean(graph_def, False, lists, ordered=False)
+    same, _ = _lean.lean(graph_def, False, lists, ordered=False)
     assert same is graph_def
-    graph, changes = lean.lean(graph_def, False, lists, ordered=False,
+    graph, changes = _lean.lean(graph_def, False, lists, ordered=False,
                                half=tf.bfloat16.as_datatype_enum)
     assert _half_compute(graph) == []
     downs = [n for n in graph.node if n.op == "Cast" and
@@ -1413,7 +1419,7 @@ def test_anchored_waits_keep_a_gradient_that_waits_for_its_input_in_the_backward
     (the incoming gradient's product), which Grappler keeps: the Square runs after it, with
     the same numbers."""
     graph_def, fetch = _gelu_step()
-    anchored, added = lean.anchored_waits(graph_def)
+    anchored, added = _ordering.anchored_waits(graph_def)
     assert added == 1 and anchored is not graph_def
     view = GraphView(anchored)
     square = view.nodes[view.index["gradients/Gelu/Erfc_grad/Square"]]
@@ -1421,7 +1427,7 @@ def test_anchored_waits_keep_a_gradient_that_waits_for_its_input_in_the_backward
                                   "^gradients/z_grad/MatMul"]
     assert graph_def.node[view.index[square.name]].input[-1] == \
         "^gradients/Gelu/mul_2_grad/Mul_1"  # (the input is not changed)
-    assert lean.anchored_waits(anchored) == (anchored, 0)  # (once is enough)
+    assert _ordering.anchored_waits(anchored) == (anchored, 0)  # (once is enough)
     feeds = {"x:0": np.random.RandomState(0).rand(64, 256).astype(np.float32)}
     plain_value, _ = _traced(graph_def, fetch, feeds)
     value, times = _traced(anchored, fetch, feeds)
@@ -1437,7 +1443,7 @@ def test_anchored_waits_leave_graphs_with_tf1_control_flow_and_plain_waits_alone
         flag = tf1.placeholder(tf.bool, [], name="flag")
         tf.raw_ops.Switch(data=tf.constant(1.0), pred=flag, name="switch")  # (a TF1 cond's)
     with_cond = graph.as_graph_def()
-    assert lean.anchored_waits(with_cond) == (with_cond, 0)
+    assert _ordering.anchored_waits(with_cond) == (with_cond, 0)
     graph = tf.Graph()
     with graph.as_default():  # a control input from a MatMul: not rewritten in place
         a = tf1.placeholder(tf.float32, [4, 4], name="a")
@@ -1445,7 +1451,7 @@ def test_anchored_waits_leave_graphs_with_tf1_control_flow_and_plain_waits_alone
         with tf.control_dependencies([product]):
             tf.square(a, name="square")
     plain = graph.as_graph_def()
-    assert lean.anchored_waits(plain) == (plain, 0)
+    assert _ordering.anchored_waits(plain) == (plain, 0)
 
 
 def _step_peak(graph_def, feeds):
@@ -1474,7 +1480,7 @@ def test_a_lean_version_holds_less_than_its_source_in_real_allocations():
     up where the backward pass reads them) holds less at its step peak than its source."""
     graph_def, fetches = _deep_training_graph(lambda z, k: z * tf.sigmoid(z), depth=8)
     half = _with_lists(graph_def, fetches, {"Mul", "Sigmoid", "SigmoidGrad"})
-    out, changed = lean.saved_in_half(half)
+    out, changed = _saving.saved_in_half(half)
     assert changed >= 4, changed
     source, leaner = _step_peak(half, _saved_feeds()), _step_peak(out, _saved_feeds())
     activation = SAVED_BATCH * SAVED_WIDTH * 4  # one float32 product: 64 KiB

@@ -15,7 +15,8 @@
     timers/           measuring only: the rounds (rounds.py), a GraphDef's Session sandbox
                       (graphs.py), a traced step's copies of its variables (steps.py), a step
                       XLA compiles (compiled.py), what a sandbox may run (safety.py)
-    lean.py           a candidate's graph rearranged to hold fewer bytes at its peak
+    transforms/       a candidate's graph rearranged to hold fewer bytes at its peak (lean
+                      versions: late casts, ordered products, saved in half, ...)
     cache.py          verdicts kept per machine, or in a cost table file
 
 The painter (tf_mpt.rewrite) makes each candidate's graph; nothing here paints.

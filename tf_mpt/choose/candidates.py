@@ -5,7 +5,7 @@
     cost model        the cost model's colouring (the prediction where the target has a table)
     contractions only matrix products and convolutions half, every other op float32
     refined           a half candidate with the op types its profile showed slower float32
-    lean              a candidate rearranged to hold less at its peak (lean.py)
+    lean              a candidate rearranged to hold less at its peak (transforms/)
 
 Each is made by the painter (`rewrite(target, lists, graph)`, the orchestrator's) or by a
 transform of another's graph; nothing here measures or decides.
@@ -17,7 +17,7 @@ from tensorflow.core.framework import graph_pb2
 
 from tf_mpt import _dtypes
 from tf_mpt import lists as _lists
-from tf_mpt.choose import lean as _lean
+from tf_mpt.choose.transforms import lean as _lean
 from tf_mpt.costs import contractions as _contractions
 from tf_mpt.rewrite import casts as _casts
 from tf_mpt.rewrite import type_attrs as _ta
@@ -25,7 +25,7 @@ from tf_mpt.rewrite import type_attrs as _ta
 
 FLOAT32, RULES, COST, CONTRACTIONS = "float32", "rules", "cost model", "contractions only"
 REFINED = "refined"  # the pick with the op types its profile shows slower in half float32
-LEAN = "lean"  # the fastest candidate rearranged to hold less (lean.py)
+LEAN = "lean"  # the fastest candidate rearranged to hold less (transforms/)
 CONTRACTION_OPS = _contractions.NODE_TIMED_OPS | frozenset((
     "Conv3D", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2"))
 

@@ -5,7 +5,7 @@ import dataclasses
 import statistics
 
 from tf_mpt.choose import candidates as _candidates
-from tf_mpt.choose import lean as _lean
+from tf_mpt.choose.transforms import lean as _lean
 from tf_mpt.choose import ledger as _ledger
 from tf_mpt.choose import policy as _policy
 

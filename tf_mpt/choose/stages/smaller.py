@@ -6,7 +6,7 @@ import statistics
 
 from tf_mpt import _dtypes
 from tf_mpt.choose import candidates as _candidates
-from tf_mpt.choose import lean as _lean
+from tf_mpt.choose.transforms import lean as _lean
 from tf_mpt.choose import ledger as _ledger
 from tf_mpt.choose import policy as _policy
 from tf_mpt.choose import when as _when
@@ -182,5 +182,5 @@ def _at_the_goal(kept, versions, times, measured, beside, float32_here, priced=N
 
 def _lean_label(source, changes):
     """How a lean version not kept is named in a verdict's lean_others: its source, and
-    whether it was saved in half from half copies alone (_lean.FROM_COPIES)."""
+    whether it was saved in half from half copies alone (lean.FROM_COPIES)."""
     return f"{source} ({_lean.FROM_COPIES})" if _lean.FROM_COPIES in changes else source
