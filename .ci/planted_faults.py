@@ -35,7 +35,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 RUN_TIMEOUT_SECONDS = 1800
 
 # A fault: (file, text appended to it). Appending redefines a module-level name that the
-# rest of tf_mpt reads at call time (through the module: `policy.pick(...)`).
+# rest of tf_mpt reads at call time (through the module, or a class: `Policy.pick`).
 FAULTS = {
     "empty_allow_list": ("tf_mpt/lists.py", """
 # --- planted fault (.ci/planted_faults.py): the allow lists are empty
@@ -51,8 +51,11 @@ def choose_colouring(over_rules, over_float32, rules_slower, least):
 """),
     "timer_picks_slowest": ("tf_mpt/choose/policy.py", """
 # --- planted fault (.ci/planted_faults.py): the verdict keeps the slowest candidate timed
-def pick(times, predicted, peaks=None, least=False, price=0.0):
+def _planted_pick(self, times, predicted, peaks=None):
     return max(times, key=lambda name: statistics.median(times[name]))
+
+
+Policy.pick = _planted_pick
 """),
     "lean_reads_half_copy": ("tf_mpt/choose/transforms/saving.py", """
 # --- planted fault (.ci/planted_faults.py): the value's early (forward) readers read its
@@ -99,7 +102,7 @@ FAULT_CHECKS = {
     "cost_model_float32": "from tf_mpt.rewrite.paint import cost; "
                           "assert cost.choose_colouring(1.0, 1.0, False, 0.0) == 'float32'",
     "timer_picks_slowest": "from tf_mpt.choose import policy as t; "
-                           "assert t.pick({'a': (1.0,), 'b': (2.0,)}, 'a') == 'b'",
+                           "assert t.DEFAULT.pick({'a': (1.0,), 'b': (2.0,)}, 'a') == 'b'",
     "lean_reads_half_copy": "from tf_mpt.choose.transforms import saving; "
                             "assert saving._saving_plan is not saving._planted_saving_plan",
     "dispatch_times_nothing": "import tensorflow as tf; from tf_mpt.costs import dispatch as d;"

@@ -109,16 +109,16 @@ def test_keras_fit_step_is_timed_and_the_model_trains_only_its_own_steps(monkeyp
         if lean.partition(" (")[0] not in held_over:  # the lean version of the pick or of a
             # colouring near it, holding less: kept unless over MARGIN slower (a tie in time
             # goes to memory)
-            assert float(lean_ms) <= float(beside) * (1 + _policy.MARGIN) * 1.005, \
+            assert float(lean_ms) <= float(beside) * (1 + _policy.DEFAULT.margin) * 1.005, \
                 timed[0]
         else:  # the fastest held more than float32: its lean version, faster than the pick
-            assert float(lean_ms) < float(beside) * (1 - _policy.MARGIN) * 1.005, \
+            assert float(lean_ms) < float(beside) * (1 - _policy.DEFAULT.margin) * 1.005, \
                 timed[0]
     if pick == "refined":  # the refinement won: timed over MARGIN faster than the first pick
         refined, first, beside = re.search(
             r"float32\) ([\d.]+) ms(?: \(peak [^)]*\))? beside ([a-z0-9 ]+) ([\d.]+) ms",
             refinement).groups()
-        assert float(refined) < float(beside) * (1 - _policy.MARGIN) * 1.005, timed[0]
+        assert float(refined) < float(beside) * (1 - _policy.DEFAULT.margin) * 1.005, timed[0]
     # every candidate whose graph differs ran, float32 and the prediction (the cost model's)
     # among them
     assert {"float32", "cost model"} <= set(times) and int(rounds) >= 3, timed[0]
@@ -138,7 +138,7 @@ def test_keras_fit_step_is_timed_and_the_model_trains_only_its_own_steps(monkeyp
     # digits)
     fastest = min(t for n, t in times.items() if n not in over)
     assert first in times and first not in over, timed[0]
-    assert times[first] <= fastest * (1 + _policy.MARGIN) * 1.005, timed[0]
+    assert times[first] <= fastest * (1 + _policy.DEFAULT.margin) * 1.005, timed[0]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert iterations == float32_iterations == STEPS * EPOCHS  # no step ran twice
     assert predicted.dtype == np.float32

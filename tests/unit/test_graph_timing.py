@@ -125,7 +125,7 @@ def test_the_fastest_candidate_is_kept(timed):
     assert "over the prediction (cost model)" in result.report.summary()
     assert set(verdict.times) | set(verdict.same_as) == {
         _candidates.FLOAT32, _candidates.RULES, _candidates.COST, _candidates.CONTRACTIONS}
-    assert all(len(t) >= _policy.MIN_ROUNDS for t in verdict.times.values())
+    assert all(len(t) >= _policy.DEFAULT.min_rounds for t in verdict.times.values())
     assert f"float32 {verdict.median('float32') * 1e3:.3g} ms" in result.report.summary()
 
 
@@ -177,10 +177,10 @@ def test_the_prediction_stays_unless_another_is_clearly_faster(timed):
 def test_a_clear_winner_stops_early_and_a_close_race_runs_every_round(timed):
     timed(lambda g, i: 1e-3 * (1 - 0.1 * _half(g, "MatMul") - 0.05 * _half(g, "Sigmoid")))
     verdict = _rewrite(_mlp()).report.verdict
-    assert {len(t) for t in verdict.times.values()} == {_policy.MIN_ROUNDS}
+    assert {len(t) for t in verdict.times.values()} == {_policy.DEFAULT.min_rounds}
     timed(lambda g, i: 1e-3 * (1.0 + (0.3 if i % 2 else -0.3) - 0.01 * _half(g, "MatMul")))
     verdict = _rewrite(_mlp()).report.verdict
-    assert {len(t) for t in verdict.times.values()} == {_policy.MAX_ROUNDS}
+    assert {len(t) for t in verdict.times.values()} == {_policy.DEFAULT.max_rounds}
 
 
 def test_the_first_rounds_spend_their_share_of_the_budget_and_leave_the_rest(timed):
@@ -190,15 +190,15 @@ def test_the_first_rounds_spend_their_share_of_the_budget_and_leave_the_rest(tim
     timed(lambda g, i: 0.1 * (1.0 + (0.3 if i % 2 else -0.3) - 0.01 * _half(g, "MatMul")))
     verdict = _rewrite(_mlp()).report.verdict
     rounds = {len(t) for t in verdict.times.values()}
-    assert len(rounds) == 1 and rounds.pop() < _policy.MAX_ROUNDS, verdict.times
+    assert len(rounds) == 1 and rounds.pop() < _policy.DEFAULT.max_rounds, verdict.times
     spent = sum(sum(t) for t in verdict.times.values())
     one_round = max(sum(t[k] for t in verdict.times.values())
                     for k in range(len(verdict.times[_candidates.FLOAT32])))
-    share = _policy.FIRST_SHARE * 5
+    share = _policy.DEFAULT.first_share * 5
     assert share < spent <= share + one_round, (spent, share, one_round)
     # (as the variable's documentation says)
     documented = dict((name, doc) for name, _, doc in _config.ENV_VARS)
-    assert f"first rounds spend up to {_policy.FIRST_SHARE:.0%}" in \
+    assert f"first rounds spend up to {_policy.DEFAULT.first_share:.0%}" in \
         documented["TF_MPT_TIMING_BUDGET"]
 
 
@@ -209,7 +209,7 @@ def test_a_graph_too_slow_for_the_budget_keeps_the_prediction_and_says_why(timed
     result = _rewrite(graph_def)
     verdict = result.report.verdict
     assert not verdict.timed and verdict.pick == verdict.predicted == _candidates.COST
-    assert f"do not fit in the {_policy.FIRST_SHARE * 5:.0f} s the rounds may spend of the " \
+    assert f"do not fit in the {_policy.DEFAULT.first_share * 5:.0f} s the rounds may spend of the " \
         "budget (TF_MPT_TIMING_BUDGET)" in verdict.why
     assert "graph not timed (one round of the" in result.report.summary()
     no_timing = tf_mpt.Config.from_env(dict(os.environ, TF_MPT_TIMING_BUDGET="0"))
@@ -232,14 +232,14 @@ def test_where_the_rounds_would_not_fit_a_clearly_slower_candidate_runs_no_more(
     verdict = result.report.verdict
     fastest = min(statistics.median(t) for t in verdict.times.values()) if verdict.timed \
         else half_seconds * 0.95
-    assert (0.6 > fastest * (1.0 + _policy.DROP_SLOWER)) == (half_seconds == 0.25)
+    assert (0.6 > fastest * (1.0 + _policy.DEFAULT.drop_slower)) == (half_seconds == 0.25)
     if half_seconds == 0.55:
         assert not verdict.timed and "do not fit" in verdict.why, verdict.describe()
         return
     assert verdict.timed, verdict.describe()
     assert len(verdict.times[_candidates.FLOAT32]) == 1, verdict.times
     [raced] = {len(t) for name, t in verdict.times.items() if name != _candidates.FLOAT32}
-    assert raced >= _policy.MIN_ROUNDS, verdict.times
+    assert raced >= _policy.DEFAULT.min_rounds, verdict.times
     assert verdict.pick != _candidates.FLOAT32 and result.modified
     line = verdict.describe()
     assert f"median of {raced} rounds" in line and \
@@ -521,7 +521,7 @@ def test_a_tf1_training_graph_is_timed_on_copies_of_its_variables(monkeypatch, t
                                       fetches=["loss", "train"], target="here")
     verdict = result.report.verdict
     assert verdict.timed, verdict.why
-    assert all(len(t) >= _policy.MIN_ROUNDS and min(t) > 0
+    assert all(len(t) >= _policy.DEFAULT.min_rounds and min(t) > 0
                for t in verdict.times.values())
     # each candidate's step peak was read from a traced run's allocation records
     assert set(verdict.times) - {_candidates.REFINED} <= set(verdict.peaks)
@@ -546,7 +546,7 @@ def test_a_tf1_training_graph_is_timed_on_copies_of_its_variables(monkeypatch, t
                    for n in verdict.refined if "T" in nodes[n].attr)
         assert not [n for n in nodes.values() if "_tf_mpt_keep_fp32" in n.attr]
     elif verdict.pick == _candidates.LEAN:  # the fastest held too much: its lean version
-        assert not _policy.over_float32(verdict.peaks, _candidates.LEAN)
+        assert not _policy.DEFAULT.over_float32(verdict.peaks, _candidates.LEAN)
         monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "0")  # (the prediction, not timed again)
         source = expected.get(verdict.lean_from, lambda: tf_mpt.rewrite_graph_def(
             graph.as_graph_def(), dtype="bfloat16", fetches=["loss", "train"],
@@ -663,8 +663,8 @@ def test_each_candidates_step_peak_is_given_beside_its_time(timed, monkeypatch):
     assert set(verdict.peaks) == set(verdict.times) | {_ledger.RESIDENT}
     assert verdict.peaks[_ledger.RESIDENT] == 32 * 1024 * 4  # (the made-up input)
     assert verdict.pick == _candidates.RULES  # the fastest: every layer half
-    assert _policy.over_float32(verdict.peaks, _candidates.RULES)
-    assert not _policy.over_float32(verdict.peaks, _candidates.COST)
+    assert _policy.DEFAULT.over_float32(verdict.peaks, _candidates.RULES)
+    assert not _policy.DEFAULT.over_float32(verdict.peaks, _candidates.COST)
     line = verdict.describe()
     assert "float32 1 ms (peak 10.0 MiB)" in line, line
     assert "rules 0.4 ms (peak 10.3 MiB: over float32's)" in line, line
@@ -742,7 +742,7 @@ def test_a_tie_in_time_goes_to_the_candidate_holding_least(timed, monkeypatch):
     timed(cost, peak=peak)
     verdict = _rewrite(_mlp()).report.verdict
     assert verdict.median(_candidates.RULES) > verdict.median(_candidates.COST) * (
-        1 - _policy.MARGIN)
+        1 - _policy.DEFAULT.margin)
     assert verdict.pick == _candidates.RULES, verdict.describe()
     monkeypatch.setenv("TF_MPT_MEMORY", "any")
     timed(cost, peak=peak)
@@ -750,7 +750,7 @@ def test_a_tie_in_time_goes_to_the_candidate_holding_least(timed, monkeypatch):
 
 
 def test_memory_first_picks_the_candidate_holding_least_not_slower_than_float32():
-    """policy.pick with least (TF_MPT_MEMORY=least): of the candidates whose median is
+    """Policy.pick with least (TF_MPT_MEMORY=least): of the candidates whose median is
     not above float32's, the one holding least; within PEAK_SLACK of that, the fastest; a
     candidate over float32's peak is never kept."""
     rounds = lambda ms: (ms * 1e-3,) * 3  # noqa: E731
@@ -758,17 +758,18 @@ def test_memory_first_picks_the_candidate_holding_least_not_slower_than_float32(
              _candidates.RULES: rounds(9), _candidates.CONTRACTIONS: rounds(11)}
     peaks = {_candidates.FLOAT32: 100, _candidates.COST: 90, _candidates.RULES: 60,
              _candidates.CONTRACTIONS: 40, _ledger.RESIDENT: 0}
-    assert _policy.pick(times, _candidates.COST, peaks) == _candidates.COST
+    least = _policy.Policy(memory="least")
+    assert _policy.DEFAULT.pick(times, _candidates.COST, peaks) == _candidates.COST
     # contractions only holds least but is slower than float32: the rules' colouring
-    assert _policy.pick(times, _candidates.COST, peaks, least=True) == _candidates.RULES
+    assert least.pick(times, _candidates.COST, peaks) == _candidates.RULES
     peaks[_candidates.COST] = 61  # (within PEAK_SLACK of the least: the faster)
-    assert _policy.pick(times, _candidates.COST, peaks, least=True) == _candidates.COST
+    assert least.pick(times, _candidates.COST, peaks) == _candidates.COST
     peaks[_candidates.RULES] = 103  # (over float32's: never)
     peaks[_candidates.COST] = 102
-    assert _policy.pick(times, _candidates.COST, peaks, least=True) == \
+    assert least.pick(times, _candidates.COST, peaks) == \
         _candidates.COST
     peaks[_candidates.COST] = 103
-    assert _policy.pick(times, _candidates.COST, peaks, least=True) == \
+    assert least.pick(times, _candidates.COST, peaks) == \
         _candidates.FLOAT32
 
 
@@ -801,5 +802,5 @@ def test_a_sub_second_budget_reads_as_itself_in_why_a_graph_was_not_timed(timed,
     timed(lambda g, i: 2.0)
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "0.05")
     verdict = _rewrite(_mlp()).report.verdict
-    assert f"do not fit in the {_policy.FIRST_SHARE * 0.05:.3g} s the rounds" in verdict.why
+    assert f"do not fit in the {_policy.DEFAULT.first_share * 0.05:.3g} s the rounds" in verdict.why
     assert "do not fit in the 0.03 s" in verdict.why, verdict.why

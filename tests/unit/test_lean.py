@@ -554,7 +554,7 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
                                         target="here")
     result = rewrite()
     verdict = result.report.verdict
-    assert 0.9 > _policy.SMALLER_ABOVE
+    assert 0.9 > _policy.DEFAULT.smaller_above
     assert _candidates.LEAN in verdict.times, verdict.describe()
     assert kind(result.graph_def) == ("saved" if kept else "products")
     assert verdict.pick == (_candidates.LEAN if kept else verdict.lean_from)
@@ -565,7 +565,7 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
                                          "late casts in loops",
                                          "accumulated in order"} and \
         verdict.lean_changes["saved in half"] >= 2, verdict.lean_changes
-    assert 0.08 < _policy.HALF_MEMORY_PRICE < 0.12
+    assert 0.08 < _policy.DEFAULT.half_memory_price < 0.12
     if kept and lean_cost < 0.62e-3:
         assert "picked lean, 1.64x float32" in verdict.describe(), verdict.describe()
     if kept and lean_cost > 0.62e-3:  # (the line says what the memory cost in time)
@@ -927,7 +927,7 @@ def test_a_tie_in_time_goes_to_another_colourings_lean_version(
                "products": 9 << 20, "products lean": 6 << 20})
     result = rewrite()
     verdict = result.report.verdict
-    assert 1.05 < 1.0 + _policy.SMALLER_WINDOW < 1.2
+    assert 1.05 < 1.0 + _policy.DEFAULT.smaller_window < 1.2
     assert "products lean" in tried, tried
     assert ("rules lean" in tried) == (kept == "rules lean"), tried
     assert kind(result.graph_def) == kept, verdict.describe()
@@ -1031,15 +1031,15 @@ def test_the_memory_goal_is_bought_with_a_bounded_share_of_the_picks_speed(
     result = rewrite()
     verdict = result.report.verdict
     line = verdict.describe()
-    assert 0.6 < _policy.SMALLER_ABOVE < 0.7
-    assert 1.0 + _policy.HALF_MEMORY_PRICE > 0.642 / 0.6 > 1.0 + _policy.MARGIN
+    assert 0.6 < _policy.DEFAULT.smaller_above < 0.7
+    assert 1.0 + _policy.DEFAULT.half_memory_price > 0.642 / 0.6 > 1.0 + _policy.DEFAULT.margin
     assert {"products lean", "products lean from copies"} <= set(tried), tried
     assert kind(result.graph_def) == kept, line
     assert verdict.pick == _candidates.LEAN and verdict.lean_against == "contractions only"
     if kept == "products lean":
         assert "saved in half" in verdict.lean_changes, verdict.lean_changes
         assert verdict.peaks[_candidates.LEAN] == 5 << 20, verdict.peaks
-        assert _share(verdict, _candidates.LEAN) <= _policy.SMALLER_ABOVE < \
+        assert _share(verdict, _candidates.LEAN) <= _policy.DEFAULT.smaller_above < \
             _share(verdict, "contractions only")
         assert f"picked lean, 1.56x float32 (7% slower than contractions only, holding " \
             f"{_share(verdict, _candidates.LEAN):.2f}x float32's peak)" in line, line
@@ -1096,7 +1096,7 @@ def test_a_lean_version_kept_for_memory_is_not_slower_than_float32(monkeypatch, 
     assert "rules lean" in tried, tried
     rules = verdict.same_as.get("rules", "rules")
     assert verdict.median(rules) > verdict.median(_candidates.FLOAT32) and \
-        verdict.median(rules) < verdict.median(_candidates.FLOAT32) * (1 + _policy.MARGIN)
+        verdict.median(rules) < verdict.median(_candidates.FLOAT32) * (1 + _policy.DEFAULT.margin)
     assert kind(result.graph_def) == ("rules lean" if kept else "rules"), verdict.describe()
     assert verdict.pick == (_candidates.LEAN if kept else rules), verdict.describe()
 

@@ -41,6 +41,7 @@ _HERE = _targets.Target(_targets.HERE)
 _STANDING_IN = _targets.Target("table", "/tables/op_costs_zen4.json", stands_in=True)
 _ELSEWHERE = _targets.Target("table", "/tables/sapphire_rapids.json")
 _RULES = _targets.Target(_targets.RULES)
+_BATCH_64 = _policy.Policy(batch=64)  # (what a step timer is called with: its made-up batch)
 
 
 @pytest.mark.parametrize("mode, target, report, timed", [
@@ -88,7 +89,7 @@ def test_auto_times_a_function_whose_saving_rests_on_element_wise_kernels(report
     ELEMENTWISE_SHARE of it: their times come from kernels probed alone, not at the node's
     shapes (the first three rows: the Keras steps' reports of that run, in ms); 'off' times
     none of them, nor a target not measured here."""
-    assert report.predicted_saving >= _policy.THIN * report.predicted_changed
+    assert report.predicted_saving >= _policy.DEFAULT.thin * report.predicted_changed
     assert _when.worth_timing(report, _HERE, "auto") is timed
     assert _when.worth_timing(report, _HERE, "off") is False
     assert _when.worth_timing(dataclasses.replace(report, target="rules"), _RULES,
@@ -173,7 +174,7 @@ def test_auto_times_a_training_step_whose_cost_model_kept_nodes_float32(memory, 
     from tf_mpt.choose import when as _when  # pylint: disable=import-outside-toplevel
     report = _training_report(kept, gradients=gradients)
     assert _when.worth_timing(report, _HERE, "auto") is False  # (not for speed)
-    assert 0.05 < _policy.KEPT_SHARE <= 0.22  # (the rows above sit on either side)
+    assert 0.05 < _policy.DEFAULT.kept_share <= 0.22  # (the rows above sit on either side)
     config = _config.Config.from_env({"TF_MPT_MEMORY": memory, "TF_MPT_TIMING_BUDGET": "5"})
     assert _when.step_applies(config, _HERE, report) is timed
     off = _config.Config.from_env({"TF_MPT_MEMORY": memory, "TF_MPT_STEP_TIMING": "off",
@@ -236,7 +237,8 @@ def test_auto_times_every_training_step_where_memory_has_a_price(memory, price, 
             "it computes gradients and TF_MPT_MEMORY_PRICE=0.1: what it holds for the "
             "backward pass is measured, not predicted")
     # (float32's own lean version is tried for memory where a backward pass reads values)
-    assert _when.prices_float32(config, report) is (bool(price) and gradients)
+    assert _when.prices_float32(_policy.Policy.from_config(config), report) is \
+        (bool(price) and gradients)
 
 
 @pytest.mark.parametrize("environment, dtype, for_this_cpu", [
@@ -317,7 +319,7 @@ def test_each_version_is_timed_on_copies_and_the_scripts_variables_stay_as_they_
     assert peaks["float32"] >= 64 * WIDTH * 4 and peaks["mixed"] > 0, peaks
     assert peaks[_ledger.RESIDENT] == (64 * WIDTH + w.shape.num_elements() +
                                             acc.shape.num_elements()) * 4
-    assert len(times["float32"]) == len(times["mixed"]) >= _policy.MIN_ROUNDS
+    assert len(times["float32"]) == len(times["mixed"]) >= _policy.DEFAULT.min_rounds
     assert all(t > 0 for t in times["float32"] + times["mixed"])
     np.testing.assert_array_equal(acc.numpy(), before)  # the copies were updated, not acc
     np.testing.assert_array_equal(w.numpy(), np.eye(WIDTH, dtype=np.float32) * 0.5)
@@ -343,9 +345,9 @@ def test_a_step_timers_sandbox_serves_every_stage_importing_each_candidate_once(
     monkeypatch.setattr(_step_sandbox, "_import", lambda *a: imported.append(a[2]) or import_(*a))
     timer = _functions._step_timer(cf, False, cf.graph.as_graph_def())  # pylint: disable=W0212
     with caplog.at_level(logging.DEBUG, logger="tf_mpt"):
-        first = timer(versions, 64, 0.5)
-        second = timer({"mixed": versions["mixed"], "lean": other}, 64, 0.5)
-        profiles = timer.profile(versions, 64)
+        first = timer.time(versions, 0.5, _BATCH_64)
+        second = timer.time({"mixed": versions["mixed"], "lean": other}, 0.5, _BATCH_64)
+        profiles = timer.profile(versions, _BATCH_64)
     timer.close()
     # (at DEBUG, each set-up's time: the copies once, each import, each warm-up run)
     said = [r.getMessage() for r in caplog.records]
@@ -362,7 +364,7 @@ def test_a_step_timers_sandbox_serves_every_stage_importing_each_candidate_once(
                for n in versions["mixed"].node), sorted(profiles["mixed"])[:5]
     assert set(profiles["mixed"]) <= names, sorted(set(profiles["mixed"]) - names)[:5]
     np.testing.assert_array_equal(acc.numpy(), before)
-    timer(versions, 64, 0.5)  # (after close(): a sandbox made again)
+    timer.time(versions, 0.5, _BATCH_64)  # (after close(): a sandbox made again)
     timer.close()
     assert len(made) == 2
 
@@ -493,7 +495,7 @@ def test_tf_mpt_function_times_the_candidates_and_runs_the_fastest(monkeypatch, 
         out = mixed(x)
     # the batch of the call; the first rounds' share of the budget; every candidate whose
     # graph differs
-    assert seen == [(64, _policy.FIRST_SHARE * 20.0,
+    assert seen == [(64, _policy.DEFAULT.first_share * 20.0,
                      ["float32", "cost model", "contractions only"])]
     assert out.dtype == tf.float32
     graph = mixed.get_concrete_function(tf.TensorSpec([None, WIDTH], tf.float32)).graph
@@ -603,7 +605,7 @@ def test_an_xla_step_is_timed_as_xla_runs_it_and_its_verdict_says_so(monkeypatch
         return {op.get_attr("T") for op in graph.get_operations() if op.type == "MatMul"}
     products = run(True)
     assert profiled == []
-    assert compiled == [(64, _policy.FIRST_SHARE * 20.0,
+    assert compiled == [(64, _policy.DEFAULT.first_share * 20.0,
                          ["float32", "cost model", "contractions only"])] and executed == []
     assert products == ({tf.float32} if fastest == "float32" else {tf.bfloat16})
     (message,) = [r.getMessage() for r in caplog.records if "timed tf.function" in
@@ -678,7 +680,7 @@ def test_each_candidate_is_compiled_by_xla_once_and_timed_on_copies(monkeypatch)
     versions = _versions(cf)
     times = _compiled.time_compiled(cf, versions, 64, _rounds.rounds, 20.0, sandbox)
     assert set(times) == {"float32", "mixed"}
-    assert len(times["float32"]) == len(times["mixed"]) >= _policy.MIN_ROUNDS
+    assert len(times["float32"]) == len(times["mixed"]) >= _policy.DEFAULT.min_rounds
     runners, compiling = sandbox.runners(versions, 64)
     assert compiling == 0.0  # (the same GraphDefs: compiled once)
     hlo = {name: run.function.experimental_get_compiler_ir()(stage="hlo") for name, run in
@@ -860,9 +862,9 @@ def test_a_step_too_slow_to_time_has_its_peaks_measured_on_its_copies():
     timer = _functions._step_timer(cf, False, cf.graph.as_graph_def())  # pylint: disable=W0212
     try:
         with pytest.raises(_safety.TooSlow, match="do not fit"):
-            timer(versions, 64, 0.0)
+            timer.time(versions, 0.0, _BATCH_64)
         assert timer.peaks == {}
-        runs = timer.peaks_only(versions, 64)
+        runs = timer.peaks_only(versions, _BATCH_64)
     finally:
         timer.close()
     assert set(runs) == {"float32", "mixed"} and all(len(t) == 1 for t in runs.values())

@@ -5,16 +5,18 @@
     when.py           which graphs and traced steps have their candidates timed
     candidates.py     the candidates: float32, the op lists', the cost model's, contractions
                       only, refined, lean; each made by the painter or a transform
-    policy.py         every threshold, and the rules that read them (pick, over_float32,
-                      slower_ops)
+    policy.py         the Policy: every threshold and the user's settings, built once from
+                      the Config; the rules that read them (pick, over_float32, slower_ops)
     ledger.py         what was measured beside the candidates' times (RESIDENT), the budget
     verdict.py        the Verdict: every time and peak, the pick, one line that says them
     stages/           after the first rounds: lean versions (lean.py), smaller ones
                       (smaller.py), the refinement (refinement.py), the peaks of a graph too
                       slow to time (untimed.py)
-    timers/           measuring only: the rounds (rounds.py), a GraphDef's Session sandbox
-                      (graphs.py), a traced step's copies of its variables (steps.py), a step
-                      XLA compiles (compiled.py), what a sandbox may run (safety.py)
+    timers/           measuring only: the Timer protocol (protocol.py) and its two kinds,
+                      a GraphDef's Session sandboxes (graphs.py: GraphTimer) and a traced
+                      step's copies of its variables (step_timer.py: StepTimer, steps.py, or
+                      as XLA compiles it, compiled.py); the rounds (rounds.py); what a
+                      sandbox may run (safety.py)
     transforms/       a candidate's graph rearranged to hold fewer bytes at its peak (lean
                       versions: late casts, ordered products, saved in half, ...)
     cache.py          verdicts kept per machine, or in a cost table file

@@ -76,7 +76,6 @@ from tf_mpt.choose.stages import refinement as _refinement
 from tf_mpt.choose.stages import smaller as _smaller
 from tf_mpt.choose.stages import untimed as _untimed
 from tf_mpt.choose.timers import graphs as _graph_sandbox
-from tf_mpt.choose.timers import rounds as _rounds
 from tf_mpt.choose.timers import safety as _safety
 from tf_mpt.rewrite import graph_view as _graph_view
 from tf_mpt.rewrite import inputs as _inputs
@@ -106,13 +105,11 @@ _FLOAT32_HELD_LESS = ("graph timing: too slow to time; its half colouring and th
 
 def _close(timer):
     """Ends a timer's sandbox where it keeps one open across stages (a traced function's)."""
-    close = getattr(timer, "close", None)
-    if close is not None:
-        try:
-            close()
-        except Exception as error:  # pylint: disable=broad-except
-            _log.info("graph timing could not close its sandbox (%s: %s)",
-                      type(error).__name__, error)
+    try:
+        timer.close()
+    except Exception as error:  # pylint: disable=broad-except
+        _log.info("graph timing could not close its sandbox (%s: %s)",
+                  type(error).__name__, error)
 
 
 def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=None,
@@ -125,17 +122,17 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
     is timed too (refine). Returns the RewriteResult kept, its report's
     `verdict` set (for a table without this graph's verdict: `predicted` as it is).
 
-    timer: None, graph timing's sandbox (timers.graphs.time_candidates), its verdicts cached;
-    or `timer(graphs, batch, budget)` timing {candidate: GraphDef} another way (a traced
-    tf.function's, on copies of its variables), its verdicts cached where it has a
-    `key_graph(graph_def)` attribute (the graph the cache keys it by: a trace's names are
-    its process's; raising NotTimed where it would not be timed); a timer with a
-    `profile(graphs, batch)` attribute ({candidate: {node: seconds}}) can be refined.
+    timer: None, graph timing's sandboxes (timers.graphs.GraphTimer), its verdicts cached;
+    or another timers.protocol.Timer (a traced tf.function's, on copies of its variables:
+    timers.step_timer.StepTimer), its verdicts cached where its key_graph gives a graph
+    (the graph the cache keys it by: a trace's names are its process's; raising NotTimed
+    where it would not be timed); refined where it profiles.
     label: what the INFO line names (a tf.function). shapes: None, or a callable returning
     {node name: output shapes} of `graph_def` (a tf.function's carry its variables' shapes):
     what the lean versions size values by (None: lean.saved_in_half infers them from the
     GraphDef)."""
     dtype = predicted.report.dtype
+    policy = _policy.Policy.from_config(config)
     predicted_name = _candidates.COST if predicted.report.weighed_nodes is not None \
         else _candidates.RULES
     known, source, key = None, "timed", None
@@ -143,30 +140,23 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
         view = _graph_view.GraphView(graph_def)
         names = sorted(_inputs.fetch_node_names(fetches, view) or
                        _inputs.fetch_node_names(None, view))
-        key = _verdicts.fingerprint(graph_def, names, dtype, lists, config.cost_batch,
-                                    _policy.memory_key(config))
+        key = _verdicts.fingerprint(graph_def, names, dtype, lists, policy.batch,
+                                    policy.memory_key())
 
-        peaks = {}  # {candidate: step peak bytes}, filled as candidates are timed
-
-        def timer(graphs, batch, budget):
-            return _graph_sandbox.time_candidates(graphs, names, batch, budget, peaks)
-        timer.profile = lambda graphs, batch: _graph_sandbox.profile_candidates(graphs, names,
-                                                                                batch)
-        timer.peaks_only = lambda graphs, batch: _graph_sandbox.time_candidates(
-            graphs, names, batch, 0.0, peaks, runs=_rounds.first_runs)
-        timer.peaks = peaks
+        timer = _graph_sandbox.GraphTimer(names)
         if target.kind == "table" and not _verdicts.measuring_for_a_table():
             known, source = _verdicts.in_table(target.table, dtype).get(key), "table"
             if known is None:
                 return predicted
         elif target.kind != "table":
             known, source = _verdicts.cached(config, dtype).get(key), "cached"
-    elif getattr(timer, "key_graph", None) is not None:
+    else:
         try:  # (a traced function's, its names made the same in every process; timed on
             # this CPU, so this CPU's cache, whatever table stands in for its kernels)
-            key = _verdicts.fingerprint(timer.key_graph(graph_def), ["(a traced function)"],
-                                        dtype, lists, config.cost_batch,
-                                        _policy.memory_key(config))
+            keyed = timer.key_graph(graph_def)
+            key = None if keyed is None else _verdicts.fingerprint(
+                keyed, ["(a traced function)"], dtype, lists, policy.batch,
+                policy.memory_key())
         except Exception:  # pylint: disable=broad-except
             key = None  # (NotTimed: it is not timed either; else timed, not cached)
         if key is not None:
@@ -192,11 +182,11 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
             graphs[name] = graph
         verdict = None
         if known is not None:
-            verdict = _verdict.Verdict.from_dict(known, source)
+            verdict = _verdict.Verdict.from_dict(known, source, policy)
             if verdict is not None and not verdict.timed:
                 # (a graph too slow to time, its peaks measured instead: the record stands
                 # for the budget it was too slow for, and for its candidates)
-                ok = known.get(CHECKED_BUDGET) == config.timing_budget and \
+                ok = known.get(CHECKED_BUDGET) == policy.budget and \
                     verdict.predicted == predicted_name and \
                     set(verdict.peaks) - {_ledger.RESIDENT, _candidates.LEAN} <= set(graphs) and \
                     (not verdict.lean_from or verdict.lean_from in graphs)
@@ -211,37 +201,36 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
         if verdict is None:
             if len(graphs) == 1:
                 raise _safety.NotTimed("every candidate is the float32 graph")
-            budget = _ledger.Budget(config.timing_budget)
-            times = budget.spend(timer(graphs, config.cost_batch,
-                                       _policy.FIRST_SHARE * config.timing_budget))
-            measured = dict(getattr(timer, "peaks", {}))
-            chosen = _policy.pick(times, same_as.get(predicted_name, predicted_name),
-                                  _policy.bounded_peaks(config, measured),
-                                  _policy.holds_least(config), _policy.memory_price(config))
+            budget = _ledger.Budget(policy.budget)
+            times = budget.spend(timer.time(graphs, policy.first_share * policy.budget,
+                                            policy))
+            measured = dict(timer.peaks)
+            chosen = policy.pick(times, same_as.get(predicted_name, predicted_name),
+                                 policy.bounded_peaks(measured))
             verdict = _verdict.Verdict(times, chosen, predicted_name, "", same_as,
-                                       peaks=measured,
-                                       compiled=bool(getattr(timer, "compiled", False)))
-            if _policy.bounded_peaks(config, measured) and budget.left() > 0:
+                                       peaks=measured, compiled=timer.compiled,
+                                       policy=policy)
+            if policy.bounded_peaks(measured) and budget.left() > 0:
                 try:
-                    verdict = _lean_stage.make_lean(verdict, results, graphs, config,
+                    verdict = _lean_stage.make_lean(verdict, results, graphs, policy,
                                                     lean_inputs, timer, budget)
                 except Exception as error:  # pylint: disable=broad-except
                     _log.info("graph timing did not time a lean candidate (%s: %s)",
                               type(error).__name__, error)
                 try:  # (before the refinement, which would leave it no budget)
-                    verdict = _smaller.make_smaller(verdict, results, config, lean_inputs, timer,
+                    verdict = _smaller.make_smaller(verdict, results, policy, lean_inputs, timer,
                                                     budget, graph_def)
                 except Exception as error:  # pylint: disable=broad-except
                     _log.info("graph timing did not time a smaller candidate (%s: %s)",
                               type(error).__name__, error)
                 chosen = verdict.pick
-            if getattr(timer, "profile", None) and chosen not in (_candidates.FLOAT32,
-                                                                  _candidates.LEAN) and \
-                    not _policy.holds_least(config) and \
-                    budget.left() >= _policy.REFINE_SHARE * config.timing_budget:
+            if timer.profiles and chosen not in (_candidates.FLOAT32,
+                                                 _candidates.LEAN) and \
+                    not policy.least and \
+                    budget.left() >= policy.refine_share * policy.budget:
                 try:
                     verdict = _refinement.refine(graph_def, verdict, results, graphs,
-                                                 rewrite, lists, config, timer, budget)
+                                                 rewrite, lists, policy, timer, budget)
                 except Exception as error:  # pylint: disable=broad-except
                     # (the first rounds' pick stands; NotTimed: a run failed or was stopped)
                     _log.info("graph timing did not refine %s (%s: %s)", chosen,
@@ -255,19 +244,21 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
             results[_candidates.LEAN] = _candidates.lean_again(verdict, results, lean_inputs,
                                                                graph_def)
     except _safety.NotTimed as error:
-        verdict = _verdict.Verdict({}, predicted_name, predicted_name, str(error))
-        if isinstance(error, _safety.TooSlow) and _policy.bounded_peaks(config, {}) is not None:
-            verdict = _untimed.within_float32_untimed(verdict, graphs, results, same_as, config,
+        verdict = _verdict.Verdict({}, predicted_name, predicted_name, str(error),
+                                   policy=policy)
+        if isinstance(error, _safety.TooSlow) and policy.bounded_peaks({}) is not None:
+            verdict = _untimed.within_float32_untimed(verdict, graphs, results, same_as, policy,
                                                       lean_inputs, timer)
             if key is not None and verdict.peaks:
                 _verdicts.store(config, dtype, key,
-                                {**verdict.to_dict(), CHECKED_BUDGET: config.timing_budget})
+                                {**verdict.to_dict(), CHECKED_BUDGET: policy.budget})
     except Exception as error:  # pylint: disable=broad-except
         _state.warn_once(("graph_timing", type(error).__name__),
                          "tf_mpt could not time a graph's candidate colourings (%s: %s); it "
                          "keeps the predicted one", type(error).__name__, error)
         verdict = _verdict.Verdict({}, predicted_name, predicted_name,
-                                   f"timing failed: {type(error).__name__}: {error}")
+                                   f"timing failed: {type(error).__name__}: {error}",
+                                   policy=policy)
     finally:
         _close(timer)
     if label is None:

@@ -35,7 +35,7 @@ def peaks_after(timer, verdict):
     """The peaks after another round of timing: the verdict's stand (the pick was made with
     them; a candidate timed again does not change them), the new version's (refined, lean:
     the last timed) added."""
-    peaks = dict(getattr(timer, "peaks", {}))
+    peaks = dict(timer.peaks)
     peaks.update((name, peak) for name, peak in verdict.peaks.items()
                  if name not in (_candidates.LEAN, _candidates.REFINED))
     return peaks

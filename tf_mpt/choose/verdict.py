@@ -45,6 +45,8 @@ class Verdict:
         memory_price: TF_MPT_MEMORY_PRICE where the lean pick was kept under it (0: none).
         compiled: the candidates were timed as XLA compiles them (a jit_compile step:
             timers.compiled.time_compiled; no step peaks, nor a refinement, are measured there).
+        policy: the Policy it was decided by (policy.Policy; None: the default one), which
+            its line reads (what counts as over float32's peak, as slower).
     """
     times: dict
     pick: str
@@ -64,9 +66,10 @@ class Verdict:
     lean_others: dict = dataclasses.field(default_factory=dict)
     memory_price: float = 0.0
     compiled: bool = False
+    policy: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
-    def from_dict(cls, data, source):
+    def from_dict(cls, data, source, policy=None):
         """A verdict as `to_dict` wrote it (None where it does not read as one)."""
         try:
             times = {str(k): tuple(float(t) for t in v) for k, v in data["times"].items()}
@@ -96,7 +99,7 @@ class Verdict:
                     pick == lean and not (lean_from and lean in peaks and lean_changes)):
                 return None
             return cls({}, pick, predicted, why, {}, source, peaks=peaks, lean_from=lean_from,
-                       lean_changes=lean_changes)
+                       lean_changes=lean_changes, policy=policy)
         if pick not in times or not all(times.values()) or (
                 pick == _candidates.REFINED and
                 not (refined and refined_from in times and beside)) or (
@@ -104,7 +107,12 @@ class Verdict:
             return None
         return cls(times, pick, predicted, "", {}, source, refined, refined_from, refined_ops,
                    beside, peaks, lean_from, lean_against, lean_beside, lean_changes,
-                   lean_others, memory_price, compiled)
+                   lean_others, memory_price, compiled, policy)
+
+    @property
+    def rules(self):
+        """The Policy it was decided by (the default one where none was given)."""
+        return self.policy or _policy.DEFAULT
 
     @property
     def timed(self):
@@ -127,7 +135,7 @@ class Verdict:
         listed = (_candidates.FLOAT32, _candidates.COST, _candidates.RULES,
                   _candidates.CONTRACTIONS)
         parts = [f"{name} {self.median(name) * 1e3:.3g} ms" + (
-                    f" (over {_policy.DROP_SLOWER:.0%} slower: {first[name]} round"
+                    f" (over {self.rules.drop_slower:.0%} slower: {first[name]} round"
                     f"{'s' if first[name] > 1 else ''})" if name in dropped else "") +
                  self._peak(name)
                  for name in sorted(self.times, key=lambda n: (
@@ -148,7 +156,7 @@ class Verdict:
                          f"{self._peak(_candidates.LEAN)} beside {self.lean_against} "
                          f"{statistics.median(self.lean_beside) * 1e3:.3g} ms")
         for name, (median, peak) in self.lean_others.items():
-            mark = ": over float32's" if peak is not None and _policy.over_float32(
+            mark = ": over float32's" if peak is not None and self.rules.over_float32(
                 {**self.peaks, _candidates.LEAN: peak}, _candidates.LEAN) else ""
             held = "" if peak is None else f" (peak {peak / 2**20:.1f} MiB{mark})"
             parts.append(f"{_candidates.LEAN} {name} {median * 1e3:.3g} ms{held}, not kept")
@@ -160,7 +168,7 @@ class Verdict:
                      statistics.median(self.lean_beside) / self.median(_candidates.LEAN))
             speed = f", {ratio:.2f}x float32"
             slower = self.median(_candidates.LEAN) / statistics.median(self.lean_beside) - 1.0
-            if slower > _policy.MARGIN and _candidates.FLOAT32 in self.peaks and \
+            if slower > self.rules.margin and _candidates.FLOAT32 in self.peaks and \
                     _candidates.LEAN in self.peaks:
                 share = (_policy.total_peak(self.peaks, _candidates.LEAN) /
                          _policy.total_peak(self.peaks, _candidates.FLOAT32))
@@ -174,7 +182,7 @@ class Verdict:
                      statistics.median(self.beside) / self.median(_candidates.REFINED))
             speed = f", {ratio:.2f}x float32"
         predicted = self.same_as.get(self.predicted, self.predicted)
-        over = sorted(name for name in self.times if _policy.over_float32(self.peaks, name) and
+        over = sorted(name for name in self.times if self.rules.over_float32(self.peaks, name) and
                       self.median(name) < (self.median(self.pick) or 0))
         held = (f" (faster but over float32's peak: {', '.join(over)})" if over else "")
         how = ", compiled by XLA as the step runs" if self.compiled else ""
@@ -211,7 +219,7 @@ class Verdict:
         if name not in self.peaks:
             return ""
         over = "" if name == _candidates.FLOAT32 or \
-            not _policy.over_float32(self.peaks, name) else ": over float32's"
+            not self.rules.over_float32(self.peaks, name) else ": over float32's"
         return f" (peak {self.peaks[name] / 2**20:.1f} MiB{over})"
 
     def to_dict(self):

@@ -4,12 +4,13 @@
                   budget, or a cost table file that holds verdicts
     step_reason   why a traced tf.function is timed on copies of its variables
                   (TF_MPT_STEP_TIMING: auto, always, off), or None
-    timing_reason the prediction's own grounds: a saving too thin to trust (THIN), one made
-                  of element-wise kernels probed alone (ELEMENTWISE_SHARE)
+    timing_reason the prediction's own grounds: a saving too thin to trust (`thin`), one made
+                  of element-wise kernels probed alone (`elementwise_share`)
 
-The thresholds are policy.py's; nothing here measures.
+The thresholds are the Policy's (policy.py); nothing here measures.
 """
 
+from tf_mpt import targets as _targets
 from tf_mpt.choose import cache as _verdicts
 from tf_mpt.choose import policy as _policy
 
@@ -19,48 +20,51 @@ from tf_mpt.choose import policy as _policy
 _GRADIENT_SCOPES = ("gradient_tape", "gradients")
 
 
-def worth_timing(report, target, mode):
+def worth_timing(report, target, mode, policy=None):
     """Whether a function rewritten with `report` for `target` (a resolved
     tf_mpt.targets.Target) is timed under TF_MPT_STEP_TIMING=`mode` (timing_reason)."""
-    return timing_reason(report, target, mode) is not None
+    policy = policy or _policy.DEFAULT
+    return timing_reason(report, target, mode, policy) is not None
 
 
-def timing_reason(report, target, mode):
+def timing_reason(report, target, mode, policy=None):
     """Why a function rewritten with `report` for `target` is timed under
     TF_MPT_STEP_TIMING=`mode`, or None: never with 'off', nor where the decisions were not
     made for this CPU (target.for_this_cpu: not for `rules` or a cost table of another
     machine), nor where nothing was converted; with 'always' otherwise; with 'auto' where
-    the predicted saving is below THIN of the kernel and Cast times it adds up, or where
-    half kernels other than contractions make over ELEMENTWISE_SHARE of it
+    the predicted saving is below `thin` of the kernel and Cast times it adds up, or where
+    half kernels other than contractions make over `elementwise_share` of it
     (report.predicted_elementwise: probed alone, not timed at the node's shapes)."""
+    policy = policy or _policy.DEFAULT
     if (mode == "off" or report is None or not report.converted_nodes
             or not target.for_this_cpu):
         return None
     if mode == "always":
         return "TF_MPT_STEP_TIMING=always"
     saving, changed = report.predicted_saving, report.predicted_changed
-    if saving < _policy.THIN * changed:
+    if saving < policy.thin * changed:
         return (f"its predicted saving, {saving * 1e3:.3g} ms per run, is under "
-                f"{_policy.THIN:.0%} of the {changed * 1e3:.3g} ms of kernel and Cast times it "
+                f"{policy.thin:.0%} of the {changed * 1e3:.3g} ms of kernel and Cast times it "
                 "adds up")
-    if report.predicted_elementwise > _policy.ELEMENTWISE_SHARE * saving:
+    if report.predicted_elementwise > policy.elementwise_share * saving:
         return (f"{report.predicted_elementwise * 1e3:.3g} ms of its predicted saving of "
-                f"{saving * 1e3:.3g} ms per run (over {_policy.ELEMENTWISE_SHARE:.0%}) is half "
+                f"{saving * 1e3:.3g} ms per run (over {policy.elementwise_share:.0%}) is half "
                 "kernels other than matrix products and convolutions, each probed alone, not at "
                 "the graph's shapes")
     return None
 
 
-def holds_float32_for_gradients(report):
+def holds_float32_for_gradients(report, policy=None):
     """Whether a function rewritten with `report` computes gradients (a node in a gradient
-    name scope: _GRADIENT_SCOPES) and the cost model kept float32 at least KEPT_SHARE of the
+    name scope: _GRADIENT_SCOPES) and the cost model kept float32 at least `kept_share` of the
     nodes it weighed: a training step whose forward values the backward pass reads may be
     held in float32, where the op lists' colouring (or a lean version) could hold them in
     half at nearly the same speed; TF_MPT_STEP_TIMING=auto times it where the peak is
     bounded (when.step_applies)."""
+    policy = policy or _policy.DEFAULT
     if report is None or not report.weighed_nodes or not report.weighed_nodes[0]:
         return False
-    if report.kept_by_cost_model < _policy.KEPT_SHARE * report.weighed_nodes[0]:
+    if report.kept_by_cost_model < policy.kept_share * report.weighed_nodes[0]:
         return False
     return computes_gradients(report)
 
@@ -84,11 +88,17 @@ def holds_half_loop_buffers_for_gradients(report):
     return buffers if buffers and computes_gradients(report) else 0
 
 
+def timed_here(config, target):
+    """Whether a rewrite for the resolved `target` times its candidates: only where its
+    decisions are for this CPU as measured (`here`) and the budget is not 0."""
+    return config.timing_budget > 0 and target.kind == _targets.HERE
+
+
 def applies(config, target, dtype):
     """Whether a rewrite for the resolved `target` goes through `decide`: for this CPU
     (`here`) with a budget; for a cost table file that holds verdicts (`tf-mpt measure
     --model`), or while such a table is being measured."""
-    if _policy.timed_here(config, target):
+    if timed_here(config, target):
         return True
     return target.kind == "table" and target.table is not None and (
         _verdicts.measuring_for_a_table() or bool(_verdicts.in_table(target.table, dtype)))
@@ -111,28 +121,29 @@ def step_reason(config, target, report, compiled=False):
     TF_MPT_MEMORY_PRICE, for every step computing gradients; `compiled`, a step XLA compiles:
     always, the cost model's kernel times being TensorFlow's kernels', not XLA's) and the
     budget is not 0."""
-    if config.timing_budget <= 0:
+    policy = _policy.Policy.from_config(config)
+    if policy.budget <= 0:
         return None
-    mode = config.step_timing
-    reason = timing_reason(report, target, mode)
+    mode = policy.step_timing
+    reason = timing_reason(report, target, mode, policy)
     if reason is not None or mode != "auto" or \
-            timing_reason(report, target, "always") is None:
+            timing_reason(report, target, "always", policy) is None:
         return reason
     if compiled:
         return ("XLA compiles it (jit_compile): the cost model adds up TensorFlow's kernels, "
                 "not what XLA makes of the step (on a CPU it computes half contractions in "
                 "float32 between converts)")
-    if _policy.holds_least(config):
+    if policy.least:
         return "TF_MPT_MEMORY=least: what each candidate holds is measured, not predicted"
-    if prices_float32(config, report):
-        return (f"it computes gradients and TF_MPT_MEMORY_PRICE={config.memory_price:g}: what "
+    if prices_float32(policy, report):
+        return (f"it computes gradients and TF_MPT_MEMORY_PRICE={policy.memory_price:g}: what "
                 "it holds for the backward pass is measured, not predicted")
-    if config.memory == "float32" and holds_float32_for_gradients(report):
+    if policy.memory == "float32" and holds_float32_for_gradients(report, policy):
         return (f"it computes gradients and the cost model kept {report.kept_by_cost_model} "
                 f"of the {report.weighed_nodes[0]} nodes it weighed float32: what it holds "
                 "for the backward pass is measured, not predicted")
     buffers = holds_half_loop_buffers_for_gradients(report) \
-        if config.memory == "float32" else 0
+        if policy.memory == "float32" else 0
     if buffers:
         return (f"it computes gradients through a loop with {buffers} buffer(s) (TensorLists, "
                 "loop variables) kept half: what its iterations hold for the backward pass "
@@ -140,10 +151,10 @@ def step_reason(config, target, report, compiled=False):
     return None
 
 
-def prices_float32(config, report):
+def prices_float32(policy, report):
     """Whether float32's own lean version is tried for memory (TF_MPT_MEMORY_PRICE set) in a
-    graph rewritten with `report`: where it computes gradients (
-    computes_gradients), since a lean version holds in half what a backward pass reads late
+    graph rewritten with `report` under `policy` (a Policy): where it computes gradients
+    (computes_gradients), since a lean version holds in half what a backward pass reads late
     (an inference step's float32 graph has next to nothing to save, and its timing would
     spend the budget for nothing: a Keras evaluate step's did)."""
-    return bool(_policy.memory_price(config)) and computes_gradients(report)
+    return bool(policy.price) and computes_gradients(report)

@@ -26,12 +26,7 @@ from tf_mpt import config as _config
 from tf_mpt import rewrite as _rewrite
 from tf_mpt import targets as _targets
 from tf_mpt._process import xla as _xla
-from tf_mpt.choose import candidates as _candidates
-from tf_mpt.choose import policy as _policy
-from tf_mpt.choose.timers import compiled as _compiled
-from tf_mpt.choose.timers import rounds as _rounds
-from tf_mpt.choose.timers import safety as _safety
-from tf_mpt.choose.timers import steps as _step_sandbox
+from tf_mpt.choose.timers import step_timer as _step_timers
 from tf_mpt.rewrite import function_bodies as _function_library
 from tf_mpt.rewrite import type_attrs as _ta
 from tf_mpt.rewrite.paint import shapes as _shapes
@@ -126,81 +121,14 @@ def _rewrite_concrete(cf, dtype, config, jit_compile, target, timed=False, name=
 
 
 def _step_timer(cf, jit_compile, graph_def):
-    """decision.decide's timer for `cf`'s candidates: timers.steps.time_versions on copies of
-    its variables, each half candidate's library functions named apart (the eager context
-    holds the float32 ones under their names); its `profile` attribute, the per-node profile
-    the refinement reads (timers.steps.profile_versions); its `peaks`, each candidate's step
-    peak as timed (the memory criterion's); its `peaks_only`, the peaks of a step too slow
-    to time (one first run and one traced run each). One sandbox serves every call until
-    `close()` (decide's stages: a candidate timed again is not imported or set up again)."""
-    compiled = bool(jit_compile)  # timed as XLA runs it (timers.compiled.time_compiled)
-
-    def check():
-        if tf.distribute.has_strategy():
-            raise _safety.NotTimed("it runs under a tf.distribute strategy, on devices the "
-                                   "timing would not use")
-
-    named_apart = {}  # {id(GraphDef): (the GraphDef, its copy named apart)}, held for reuse
-
-    def apart(graphs):
-        out = {}
-        for name, graph in graphs.items():
-            if name == _candidates.FLOAT32:
-                out[name] = graph
-                continue
-            if id(graph) not in named_apart:
-                named_apart[id(graph)] = (graph, _rename_library(
-                    graph, f"_tf_mpt_t{len(named_apart) + 1}"))
-            out[name] = named_apart[id(graph)][1]
-        return out
-
-    peaks = {}  # {candidate: step peak bytes}, filled as candidates are timed
-    # (set up at its first use)
-    sandbox = _compiled.CompiledSandbox(cf, _compiled_candidate) if compiled else \
-        _step_sandbox.Sandbox(cf)
-
-    def timer(graphs, batch, budget):
-        check()
-        if compiled:  # (no allocation records under XLA: no peaks)
-            return _compiled.time_compiled(cf, apart(graphs), batch, _rounds.rounds,
-                                         budget, sandbox)
-        return _step_sandbox.time_versions(cf, apart(graphs), batch, _rounds.rounds, budget,
-                                     peaks, sandbox=sandbox)
-
-    def profile(graphs, batch):
-        check()
-        return _step_sandbox.profile_versions(cf, apart(graphs), batch, _policy.PROFILE_RUNS,
-                                        sandbox=sandbox)
-
-    def peaks_only(graphs, batch):
-        check()
-        if compiled:
-            raise _safety.NotTimed("XLA runs it: its steps' allocations are not recorded")
-        return _step_sandbox.time_versions(cf, apart(graphs), batch, _rounds.first_runs, 0.0,
-                                     peaks, sandbox=sandbox)
-
-    def key_graph(graph_def):
-        check()  # (a verdict is read only where the function could be timed)
-        key = _canonical(graph_def, cf)
-        if compiled:  # (a verdict timed under XLA is not one timed without it)
-            key.node.add(name="_tf_mpt_compiled_by_xla", op="NoOp")
-        return key
-
-    def close():
-        sandbox.close()
-        named_apart.clear()
-    # (XLA fuses the nodes a profile would time one by one: no refinement by op type)
-    timer.profile = None if compiled else profile
-    timer.compiled = compiled
-    # (a step whose graph calls a function XLA compiles, e.g. Keras's predict loop calling
-    # its jit_compile step: timed whatever the cost model predicts, in the Session sandbox,
-    # which compiles that call as the step's run does)
-    timer.calls_compiled = compiled or _calls_compiled(graph_def)  # (`cf`'s, as traced)
-    timer.peaks_only = peaks_only
-    timer.peaks = peaks
-    timer.key_graph = key_graph
-    timer.close = close
-    return timer
+    """decision.decide's timer for `cf`'s candidates (timers.step_timer.StepTimer): on copies
+    of its variables, or as XLA compiles them where `jit_compile`; `graph_def`, `cf`'s as
+    traced, says whether it calls a function XLA compiles (Keras's predict loop calling its
+    jit_compile step: timed whatever the cost model predicts, in the Session sandbox, which
+    compiles that call as the step's run does)."""
+    return _step_timers.StepTimer(
+        cf, bool(jit_compile), _rename_library, _compiled_candidate,
+        lambda graph: _canonical(graph, cf), _calls_compiled(graph_def))
 
 
 def _calls_compiled(graph_def):

@@ -7,7 +7,6 @@ import statistics
 from tf_mpt.choose import candidates as _candidates
 from tf_mpt.choose.transforms import lean as _lean
 from tf_mpt.choose import ledger as _ledger
-from tf_mpt.choose import policy as _policy
 
 
 def lean_versions(graph_def, lean_inputs, tried):
@@ -25,7 +24,7 @@ def lean_versions(graph_def, lean_inputs, tried):
         yield graph, changes
 
 
-def make_lean(verdict, results, graphs, config, lean_inputs, timer, budget):
+def make_lean(verdict, results, graphs, policy, lean_inputs, timer, budget):
     """Where the first rounds' fastest candidate is over float32's peak: its weight
     gradients' products ordered (lean.lean's cheapest version, `only_ordered`), then where
     that is still over its lean version (lean.lean, with `lean_inputs`, its lists and
@@ -40,34 +39,34 @@ def make_lean(verdict, results, graphs, config, lean_inputs, timer, budget):
     search before the cost model's, within at 2.2x); of those kept, the fastest against the
     pick. Returns the verdict, with the kept lean version's record, else the last one timed;
     `results` gets its RewriteResult."""
-    fastest = _policy.pick(verdict.times,
-                           verdict.same_as.get(verdict.predicted, verdict.predicted))
+    fastest = policy.pick(verdict.times,
+                          verdict.same_as.get(verdict.predicted, verdict.predicted))
     if fastest in (verdict.pick, _candidates.FLOAT32) or \
-            not _policy.over_float32(verdict.peaks, fastest):
+            not policy.over_float32(verdict.peaks, fastest):
         return verdict  # (the pick is another for a tie in time: it holds less)
     against, tried = verdict.pick, []
-    bound = statistics.median(verdict.times[against]) * (1.0 - _policy.MARGIN)
+    bound = statistics.median(verdict.times[against]) * (1.0 - policy.margin)
     over = sorted((name for name in graphs if name != _candidates.FLOAT32 and
-                   _policy.over_float32(verdict.peaks, name) and
+                   policy.over_float32(verdict.peaks, name) and
                    statistics.median(verdict.times[name]) < bound),
                   key=lambda name: (name != fastest, statistics.median(verdict.times[name])))
     best = None  # (verdict, its lean version's time over the pick's, RewriteResult)
     first = statistics.median(verdict.times[against])
     for source in over:
         if best is not None and statistics.median(verdict.times[source]) / first >= \
-                best[1] * (1.0 - _policy.MARGIN):
+                best[1] * (1.0 - policy.margin):
             continue  # (its lean versions cannot be over MARGIN faster than the kept one)
         for graph, changes in lean_versions(graphs[source], lean_inputs, tried):
             left = budget.left()
             if left <= 0:
                 break
-            times = budget.spend(timer({against: graphs[against], _candidates.LEAN: graph},
-                                       config.cost_batch, left))
+            times = budget.spend(timer.time({against: graphs[against], _candidates.LEAN: graph},
+                                            left, policy))
             result = _candidates.lean_result(results[source], graph)
             peaks = _ledger.peaks_after(timer, verdict)
-            within = not _policy.over_float32(peaks, _candidates.LEAN)
+            within = not policy.over_float32(peaks, _candidates.LEAN)
             ratio = statistics.median(times[_candidates.LEAN]) / statistics.median(times[against])
-            kept = within and ratio < 1.0 - _policy.MARGIN and (best is None or ratio < best[1])
+            kept = within and ratio < 1.0 - policy.margin and (best is None or ratio < best[1])
             if kept or best is None:
                 recorded = dataclasses.replace(
                     verdict, times={**verdict.times, _candidates.LEAN: times[_candidates.LEAN]},

@@ -6,10 +6,9 @@ import statistics
 
 from tf_mpt.choose import candidates as _candidates
 from tf_mpt.choose import ledger as _ledger
-from tf_mpt.choose import policy as _policy
 
 
-def refine(graph_def, verdict, results, graphs, rewrite, lists, config, timer, budget):
+def refine(graph_def, verdict, results, graphs, rewrite, lists, policy, timer, budget):
     """The refinement of the pick (`verdict.pick`, a half candidate): the op types whose half
     nodes its per-node profile shows slower than their float32 nodes (policy.
     slower_ops) kept float32, that candidate timed beside the pick within what is left of
@@ -19,22 +18,23 @@ def refine(graph_def, verdict, results, graphs, rewrite, lists, config, timer, b
     half_nodes = {name: d.op for name, d in results[chosen].report.decisions.items()
                   if d.converted}
     profiles = timer.profile({_candidates.FLOAT32: graph_def, chosen: graphs[chosen]},
-                             config.cost_batch)
-    slow = _policy.slower_ops(profiles[chosen], profiles[_candidates.FLOAT32], half_nodes)
+                             policy)
+    slow = policy.slower_ops(profiles[chosen], profiles[_candidates.FLOAT32], half_nodes)
     if not slow:
         return verdict
     keep = tuple(sorted(n for _, _, nodes in slow.values() for n in nodes))
     refined = _candidates.keeping_float32(graph_def, keep, chosen, rewrite, lists)
     if refined.graph_def == graphs[chosen]:
         return verdict
-    times = budget.spend(timer({chosen: graphs[chosen], _candidates.REFINED: refined.graph_def},
-                               config.cost_batch, budget.left()))
+    times = budget.spend(timer.time({chosen: graphs[chosen],
+                                     _candidates.REFINED: refined.graph_def},
+                                    budget.left(), policy))
     results[_candidates.REFINED] = refined
     peaks = _ledger.peaks_after(timer, verdict)
     faster = statistics.median(times[_candidates.REFINED]) < \
-        statistics.median(times[chosen]) * (1.0 - _policy.MARGIN) and \
-        not (_policy.bounded_peaks(config, peaks) and
-             _policy.over_float32(peaks, _candidates.REFINED))
+        statistics.median(times[chosen]) * (1.0 - policy.margin) and \
+        not (policy.bounded_peaks(peaks) and
+             policy.over_float32(peaks, _candidates.REFINED))
     return dataclasses.replace(
         verdict, times={**verdict.times, _candidates.REFINED: times[_candidates.REFINED]},
         pick=_candidates.REFINED if faster else chosen, refined=keep, refined_from=chosen,

@@ -12,7 +12,7 @@ from tf_mpt.choose import policy as _policy
 from tf_mpt.choose import when as _when
 
 
-def make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_graph):
+def make_smaller(verdict, results, policy, lean_inputs, timer, budget, float32_graph):
     """Where no lean version was kept and the pick is a half candidate holding more than
     SMALLER_ABOVE of float32's peak (TF_MPT_MEMORY=least: any half pick): the lean versions
     without ordered products (lean.lean, with `lean_inputs`, its lists and shapes:
@@ -46,9 +46,9 @@ def make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_g
     SMALLER_ABOVE not over the price slower than float32 is affordable (_at_the_goal's
     `priced`; least: the bound of the one holding least)."""
     chosen, peaks = verdict.pick, verdict.peaks
-    goal = 0.0 if _policy.holds_least(config) else _policy.SMALLER_ABOVE
-    price = _policy.memory_price(config)
-    own = _when.prices_float32(config, results[verdict.predicted].report)
+    goal = 0.0 if policy.least else policy.smaller_above
+    price = policy.price
+    own = _when.prices_float32(policy, results[verdict.predicted].report)
     if chosen == _candidates.LEAN or (chosen == _candidates.FLOAT32 and not own) or \
             chosen not in peaks or _candidates.FLOAT32 not in peaks or \
             _policy.total_peak(peaks, chosen) <= \
@@ -56,15 +56,15 @@ def make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_g
         return verdict
     medians = {name: statistics.median(t) for name, t in verdict.times.items()}
     window = medians[_candidates.FLOAT32] * (1.0 + price) \
-        if _policy.holds_least(config) and _candidates.FLOAT32 in medians else \
-        medians[chosen] * (1.0 + _policy.SMALLER_WINDOW)
-    if price and not _policy.holds_least(config) and _candidates.FLOAT32 in medians:
+        if policy.least and _candidates.FLOAT32 in medians else \
+        medians[chosen] * (1.0 + policy.smaller_window)
+    if price and not policy.least and _candidates.FLOAT32 in medians:
         window = max(window, medians[_candidates.FLOAT32] * (1.0 + price))
     sources = [chosen] + sorted(
         (name for name in medians
          if name not in (chosen, _candidates.FLOAT32, _candidates.LEAN, _candidates.REFINED) and
          results.get(name) is not None and medians[name] <= window and
-         not _policy.over_float32(peaks, name)),
+         not policy.over_float32(peaks, name)),
         key=medians.get)
     if own and chosen != _candidates.FLOAT32:  # (float32's own: compute float32, saved in half)
         sources.append(_candidates.FLOAT32)
@@ -88,36 +88,36 @@ def make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_g
     timed = {chosen: _candidates.graph_of(chosen, results, float32_graph)}
     timed.update((key, graph) for key, (_, graph, _) in versions.items())
     # (float32's time bounds them: measured in the same rounds)
-    if _policy.holds_least(config) or price:
+    if policy.least or price:
         timed[_candidates.FLOAT32] = float32_graph
-    times = budget.spend(timer(timed, config.cost_batch, left))
+    times = budget.spend(timer.time(timed, left, policy))
     measured = _ledger.peaks_after(timer, verdict)
     beside = statistics.median(times[chosen])
     # (float32's median in these rounds, with the price: least's bound, and the default's
     # for a version reaching the goal where a price is set)
     priced = statistics.median(times[_candidates.FLOAT32]) * (1.0 + price) \
-        if _policy.holds_least(config) or price else None
-    bound = priced if _policy.holds_least(config) else beside * (1.0 + _policy.MARGIN)
+        if policy.least or price else None
+    bound = priced if policy.least else beside * (1.0 + policy.margin)
     # (default: nor slower than float32, its first rounds' median scaled to these rounds by
     # the pick's: a pick kept as the prediction within MARGIN of float32 leaves no room for
     # more; MobileNetV2's fit step on Sapphire Rapids, the cost model's colouring 2.6% slower
     # than float32 and its lean version 1.8%, ran its fit at 0.89x-0.93x float32's speed)
     float32_here = medians[_candidates.FLOAT32] * beside / medians[chosen] \
         if _candidates.FLOAT32 in medians else None
-    if not _policy.holds_least(config) and float32_here is not None:
+    if not policy.least and float32_here is not None:
         bound = min(bound, float32_here)
     smaller = [key for key in versions
                if key in measured and statistics.median(times[key]) <= bound and
                _policy.total_peak(measured, key) <
-               _policy.total_peak(measured, chosen) * (1.0 - _policy.PEAK_SLACK)]
+               _policy.total_peak(measured, chosen) * (1.0 - policy.peak_slack)]
     kept = None
     if smaller:
         fewest = min(_policy.total_peak(measured, key) for key in smaller)
         kept = min((key for key in smaller
-                    if _policy.total_peak(measured, key) <= fewest * (1.0 + _policy.PEAK_SLACK)),
+                    if _policy.total_peak(measured, key) <= fewest * (1.0 + policy.peak_slack)),
                    key=lambda key: statistics.median(times[key]))
-    if not _policy.holds_least(config):
-        kept = _at_the_goal(kept, versions, times, measured, beside, float32_here,
+    if not policy.least:
+        kept = _at_the_goal(policy, kept, versions, times, measured, beside, float32_here,
                             priced if price else None) or kept
     record = kept or next((key for key, (source, _, _) in versions.items()
                            if source == chosen), next(iter(versions)))
@@ -127,12 +127,11 @@ def make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_g
     peaks = {name: peak for name, peak in measured.items() if name not in versions}
     if record in measured:
         peaks[_candidates.LEAN] = measured[record]
-    stand = getattr(timer, "peaks", None)  # (what a refinement's peaks_after reads)
-    if isinstance(stand, dict):
-        for key in versions:
-            stand.pop(key, None)
-        if _candidates.LEAN in peaks:
-            stand[_candidates.LEAN] = peaks[_candidates.LEAN]
+    # (what a refinement's peaks_after reads: the versions' keys as the kept one's LEAN)
+    for key in versions:
+        timer.peaks.pop(key, None)
+    if _candidates.LEAN in peaks:
+        timer.peaks[_candidates.LEAN] = peaks[_candidates.LEAN]
     others = {_lean_label(versions[key][0], versions[key][2]):
               (statistics.median(times[key]), measured.get(key))
               for key in versions if key != record}
@@ -146,7 +145,8 @@ def make_smaller(verdict, results, config, lean_inputs, timer, budget, float32_g
         lean_others=others, memory_price=price if kept else 0.0)
 
 
-def _at_the_goal(kept, versions, times, measured, beside, float32_here, priced=None):
+def _at_the_goal(policy, kept, versions, times, measured, beside, float32_here,
+                 priced=None):
     """Where `kept` (a key of `versions`, or None) holds over SMALLER_ABOVE of float32's peak:
     the fastest of `versions` (within MARGIN of it: the one holding least) that holds within
     it, not over HALF_MEMORY_PRICE slower than the pick (`times`: the rounds make_smaller
@@ -156,15 +156,15 @@ def _at_the_goal(kept, versions, times, measured, beside, float32_here, priced=N
     the price; None where no price is set), or None."""
     if _candidates.FLOAT32 not in measured or (float32_here is None and priced is None):
         return None
-    goal = _policy.SMALLER_ABOVE * _policy.total_peak(measured, _candidates.FLOAT32)
+    goal = policy.smaller_above * _policy.total_peak(measured, _candidates.FLOAT32)
     if kept is not None and _policy.total_peak(measured, kept) <= goal:
         return None
 
     def affordable(key):
         median = statistics.median(times[key])
         return (float32_here is not None and
-                median <= beside * (1.0 + _policy.HALF_MEMORY_PRICE) and
-                median * (1.0 + _policy.MARGIN) <= float32_here) or \
+                median <= beside * (1.0 + policy.half_memory_price) and
+                median * (1.0 + policy.margin) <= float32_here) or \
             (priced is not None and median <= priced)
     at_goal = [key for key in versions
                if key in measured and _policy.total_peak(measured, key) <= goal and
@@ -176,7 +176,7 @@ def _at_the_goal(kept, versions, times, measured, beside, float32_here, priced=N
     # tensors under fit)
     fastest = min(statistics.median(times[key]) for key in at_goal)
     return min((key for key in at_goal
-                if statistics.median(times[key]) <= fastest * (1.0 + _policy.MARGIN)),
+                if statistics.median(times[key]) <= fastest * (1.0 + policy.margin)),
                key=lambda key: _policy.total_peak(measured, key))
 
 

@@ -6,42 +6,40 @@ import logging
 
 from tf_mpt.choose import candidates as _candidates
 from tf_mpt.choose import ledger as _ledger
-from tf_mpt.choose import policy as _policy
 from tf_mpt.choose.stages import lean as _lean_stage
 
 _log = logging.getLogger("tf_mpt.rewrite")
 
 
-def within_float32_untimed(verdict, graphs, results, same_as, config, lean_inputs, timer):
+def within_float32_untimed(verdict, graphs, results, same_as, policy, lean_inputs, timer):
     """The memory check of a graph too slow to time (`verdict`: not timed, keeping the
     prediction) under TF_MPT_MEMORY=float32 or least: the peaks of float32 and of the
     prediction, one traced run each after a first run (the timer's `peaks_only`). Where the
-    prediction's is over float32's (by over PEAK_SLACK), its lean versions in make_lean's
+    prediction's is over float32's (by over policy.peak_slack), its lean versions in make_lean's
     order (ordered products alone, lean, leaner) are measured and the first within float32's
     peak is kept; where none is, float32 is. Their speed is not measured. Returns the
     verdict, its peaks (and its lean version's record where one was measured) set; `results`
     gets a kept lean version's RewriteResult. Where the check fails, `verdict` as it was."""
-    measure = getattr(timer, "peaks_only", None)
     source = same_as.get(verdict.predicted, verdict.predicted)
-    if measure is None or source == _candidates.FLOAT32 or source not in graphs:
+    if source == _candidates.FLOAT32 or source not in graphs:
         return verdict
     try:
-        measure({_candidates.FLOAT32: graphs[_candidates.FLOAT32], source: graphs[source]},
-                config.cost_batch)
+        timer.peaks_only({_candidates.FLOAT32: graphs[_candidates.FLOAT32],
+                          source: graphs[source]}, policy)
         peaks = {name: peak for name, peak in timer.peaks.items()
                  if name in (_candidates.FLOAT32, source, _ledger.RESIDENT)}
         if _candidates.FLOAT32 not in peaks or source not in peaks:
             return verdict
-        if not _policy.over_float32(peaks, source):
+        if not policy.over_float32(peaks, source):
             return dataclasses.replace(verdict, peaks=peaks)
         for graph, changes in _lean_stage.lean_versions(graphs[source], lean_inputs, []):
-            measure({_candidates.LEAN: graph}, config.cost_batch)
+            timer.peaks_only({_candidates.LEAN: graph}, policy)
             if _candidates.LEAN not in timer.peaks:
                 break
             peaks[_candidates.LEAN] = timer.peaks[_candidates.LEAN]
             verdict = dataclasses.replace(verdict, peaks=dict(peaks), lean_from=source,
                                           lean_changes=dict(changes))
-            if not _policy.over_float32(peaks, _candidates.LEAN):
+            if not policy.over_float32(peaks, _candidates.LEAN):
                 results[_candidates.LEAN] = _candidates.lean_result(results[source], graph)
                 return dataclasses.replace(verdict, pick=_candidates.LEAN)
         return dataclasses.replace(verdict, pick=_candidates.FLOAT32, peaks=dict(peaks))

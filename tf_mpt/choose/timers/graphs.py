@@ -14,12 +14,14 @@ the batch, or a dtype with no made-up value (strings). It then keeps the predict
 the report says why.
 """
 
-from tensorflow.core.framework import types_pb2
+import functools
+
 import numpy as np
+from tensorflow.core.framework import types_pb2
 
 from tf_mpt._process import state as _state
 from tf_mpt.choose import ledger as _ledger
-from tf_mpt.choose import policy as _policy
+from tf_mpt.choose.timers import protocol as _protocol
 from tf_mpt.choose.timers import rounds as _rounds
 from tf_mpt.choose.timers import safety as _safety
 from tf_mpt.choose.timers import steps as _step_sandbox
@@ -263,14 +265,14 @@ def time_candidates(graph_defs, fetches, batch, budget_seconds, peaks=None, runs
     return _in_sandboxes(graph_defs, fetches, batch, use)
 
 
-def profile_candidates(graph_defs, fetches, batch):
+def profile_candidates(graph_defs, fetches, batch, runs):
     """{candidate: {node name: seconds}}: per node of each of {candidate: GraphDef}, the
-    fastest of PROFILE_RUNS traced runs after a warm-up run (the node names Grappler's graph
+    fastest of `runs` traced runs after a warm-up run (the node names Grappler's graph
     runs: a fused kernel is named as the last node it fuses)."""
     def profile(boxes, _):
         for box in boxes.values():
             box.run()
-        return {name: box.profile(_policy.PROFILE_RUNS) for name, box in boxes.items()}
+        return {name: box.profile(runs) for name, box in boxes.items()}
     return _in_sandboxes(graph_defs, fetches, batch, profile)
 
 
@@ -305,3 +307,23 @@ def _in_sandboxes(graph_defs, fetches, batch, use):
     finally:
         for sandbox in sandboxes.values():
             sandbox.close()
+
+
+class GraphTimer(_protocol.Timer):
+    """Graph timing's Timer: each candidate imported in a Session sandbox of its own, made
+    anew at each call, running the graph's `fetches` (the node names timed)."""
+
+    def __init__(self, fetches):
+        super().__init__()
+        self.fetches = fetches
+
+    def time(self, graphs, budget, policy):
+        return time_candidates(graphs, self.fetches, policy.batch, budget, self.peaks,
+                               runs=functools.partial(_rounds.rounds, policy=policy))
+
+    def peaks_only(self, graphs, policy):
+        return time_candidates(graphs, self.fetches, policy.batch, 0.0, self.peaks,
+                               runs=_rounds.first_runs)
+
+    def profile(self, graphs, policy):
+        return profile_candidates(graphs, self.fetches, policy.batch, policy.profile_runs)

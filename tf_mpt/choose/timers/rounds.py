@@ -16,42 +16,43 @@ _log = logging.getLogger("tf_mpt.rewrite")
 _clock = time.perf_counter
 
 
-def rounds(runners, budget_seconds, clock=None):
+def rounds(runners, budget_seconds, clock=None, policy=None):
     """Times {candidate: run()}: one warm-up run each (Grappler, kernel set-up), then rounds
     of one run each, the order rotating, until the budget is spent, MAX_ROUNDS, or a clear
     winner. Where MIN_ROUNDS rounds would not fit in the budget, the candidates over
     DROP_SLOWER slower than the fastest in every round so far run no more (their times stay,
     fewer); TooSlow (a NotTimed) where the others' still would not fit. Returns {candidate:
     (seconds per run, ...)}; NotTimed where a run fails."""
+    policy = policy or _policy.DEFAULT
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     clock = clock or _clock
     try:
         first_runs(runners, clock=clock)  # (the warm-up)
         times = {name: [] for name in runners}
         order, start = list(runners), clock()
-        for index in range(_policy.MAX_ROUNDS):
+        for index in range(policy.max_rounds):
             for name in order:
                 began = clock()
                 runners[name]()
                 times[name].append(clock() - began)
             order = order[1:] + order[:1]
             spent = clock() - start
-            left = _policy.MIN_ROUNDS - index - 1
+            left = policy.min_rounds - index - 1
             if left > 0 and spent + left * _round_seconds(times, order) > budget_seconds:
-                racing = _racing(times, order)
+                racing = _racing(times, order, policy.drop_slower)
                 if len(racing) == len(order) or \
                         spent + left * _round_seconds(times, racing) > budget_seconds:
                     raise _safety.TooSlow(
                         f"one round of the {len(order)} candidates takes "
-                        f"{_round_seconds(times, order):.1f} s: {_policy.MIN_ROUNDS} rounds do "
+                        f"{_round_seconds(times, order):.1f} s: {policy.min_rounds} rounds do "
                         f"not fit in the {budget_seconds:.3g} s the rounds may spend of the "
                         "budget (TF_MPT_TIMING_BUDGET)")
                 _log.debug("graph timing: %s over %.0f%% slower than the fastest, run no more "
                            "rounds", ", ".join(n for n in order if n not in racing),
-                           _policy.DROP_SLOWER * 100)
+                           policy.drop_slower * 100)
                 order = racing
             if spent > budget_seconds or \
-                    _policy.clear_winner({name: times[name] for name in order}):
+                    policy.clear_winner({name: times[name] for name in order}):
                 break
             if _state.STATE.deferred_signals:  # (a rewrite inside Session.run defers them)
                 raise _safety.NotTimed("a signal arrived: it is handled when the run returns, "
@@ -88,11 +89,11 @@ def _round_seconds(times, order):
     return sum(statistics.mean(times[name]) for name in order)
 
 
-def _racing(times, order):
+def _racing(times, order, drop_slower):
     """The candidates of `order` not slower than the fastest by over DROP_SLOWER in every
     round so far (their order kept)."""
     rounds_run = min(len(times[name]) for name in order)
     fastest = [min(times[name][k] for name in order) for k in range(rounds_run)]
     return [name for name in order
-            if not all(times[name][k] > fastest[k] * (1.0 + _policy.DROP_SLOWER)
+            if not all(times[name][k] > fastest[k] * (1.0 + drop_slower)
                        for k in range(rounds_run))]

@@ -47,9 +47,9 @@ def time_versions(concrete_function, graph_defs, batch, rounds, budget_seconds=N
     `peaks`, a dict: filled with {candidate: the step peak in bytes of one traced run after
     the rounds} (step_peak_bytes) and peaks[RESIDENT] (the copies' bytes). `sandbox`: a
     Sandbox of the function kept open across calls (None: one for this call only);
-    `budget_seconds` None: policy.BUDGET_SECONDS."""
+    `budget_seconds` None: the default policy's step_budget."""
     if budget_seconds is None:
-        budget_seconds = _policy.BUDGET_SECONDS
+        budget_seconds = _policy.DEFAULT.step_budget
 
     def use(runners, traced_run, resident, _):
         times = rounds(runners, budget_seconds)

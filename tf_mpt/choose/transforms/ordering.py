@@ -174,8 +174,9 @@ def float32_products(graph_def):
 
 def _chain_start(view, i, level):
     """The op that starts node i's chain of ARITHMETIC ops: from i, its deepest data input
-    that may be waited on (late_casts.may_wait_on), while the node reached is ARITHMETIC; i itself where
-    it has no such input. (Called on graphs without TF1 control flow only: no Enter.)"""
+    that may be waited on (late_casts.may_wait_on), while the node reached is ARITHMETIC; i
+    itself where it has no such input. (Called on graphs without TF1 control flow only: no
+    Enter.)"""
     while view.nodes[i].op in ARITHMETIC:
         inputs = [src for src, _ in view.fanin[i] if _late_casts.may_wait_on(view, src)]
         if not inputs:
