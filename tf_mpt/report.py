@@ -48,6 +48,21 @@ class NodeDecision:
         return f"{where}{self.name} ({self.op}): {self.colour}: {self.reason}"
 
 
+@typing.runtime_checkable
+class Verdict(typing.Protocol):
+    """What a report holds of the choosing step's verdict (tf_mpt.choose.verdict.Verdict
+    implements it): the candidate that runs, whether candidates were timed, one line that says
+    why, and a record that JSON holds."""
+    pick: str
+    timed: bool
+
+    def describe(self) -> str:
+        ...
+
+    def to_dict(self) -> dict:
+        ...
+
+
 @dataclasses.dataclass(frozen=True)
 class RewriteReport:
     """Counts, per-node decisions and the Casts added by one rewrite.
@@ -91,9 +106,9 @@ class RewriteReport:
         numerics_kept: {op type: error ratio} the numerics check kept float32 (their half
             kernel, as TensorFlow runs it on this CPU, erred that many times the rounding of
             float32's result to the half type), where the graph runs here; {} otherwise.
-        verdict: where the graph was decided for this CPU with timing on, the
-            verdict.Verdict: each candidate colouring's times and the pick (or why it was
-            not timed); None otherwise.
+        verdict: where the graph was decided for this CPU with timing on, the choosing
+            step's Verdict (tf_mpt.choose.verdict.Verdict): each candidate colouring's times
+            and the pick (or why it was not timed); None otherwise.
     """
     dtype: str
     total_nodes: int
@@ -115,7 +130,7 @@ class RewriteReport:
     weighed_nodes: typing.Optional[tuple] = None
     unweighed_nodes: tuple = ()
     unweighed_why: typing.Optional[str] = None
-    verdict: typing.Optional[object] = None
+    verdict: typing.Optional[Verdict] = None
     dispatch_kept: typing.Mapping = dataclasses.field(default_factory=dict)
     numerics_kept: typing.Mapping = dataclasses.field(default_factory=dict)
 
@@ -200,7 +215,9 @@ class RewriteReport:
                               else None),
             "unweighed_nodes": list(self.unweighed_nodes),
             "unweighed_why": self.unweighed_why,
-            "verdict": self.verdict.to_dict() if self.verdict is not None else None,
+            # (the verdict's record, and its line: each candidate's time and why the pick)
+            "verdict": ({**self.verdict.to_dict(), "line": self.verdict.describe()}
+                        if self.verdict is not None else None),
             "dispatch_kept": dict(self.dispatch_kept),
             "numerics_kept": dict(self.numerics_kept),
             "summary": self.summary(),

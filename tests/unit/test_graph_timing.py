@@ -11,6 +11,7 @@ way this machine's clock goes.
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
@@ -25,7 +26,6 @@ import tf_mpt
 from tf_mpt import cli
 from tf_mpt import config as _config
 from tf_mpt.choose import candidates as _candidates
-from tf_mpt.choose.transforms import lean as _lean
 from tf_mpt.choose import ledger as _ledger
 from tf_mpt.choose import policy as _policy
 from tf_mpt.choose import verdict as _verdict
@@ -33,7 +33,9 @@ from tf_mpt.choose.timers import graphs as _graph_sandbox
 from tf_mpt.choose.timers import rounds as _rounds
 from tf_mpt.choose.timers import safety as _safety
 from tf_mpt.choose.timers import steps as _step_sandbox
+from tf_mpt.choose.transforms import lean as _lean
 from support import fake_timing
+from support import report_check
 from support.helpers import run, tf1
 
 BF16 = tf.bfloat16.as_datatype_enum
@@ -55,6 +57,23 @@ def _mlp(batch=None, width=1024, depth=4, bias=False, variables=False):
             if bias:
                 b = tf.constant(rng.uniform(-0.05, 0.05, (width,)).astype(np.float32))
                 h = tf.add(h, b, name=f"add_{k}")
+            h = tf.nn.sigmoid(h, name=f"sigmoid_{k}")
+        tf.identity(h, name="y")
+    return graph.as_graph_def()
+
+
+def _widths(*widths):
+    """A [batch, widths[0]] input through a MatMul, bias AddV2 and Sigmoid per layer, layer k
+    from widths[k] to widths[k + 1] (constant weights)."""
+    graph = tf.Graph()
+    rng = np.random.RandomState(0)
+    with graph.as_default():
+        h = tf1.placeholder(tf.float32, [None, widths[0]], name="x")
+        for k, (a, b) in enumerate(zip(widths, widths[1:])):
+            w = tf.constant(rng.uniform(-0.05, 0.05, (a, b)).astype(np.float32))
+            h = tf.matmul(h, w, name=f"matmul_{k}")
+            h = tf.add(h, tf.constant(rng.uniform(-0.05, 0.05, (b,)).astype(np.float32)),
+                       name=f"add_{k}")
             h = tf.nn.sigmoid(h, name=f"sigmoid_{k}")
         tf.identity(h, name="y")
     return graph.as_graph_def()
@@ -365,6 +384,55 @@ def test_a_cached_verdict_is_never_replayed_onto_another_graph(timed):
     assert all(sum(n.op == "MatMul" for n in g.node) == 3 for g in timed.runs[runs:])
     assert other.report.verdict.pick != _candidates.RULES
     assert _half(other.graph_def, "Sigmoid") == 0 and _half(other.graph_def, "MatMul") == 3
+
+
+@pytest.mark.parametrize("kind", [_candidates.RULES, _candidates.REFINED])
+def test_a_cached_pick_made_again_as_another_graph_is_not_replayed(timed, monkeypatch, caplog,
+                                                                   kind):
+    """A verdict is stored with the hash of the graph its pick runs. Where its pick, made
+    again (a candidate of the painter's, a refinement's nodes kept float32), is another graph
+    than the one timed (the painter or a transform changed since), the record is refused
+    and the graph timed again: the cache never runs a graph that was not timed."""
+    if kind == _candidates.REFINED:
+        timed(_layers_cost(0.05), profile=_profile)
+        graph_def = _mlp(bias=True)
+    else:
+        timed(lambda g, i: 1e-3 * (1 - 0.1 * _half(g, "MatMul") - 0.05 * _half(g, "Sigmoid")
+                                   + 0.001 * _casts(g)))
+        graph_def = _mlp()
+    first = _rewrite(graph_def)
+    assert first.report.verdict.pick == kind and first.report.verdict.source == "timed"
+    again = _rewrite(graph_def)  # (the same graph made again: replayed)
+    assert again.report.verdict.source == "cached" and again.graph_def == first.graph_def
+    # the pick made again is another graph: an extra NoOp in it
+    if kind == _candidates.REFINED:
+        keeping = _candidates.keeping_float32
+
+        def changed(*args):
+            result = keeping(*args)
+            result.graph_def.node.add(name="changed_since", op="NoOp")
+            return result
+        monkeypatch.setattr(_candidates, "keeping_float32", changed)
+    else:
+        rewrite = _candidates.candidate_rewrite
+
+        def changed(name, *args):
+            made = rewrite(name, *args)
+
+            def with_a_node(graph):
+                result = made(graph)
+                result.graph_def.node.add(name="changed_since", op="NoOp")
+                return result
+            return with_a_node if name == kind else made
+        monkeypatch.setattr(_candidates, "candidate_rewrite", changed)
+    runs = len(timed.runs)
+    with caplog.at_level(logging.INFO, logger="tf_mpt"):
+        third = _rewrite(graph_def)
+    assert third.report.verdict.source == "timed" and len(timed.runs) > runs
+    assert f"a cached verdict's pick ({kind}) made again is not the graph that was timed " \
+        "(another graph); it is not replayed" in caplog.text, caplog.text
+    assert third.report.verdict.pick == kind
+    assert any(n.name == "changed_since" for n in third.graph_def.node)
 
 
 def test_the_verdict_cache_keeps_the_newest_verdicts_only(tmp_path, monkeypatch):
@@ -804,3 +872,41 @@ def test_a_sub_second_budget_reads_as_itself_in_why_a_graph_was_not_timed(timed,
     verdict = _rewrite(_mlp()).report.verdict
     assert f"do not fit in the {_policy.DEFAULT.first_share * 0.05:.3g} s the rounds" in verdict.why
     assert "do not fit in the 0.03 s" in verdict.why, verdict.why
+
+
+@pytest.mark.parametrize("kind", [_candidates.FLOAT32, _candidates.RULES, _candidates.COST,
+                                  _candidates.CONTRACTIONS, _candidates.REFINED])
+def test_the_report_is_that_of_the_graph_that_runs(timed, kind):
+    """Whichever candidate is kept, the report's per-node decisions are its graph's: each node
+    it says converted runs half in the graph returned, each other node it decided runs
+    float32, and converted_nodes counts them (the lean kinds: test_lean.py)."""
+    # (two wide layers and a narrow one: the cost model keeps the narrow product float32,
+    # so no two candidates' graphs are equal; the refinement's graph: its own test's)
+    graph_def = _mlp(bias=True) if kind == _candidates.REFINED else _widths(1024, 1024, 64, 64)
+    no_timing = tf_mpt.Config.from_env(dict(os.environ, TF_MPT_TIMING_BUDGET="0"))
+    graphs = {_candidates.FLOAT32: graph_def,
+              _candidates.RULES: _candidate(graph_def).graph_def,
+              _candidates.CONTRACTIONS: _candidate(graph_def, lists=_candidates.contractions_only(
+                  tf_mpt.lists.default_lists("bfloat16"))).graph_def,
+              _candidates.COST: _rewrite(graph_def, config=no_timing).graph_def}
+    if kind == _candidates.REFINED:
+        timed(_layers_cost(0.05), profile=_profile)
+    else:
+        assert sum(g == graphs[kind] for g in graphs.values()) == 1  # (no other is equal)
+        timed(lambda g, i: 0.5e-3 if g == graphs[kind] else 1e-3)
+    result = _rewrite(graph_def)
+    assert result.report.verdict.pick == kind, result.report.verdict.describe()
+    converted, float32 = report_check.assert_report_is_the_graphs(result)
+    half_ops = {n.op for n in result.graph_def.node if n.attr["T"].type == BF16}
+    expected = {_candidates.FLOAT32: set(), _candidates.RULES: {"MatMul", "AddV2", "Sigmoid"},
+                _candidates.CONTRACTIONS: {"MatMul"}, _candidates.REFINED: {"MatMul", "AddV2"},
+                _candidates.COST: {"MatMul", "AddV2"}}
+    assert half_ops == expected[kind], half_ops
+    assert converted == result.report.converted_nodes and (converted > 0) == bool(half_ops)
+    assert float32 > 0  # (the placeholder, the output, the float32 ops: decided, float32)
+    # the report's verdict is typed (tf_mpt.report.Verdict), and its JSON (inspect --json)
+    # holds the record and the line that says why
+    verdict = result.report.verdict
+    assert isinstance(verdict, tf_mpt.report.Verdict)
+    recorded = json.loads(result.report.to_json())["verdict"]
+    assert recorded["pick"] == kind and recorded["line"] == verdict.describe()

@@ -19,6 +19,7 @@ from tf_mpt.choose.transforms import ordering as _ordering
 from tf_mpt.choose.transforms import reduce as _reduce
 from tf_mpt.choose.transforms import saving as _saving
 from tf_mpt.rewrite.graph_view import GraphView
+from support import report_check
 
 tf1 = tf.compat.v1
 BATCH, WIDTH = 8, 16
@@ -243,6 +244,11 @@ def test_the_leaner_version_is_tried_where_the_lean_one_still_holds_too_much(
     assert verdict.pick == _candidates.LEAN, verdict.describe()
     assert verdict.lean_changes["float32 products"] == 2, verdict.lean_changes
     assert kind(result.graph_def) == "leaner"
+    # its report is the leaner graph's: the two weight gradients' products run float32
+    converted, _ = report_check.assert_report_is_the_graphs(result)
+    products = [d for d in result.report.decisions.values()
+                if d.reason == _candidates.FLOAT32_IN_LEAN]
+    assert {d.op for d in products} == {"MatMul"} and len(products) == 2, products
     assert "picked lean, 1.43x float32" in verdict.describe(), verdict.describe()
     again = rewrite()
     assert again.report.verdict.source == "cached" and again.graph_def == result.graph_def
@@ -290,6 +296,7 @@ def test_ordered_products_alone_are_tried_first(monkeypatch, tmp_path, ordered_p
     assert "ordered" in tried and ("lean" in tried) == (kept == "lean"), tried
     assert verdict.pick == _candidates.LEAN and kind(result.graph_def) == kept, \
         verdict.describe()
+    report_check.assert_report_is_the_graphs(result)
     if kept == "ordered":
         assert set(verdict.lean_changes) == {"ordered products"} and \
             verdict.lean_changes["ordered products"] >= 1, verdict.lean_changes
@@ -985,6 +992,7 @@ def test_where_the_lean_version_costs_time_the_picks_from_its_half_copies_is_kep
     line = verdict.describe()
     assert tried.index("products lean") < tried.index("products lean from copies"), tried
     assert kind(result.graph_def) == "products lean from copies", line
+    report_check.assert_report_is_the_graphs(result)
     assert verdict.pick == _candidates.LEAN and \
         verdict.lean_from == verdict.lean_against == "contractions only", line
     assert _lean.FROM_COPIES in verdict.lean_changes and \
@@ -1178,6 +1186,7 @@ def test_a_memory_price_buys_float32s_own_lean_version(monkeypatch, tmp_path, pr
         return
     assert verdict.pick == _candidates.LEAN and verdict.lean_from == _candidates.FLOAT32 \
         and verdict.lean_against == _candidates.FLOAT32, line
+    assert report_check.assert_report_is_the_graphs(result)[0] == 0  # (its compute float32)
     assert _share(verdict, _candidates.LEAN) < 0.65, line
     assert f"picked lean, 0.94x float32 (6% slower than float32, holding " \
         f"{_share(verdict, _candidates.LEAN):.2f}x float32's peak: " \
@@ -1370,6 +1379,7 @@ def test_a_graph_too_slow_to_time_keeps_within_float32s_peak(
         assert verdict.pick == _candidates.LEAN and verdict.lean_from == predicted, line
         assert set(verdict.lean_changes) == {"ordered products"}, verdict.lean_changes
         assert kind(result.graph_def) == f"{tried[1]} lean", line
+        report_check.assert_report_is_the_graphs(result)
         assert f"kept lean {predicted}, within float32's peak" in line, line
     else:  # every lean version measured over float32's peak
         assert len(tried) >= 4 and set(tried[2:]) == {f"{tried[1]} lean"}, tried

@@ -12,8 +12,9 @@ lists and the batch assumed for an unknown leading dimension. It is kept
                                     `--target FILE` on any machine applies the same picks
                                     without timing: the same bytes everywhere
 
-A cache file that cannot be read is ignored (and rewritten); one that cannot be written
-costs only the time of timing again.
+A record is replayed only where its pick, made again, is the graph that was timed (the hash
+stored beside it); a cache file that cannot be read is ignored (and rewritten); one that
+cannot be written costs only the time of timing again.
 """
 
 import contextlib
@@ -25,13 +26,11 @@ import time
 from tf_mpt import lists as _lists
 from tf_mpt._process import state as _state
 
-VERSION = 12  # of the fingerprint and the verdict record; a change makes old ones unused
-# (4: lean versions reduce a loss first and order weight gradients' Casts; 5: they make late
-# casts in loops' bodies and order their accumulations: a cached lean pick rebuilt from its
-# changes would not be the graph that was timed; 6: a pick holding over policy.SMALLER_ABOVE
-# has the lean versions of the candidates near its time tried, not only its own; 7: a pick
-# over float32's peak first tries its weight gradients' products ordered alone; 8: a pick
-# whose faster candidate's lean version was not kept has its own lean version tried too)
+# Of the fingerprint and the record's layout: a change makes old ones unused. A change of what
+# a candidate's graph is (the painter's colouring, a transform) needs none: a record holds the
+# hash of the graph its pick runs (decision.GRAPH), and a pick made again as another graph is
+# refused and timed again.
+VERSION = 12
 # The most verdicts a cache file keeps: a script whose graph grows (a TF1 graph with ops added
 # between runs, a function traced per shape) adds one per graph; past this the oldest stored
 # go, so the file read by every rewrite stays small (a verdict is 2-5 KB).

@@ -107,14 +107,51 @@ def result_of(name, results, float32_graph, predicted):
     return float32_result(float32_graph, results[predicted], FLOAT32_SAVED_IN_HALF)
 
 
+# The reason of a node the candidate converted that its lean version runs float32 again
+FLOAT32_IN_LEAN = ("graph timing: float32 in the lean version kept for memory (its products "
+                   "read only as float32 computed in float32: float32 products)")
+
+
 def lean_result(result, graph_def):
-    """`result` (a candidate's RewriteResult) with the lean graph `graph_def`: its report's
-    `casts_added` counts the lean graph's own tf_mpt Casts (the candidate's, less those a
-    leaner version turned into Identities, plus the per-use copies and Casts back)."""
+    """`result` (a candidate's RewriteResult) with the lean graph `graph_def`, its report that
+    of the graph that runs: `casts_added` counts the lean graph's own tf_mpt Casts (the
+    candidate's, less those a leaner version turned into Identities, plus the per-use copies
+    and Casts back), and a node the candidate converted that `graph_def` holds in float32
+    again (float32 products: a weight gradient's product) is reported float32
+    (FLOAT32_IN_LEAN), `converted_nodes` less those."""
     report = dataclasses.replace(
         result.report, casts_added=result.report.casts_added +
         _casts.our_casts(graph_def.node) - _casts.our_casts(result.graph_def.node))
+    half = _dtypes.parse(report.dtype).enum
+    nodes = nodes_by_decision_name(graph_def)
+    decisions, back = dict(report.decisions), 0
+    for name, decision in report.decisions.items():
+        node = nodes.get(name)
+        if decision.converted and node is not None and not holds_half(node, half):
+            attrs = {key: ("fp32", FLOAT32_IN_LEAN) if colour == "allow" else (colour, why)
+                     for key, (colour, why) in decision.attrs.items()}
+            decisions[name] = dataclasses.replace(decision, colour="fp32", converted=False,
+                                                  reason=FLOAT32_IN_LEAN, attrs=attrs)
+            back += 1
+    if back:
+        report = dataclasses.replace(report, decisions=decisions,
+                                     converted_nodes=report.converted_nodes - back)
     return type(result)(graph_def, report, True)
+
+
+def nodes_by_decision_name(graph_def):
+    """{name as a report's decisions key it: NodeDef} of `graph_def` and of its library
+    functions ('<function>/<node>')."""
+    nodes = {node.name: node for node in graph_def.node}
+    for function in graph_def.library.function:
+        for node in function.node_def:
+            nodes[f"{function.signature.name}/{node.name}"] = node
+    return nodes
+
+
+def holds_half(node, half):
+    """Whether a type attr of `node` is the half type `half` (a DataType enum)."""
+    return any(value.type == half or half in value.list.type for value in node.attr.values())
 
 
 def lean_again(verdict, results, lean_inputs, float32_graph):

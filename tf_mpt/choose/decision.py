@@ -63,6 +63,7 @@ A graph that cannot be timed keeps the prediction, and its verdict says why.
 """
 
 import dataclasses
+import hashlib
 import logging
 
 from tf_mpt._process import state as _state
@@ -110,6 +111,54 @@ def _close(timer):
     except Exception as error:  # pylint: disable=broad-except
         _log.info("graph timing could not close its sandbox (%s: %s)",
                   type(error).__name__, error)
+
+
+# The key beside a stored verdict that holds the hash of the graph its pick runs: a replay
+# (a cached verdict's pick made again from its recipe) that makes another graph is refused,
+# and the graph is timed again
+GRAPH = "graph"
+
+
+def _graph_hash(graph_def):
+    """The hash of a GraphDef's bytes (hex, 32 characters)."""
+    return hashlib.sha256(graph_def.SerializeToString(deterministic=True)).hexdigest()[:32]
+
+
+def _kept(verdict, graph_def, predicted, results):
+    """The RewriteResult of `verdict.pick`: the prediction's (whatever equals it), float32's
+    (`graph_def`), or the candidate's in `results`."""
+    if verdict.pick in (verdict.predicted, verdict.same_as.get(verdict.predicted)):
+        return predicted  # (the prediction's graph, whatever else equals it)
+    if verdict.pick == _candidates.FLOAT32:
+        return _candidates.float32_result(
+            graph_def, predicted, _FLOAT32_HELD_LESS if not verdict.timed
+            else "graph timing: the graph ran faster in float32")
+    return results[verdict.pick]
+
+
+def _replayed(verdict, known, graph_def, predicted, results, rewrite, lists, lean_inputs):
+    """`verdict` (a stored record, `known`) where its pick, made again from its recipe (a
+    refined or lean version; `results` gets it), is the graph that was timed (its hash
+    stored beside it, GRAPH); else None (the graph is timed again), said in one INFO line."""
+    try:
+        if verdict.pick == _candidates.REFINED and _candidates.REFINED not in results:
+            results[_candidates.REFINED] = _candidates.keeping_float32(
+                graph_def, verdict.refined, verdict.refined_from, rewrite, lists)
+        if verdict.pick == _candidates.LEAN and _candidates.LEAN not in results:
+            results[_candidates.LEAN] = _candidates.lean_again(verdict, results, lean_inputs,
+                                                               graph_def)
+        made = _graph_hash(_kept(verdict, graph_def, predicted, results).graph_def)
+    except Exception as error:  # pylint: disable=broad-except
+        made = f"not made ({type(error).__name__}: {error})"
+    if made == known.get(GRAPH):
+        return verdict
+    results.pop(_candidates.REFINED, None)
+    results.pop(_candidates.LEAN, None)
+    _log.info("graph timing: a %s verdict's pick (%s) made again is not the graph that was "
+              "timed (%s); it is not replayed", verdict.source, verdict.pick,
+              "no graph recorded" if GRAPH not in known else made if made.startswith("not")
+              else "another graph")
+    return None
 
 
 def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=None,
@@ -198,6 +247,11 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                 verdict = None
             else:
                 verdict = dataclasses.replace(verdict, same_as=same_as)
+            if verdict is not None:
+                verdict = _replayed(verdict, known, graph_def, predicted, results, rewrite,
+                                    lists, lean_inputs)
+                if verdict is None and source == "table":
+                    return predicted  # (a table's pick is not timed here again)
         if verdict is None:
             if len(graphs) == 1:
                 raise _safety.NotTimed("every candidate is the float32 graph")
@@ -236,13 +290,9 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                     _log.info("graph timing did not refine %s (%s: %s)", chosen,
                               type(error).__name__, error)
             if key is not None:
-                _verdicts.store(config, dtype, key, verdict.to_dict())
-        if verdict.pick == _candidates.REFINED and _candidates.REFINED not in results:
-            results[_candidates.REFINED] = _candidates.keeping_float32(
-                graph_def, verdict.refined, verdict.refined_from, rewrite, lists)
-        if verdict.pick == _candidates.LEAN and _candidates.LEAN not in results:
-            results[_candidates.LEAN] = _candidates.lean_again(verdict, results, lean_inputs,
-                                                               graph_def)
+                _verdicts.store(config, dtype, key, {
+                    **verdict.to_dict(),
+                    GRAPH: _graph_hash(_kept(verdict, graph_def, predicted, results).graph_def)})
     except _safety.NotTimed as error:
         verdict = _verdict.Verdict({}, predicted_name, predicted_name, str(error),
                                    policy=policy)
@@ -250,8 +300,10 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
             verdict = _untimed.within_float32_untimed(verdict, graphs, results, same_as, policy,
                                                       lean_inputs, timer)
             if key is not None and verdict.peaks:
+                kept = _kept(verdict, graph_def, predicted, results)
                 _verdicts.store(config, dtype, key,
-                                {**verdict.to_dict(), CHECKED_BUDGET: policy.budget})
+                                {**verdict.to_dict(), CHECKED_BUDGET: policy.budget,
+                                 GRAPH: _graph_hash(kept.graph_def)})
     except Exception as error:  # pylint: disable=broad-except
         _state.warn_once(("graph_timing", type(error).__name__),
                          "tf_mpt could not time a graph's candidate colourings (%s: %s); it "
@@ -267,14 +319,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
         _log.info("tf_mpt timed %s on copies of its variables: %s", label, verdict.describe())
     else:
         _log.info("tf_mpt did not time %s: %s", label, verdict.describe())
-    if verdict.pick in (predicted_name, same_as.get(predicted_name)):
-        kept = predicted  # (the prediction's graph, whatever else equals it)
-    elif verdict.pick == _candidates.FLOAT32:
-        kept = _candidates.float32_result(
-            graph_def, predicted, _FLOAT32_HELD_LESS if not verdict.timed
-            else "graph timing: the graph ran faster in float32")
-    else:
-        kept = results[verdict.pick]
+    kept = _kept(verdict, graph_def, predicted, results)
     # the target decided for, and what its prediction weighed, whichever candidate is kept
     report = dataclasses.replace(kept.report, verdict=verdict, target=predicted.report.target,
                                  weighed_nodes=predicted.report.weighed_nodes,
