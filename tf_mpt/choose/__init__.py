@@ -1,7 +1,8 @@
 """Choosing which colouring of a graph runs: candidates, their measurement, the verdict.
 
-    decision.py       decide: the decision for one graph (the candidates, the budget, the
-                      stages, the verdict, its cache), the one place they meet
+    decision.py       decide: the decision for one graph, a short loop over the stages on
+                      one Choice (choice.py), the cache read and written
+    choice.py         the Choice: one graph's decision in progress, as the stages pass it on
     when.py           which graphs and traced steps have their candidates timed
     candidates.py     the candidates: float32, the op lists', the cost model's, contractions
                       only, refined, lean; each made by the painter or a transform
@@ -9,9 +10,9 @@
                       the Config; the rules that read them (pick, over_float32, slower_ops)
     ledger.py         what was measured beside the candidates' times (RESIDENT), the budget
     verdict.py        the Verdict: every time and peak, the pick, one line that says them
-    stages/           after the first rounds: lean versions (lean.py), smaller ones
-                      (smaller.py), the refinement (refinement.py), the peaks of a graph too
-                      slow to time (untimed.py)
+    stages/           STAGES, in order: the first rounds (first.py), lean versions
+                      (lean.py), smaller ones (smaller.py), the refinement (refinement.py);
+                      the peaks of a graph too slow to time (untimed.py)
     timers/           measuring only: the Timer protocol (protocol.py) and its two kinds,
                       a GraphDef's Session sandboxes (graphs.py: GraphTimer) and a traced
                       step's copies of its variables (step_timer.py: StepTimer, steps.py, or

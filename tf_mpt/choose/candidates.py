@@ -30,6 +30,26 @@ CONTRACTION_OPS = _contractions.NODE_TIMED_OPS | frozenset((
     "Conv3D", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2"))
 
 
+def make_candidates(choice):
+    """Fills `choice.results` (float32's and the prediction's there) with the other base
+    colourings (the op lists', contractions only) made by the painter, and `choice.graphs`
+    with one GraphDef per distinct graph, in that order (float32, the prediction, rules,
+    contractions only); a candidate whose graph equals an earlier one is in `choice.same_as`
+    instead."""
+    for name in (RULES, CONTRACTIONS):
+        if name != choice.predicted_name:
+            choice.results[name] = candidate_rewrite(name, choice.rewrite, choice.lists)(None)
+    seen = {}
+    for name, result in choice.results.items():
+        graph = choice.graph_def if result is None else result.graph_def
+        serialized = graph.SerializeToString(deterministic=True)
+        if serialized in seen:
+            choice.same_as[name] = seen[serialized]
+            continue
+        seen[serialized] = name
+        choice.graphs[name] = graph
+
+
 def contractions_only(lists):
     """The op lists with only their matrix products and convolutions allowed half and no op
     inferred or cleared: every other op float32, with Casts around each contraction."""

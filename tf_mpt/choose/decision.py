@@ -69,12 +69,11 @@ import logging
 from tf_mpt._process import state as _state
 from tf_mpt.choose import cache as _verdicts
 from tf_mpt.choose import candidates as _candidates
+from tf_mpt.choose import choice as _choice
 from tf_mpt.choose import ledger as _ledger
 from tf_mpt.choose import policy as _policy
+from tf_mpt.choose import stages as _stages
 from tf_mpt.choose import verdict as _verdict
-from tf_mpt.choose.stages import lean as _lean_stage
-from tf_mpt.choose.stages import refinement as _refinement
-from tf_mpt.choose.stages import smaller as _smaller
 from tf_mpt.choose.stages import untimed as _untimed
 from tf_mpt.choose.timers import graphs as _graph_sandbox
 from tf_mpt.choose.timers import safety as _safety
@@ -124,32 +123,38 @@ def _graph_hash(graph_def):
     return hashlib.sha256(graph_def.SerializeToString(deterministic=True)).hexdigest()[:32]
 
 
-def _kept(verdict, graph_def, predicted, results):
-    """The RewriteResult of `verdict.pick`: the prediction's (whatever equals it), float32's
-    (`graph_def`), or the candidate's in `results`."""
+def _kept(choice):
+    """The RewriteResult of the verdict's pick: the prediction's (whatever equals it),
+    float32's (the graph as given), or the candidate's in `choice.results`."""
+    verdict = choice.verdict
     if verdict.pick in (verdict.predicted, verdict.same_as.get(verdict.predicted)):
-        return predicted  # (the prediction's graph, whatever else equals it)
+        return choice.predicted  # (the prediction's graph, whatever else equals it)
     if verdict.pick == _candidates.FLOAT32:
         return _candidates.float32_result(
-            graph_def, predicted, _FLOAT32_HELD_LESS if not verdict.timed
+            choice.graph_def, choice.predicted, _FLOAT32_HELD_LESS if not verdict.timed
             else "graph timing: the graph ran faster in float32")
-    return results[verdict.pick]
+    return choice.results[verdict.pick]
 
 
-def _replayed(verdict, known, graph_def, predicted, results, rewrite, lists, lean_inputs):
+def _replayed(verdict, known, choice):
     """`verdict` (a stored record, `known`) where its pick, made again from its recipe (a
-    refined or lean version; `results` gets it), is the graph that was timed (its hash
-    stored beside it, GRAPH); else None (the graph is timed again), said in one INFO line."""
+    refined or lean version; `choice.results` gets it), is the graph that was timed (its
+    hash stored beside it, GRAPH); else None (the graph is timed again), said in one INFO
+    line."""
+    results = choice.results
     try:
         if verdict.pick == _candidates.REFINED and _candidates.REFINED not in results:
             results[_candidates.REFINED] = _candidates.keeping_float32(
-                graph_def, verdict.refined, verdict.refined_from, rewrite, lists)
+                choice.graph_def, verdict.refined, verdict.refined_from, choice.rewrite,
+                choice.lists)
         if verdict.pick == _candidates.LEAN and _candidates.LEAN not in results:
-            results[_candidates.LEAN] = _candidates.lean_again(verdict, results, lean_inputs,
-                                                               graph_def)
-        made = _graph_hash(_kept(verdict, graph_def, predicted, results).graph_def)
+            results[_candidates.LEAN] = _candidates.lean_again(
+                verdict, results, choice.lean_inputs, choice.graph_def)
+        choice.verdict = verdict
+        made = _graph_hash(_kept(choice).graph_def)
     except Exception as error:  # pylint: disable=broad-except
         made = f"not made ({type(error).__name__}: {error})"
+    choice.verdict = None
     if made == known.get(GRAPH):
         return verdict
     results.pop(_candidates.REFINED, None)
@@ -167,9 +172,9 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
     on this CPU (or a verdict cached here, or one a cost table file holds) finds another
     faster. `rewrite(target, lists, graph)` returns a candidate's RewriteResult (target
     'rules', or None: the prediction's; lists None: `lists`, the prediction's; graph None:
-    `graph_def`). Where a half candidate wins with budget left (REFINE_SHARE), its refinement
-    is timed too (refine). Returns the RewriteResult kept, its report's
-    `verdict` set (for a table without this graph's verdict: `predicted` as it is).
+    `graph_def`). The stages (stages.STAGES) run in turn on one Choice, each where it
+    applies. Returns the RewriteResult kept, its report's `verdict` set (for a table without
+    this graph's verdict: `predicted` as it is).
 
     timer: None, graph timing's sandboxes (timers.graphs.GraphTimer), its verdicts cached;
     or another timers.protocol.Timer (a traced tf.function's, on copies of its variables:
@@ -178,7 +183,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
     where it would not be timed); refined where it profiles.
     label: what the INFO line names (a tf.function). shapes: None, or a callable returning
     {node name: output shapes} of `graph_def` (a tf.function's carry its variables' shapes):
-    what the lean versions size values by (None: lean.saved_in_half infers them from the
+    what the lean versions size values by (None: saving.saved_in_half infers them from the
     GraphDef)."""
     dtype = predicted.report.dtype
     policy = _policy.Policy.from_config(config)
@@ -191,7 +196,6 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                        _inputs.fetch_node_names(None, view))
         key = _verdicts.fingerprint(graph_def, names, dtype, lists, policy.batch,
                                     policy.memory_key())
-
         timer = _graph_sandbox.GraphTimer(names)
         if target.kind == "table" and not _verdicts.measuring_for_a_table():
             known, source = _verdicts.in_table(target.table, dtype).get(key), "table"
@@ -210,119 +214,90 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
             key = None  # (NotTimed: it is not timed either; else timed, not cached)
         if key is not None:
             known, source = _verdicts.cached(config, dtype).get(key), "cached"
-    # (lean.lean's lists and shapes: which readers may read a value rounded to half, and the
-    # sizes of the values; a tf.function's shapes carry its variables')
+    # (the lean transforms' lists and shapes: which readers may read a value rounded to half,
+    # and the sizes of the values; a tf.function's shapes carry its variables')
     lean_inputs = (lists, _ShapeTable(shapes) if shapes is not None else None)
-    results = {_candidates.FLOAT32: None, predicted_name: predicted}
-    same_as = {}  # candidate -> the candidate whose graph it equals
-    graphs = {}
+    choice = _choice.Choice(graph_def, predicted, predicted_name, rewrite, lists, policy,
+                            timer, lean_inputs, {_candidates.FLOAT32: None,
+                                                 predicted_name: predicted}, {}, {})
     try:
-        for name in (_candidates.RULES, _candidates.CONTRACTIONS):
-            if name != predicted_name:
-                results[name] = _candidates.candidate_rewrite(name, rewrite, lists)(None)
-        graphs, seen = {}, {}
-        for name, result in results.items():
-            graph = graph_def if result is None else result.graph_def
-            serialized = graph.SerializeToString(deterministic=True)
-            if serialized in seen:
-                same_as[name] = seen[serialized]
-                continue
-            seen[serialized] = name
-            graphs[name] = graph
-        verdict = None
+        _candidates.make_candidates(choice)
         if known is not None:
-            verdict = _verdict.Verdict.from_dict(known, source, policy)
-            if verdict is not None and not verdict.timed:
-                # (a graph too slow to time, its peaks measured instead: the record stands
-                # for the budget it was too slow for, and for its candidates)
-                ok = known.get(CHECKED_BUDGET) == policy.budget and \
-                    verdict.predicted == predicted_name and \
-                    set(verdict.peaks) - {_ledger.RESIDENT, _candidates.LEAN} <= set(graphs) and \
-                    (not verdict.lean_from or verdict.lean_from in graphs)
-                verdict = dataclasses.replace(verdict, same_as=same_as) if ok else None
-            elif verdict is None or not set(graphs) <= set(verdict.times):
-                # a record this version cannot apply, or one that did not time every
-                # candidate there is now (the prediction changed: a table measured since):
-                # timed again
-                verdict = None
-            else:
-                verdict = dataclasses.replace(verdict, same_as=same_as)
-            if verdict is not None:
-                verdict = _replayed(verdict, known, graph_def, predicted, results, rewrite,
-                                    lists, lean_inputs)
-                if verdict is None and source == "table":
-                    return predicted  # (a table's pick is not timed here again)
-        if verdict is None:
-            if len(graphs) == 1:
-                raise _safety.NotTimed("every candidate is the float32 graph")
-            budget = _ledger.Budget(policy.budget)
-            times = budget.spend(timer.time(graphs, policy.first_share * policy.budget,
-                                            policy))
-            measured = dict(timer.peaks)
-            chosen = policy.pick(times, same_as.get(predicted_name, predicted_name),
-                                 policy.bounded_peaks(measured))
-            verdict = _verdict.Verdict(times, chosen, predicted_name, "", same_as,
-                                       peaks=measured, compiled=timer.compiled,
-                                       policy=policy)
-            if policy.bounded_peaks(measured) and budget.left() > 0:
-                try:
-                    verdict = _lean_stage.make_lean(verdict, results, graphs, policy,
-                                                    lean_inputs, timer, budget)
-                except Exception as error:  # pylint: disable=broad-except
-                    _log.info("graph timing did not time a lean candidate (%s: %s)",
-                              type(error).__name__, error)
-                try:  # (before the refinement, which would leave it no budget)
-                    verdict = _smaller.make_smaller(verdict, results, policy, lean_inputs, timer,
-                                                    budget, graph_def)
-                except Exception as error:  # pylint: disable=broad-except
-                    _log.info("graph timing did not time a smaller candidate (%s: %s)",
-                              type(error).__name__, error)
-                chosen = verdict.pick
-            if timer.profiles and chosen not in (_candidates.FLOAT32,
-                                                 _candidates.LEAN) and \
-                    not policy.least and \
-                    budget.left() >= policy.refine_share * policy.budget:
-                try:
-                    verdict = _refinement.refine(graph_def, verdict, results, graphs,
-                                                 rewrite, lists, policy, timer, budget)
-                except Exception as error:  # pylint: disable=broad-except
-                    # (the first rounds' pick stands; NotTimed: a run failed or was stopped)
-                    _log.info("graph timing did not refine %s (%s: %s)", chosen,
-                              type(error).__name__, error)
+            choice.verdict = _from_record(choice, known, source)
+            if choice.verdict is None and source == "table":
+                return predicted  # (a table's pick is not timed here again)
+        if choice.verdict is None:
+            for stage in _stages.STAGES:
+                if stage.applies(choice):
+                    choice.verdict = _run(stage, choice)
             if key is not None:
                 _verdicts.store(config, dtype, key, {
-                    **verdict.to_dict(),
-                    GRAPH: _graph_hash(_kept(verdict, graph_def, predicted, results).graph_def)})
+                    **choice.verdict.to_dict(), GRAPH: _graph_hash(_kept(choice).graph_def)})
     except _safety.NotTimed as error:
-        verdict = _verdict.Verdict({}, predicted_name, predicted_name, str(error),
-                                   policy=policy)
-        if isinstance(error, _safety.TooSlow) and policy.bounded_peaks({}) is not None:
-            verdict = _untimed.within_float32_untimed(verdict, graphs, results, same_as, policy,
-                                                      lean_inputs, timer)
-            if key is not None and verdict.peaks:
-                kept = _kept(verdict, graph_def, predicted, results)
+        choice.verdict = _verdict.Verdict({}, predicted_name, predicted_name, str(error),
+                                          policy=policy)
+        if isinstance(error, _safety.TooSlow) and policy.bounded:
+            choice.verdict = _untimed.within_float32_untimed(choice)
+            if key is not None and choice.verdict.peaks:
                 _verdicts.store(config, dtype, key,
-                                {**verdict.to_dict(), CHECKED_BUDGET: policy.budget,
-                                 GRAPH: _graph_hash(kept.graph_def)})
+                                {**choice.verdict.to_dict(), CHECKED_BUDGET: policy.budget,
+                                 GRAPH: _graph_hash(_kept(choice).graph_def)})
     except Exception as error:  # pylint: disable=broad-except
         _state.warn_once(("graph_timing", type(error).__name__),
                          "tf_mpt could not time a graph's candidate colourings (%s: %s); it "
                          "keeps the predicted one", type(error).__name__, error)
-        verdict = _verdict.Verdict({}, predicted_name, predicted_name,
-                                   f"timing failed: {type(error).__name__}: {error}",
-                                   policy=policy)
+        choice.verdict = _verdict.Verdict({}, predicted_name, predicted_name,
+                                          f"timing failed: {type(error).__name__}: {error}",
+                                          policy=policy)
     finally:
         _close(timer)
+    verdict = choice.verdict
     if label is None:
         _log.info("%s", verdict.describe())
     elif verdict.timed:
         _log.info("tf_mpt timed %s on copies of its variables: %s", label, verdict.describe())
     else:
         _log.info("tf_mpt did not time %s: %s", label, verdict.describe())
-    kept = _kept(verdict, graph_def, predicted, results)
+    kept = _kept(choice)
     # the target decided for, and what its prediction weighed, whichever candidate is kept
     report = dataclasses.replace(kept.report, verdict=verdict, target=predicted.report.target,
                                  weighed_nodes=predicted.report.weighed_nodes,
                                  unweighed_nodes=predicted.report.unweighed_nodes,
                                  unweighed_why=predicted.report.unweighed_why)
     return type(kept)(kept.graph_def, report, kept.modified)
+
+
+def _run(stage, choice):
+    """The verdict after `stage`: its own, or, where it fails and may (stage.fails_as), the
+    verdict as it was, the failure said in one INFO line."""
+    if not stage.fails_as:
+        return stage.run(choice)
+    try:
+        return stage.run(choice)
+    except Exception as error:  # pylint: disable=broad-except
+        # (the pick so far stands; NotTimed: a run failed or was stopped)
+        _log.info("%s (%s: %s)", stage.fails_as.format(pick=choice.verdict.pick),
+                  type(error).__name__, error)
+        return choice.verdict
+
+
+def _from_record(choice, known, source):
+    """The verdict a stored record (`known`, from `source`: 'cached' or 'table') gives
+    `choice`, or None where it does not apply: a record this version cannot read; a timed
+    one that did not time every candidate there is now (the prediction changed: a table
+    measured since); an untimed one (a graph too slow to time, its peaks measured instead)
+    for another budget or other candidates; one whose pick, made again, is another graph
+    (_replayed)."""
+    verdict = _verdict.Verdict.from_dict(known, source, choice.policy)
+    if verdict is None:
+        return None
+    if not verdict.timed:
+        if known.get(CHECKED_BUDGET) != choice.policy.budget or \
+                verdict.predicted != choice.predicted_name or \
+                not set(verdict.peaks) - {_ledger.RESIDENT, _candidates.LEAN} <= \
+                set(choice.graphs) or \
+                (verdict.lean_from and verdict.lean_from not in choice.graphs):
+            return None
+    elif not set(choice.graphs) <= set(verdict.times):
+        return None
+    return _replayed(dataclasses.replace(verdict, same_as=choice.same_as), known, choice)

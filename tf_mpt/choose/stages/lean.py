@@ -24,7 +24,7 @@ def lean_versions(graph_def, lean_inputs, tried):
         yield graph, changes
 
 
-def make_lean(verdict, results, graphs, policy, lean_inputs, timer, budget):
+def make_lean(choice):
     """Where the first rounds' fastest candidate is over float32's peak: its weight
     gradients' products ordered (lean.lean's cheapest version, `only_ordered`), then where
     that is still over its lean version (lean.lean, with `lean_inputs`, its lists and
@@ -39,6 +39,9 @@ def make_lean(verdict, results, graphs, policy, lean_inputs, timer, budget):
     search before the cost model's, within at 2.2x); of those kept, the fastest against the
     pick. Returns the verdict, with the kept lean version's record, else the last one timed;
     `results` gets its RewriteResult."""
+    verdict, results, graphs, policy, lean_inputs, timer, budget = (
+        choice.verdict, choice.results, choice.graphs, choice.policy, choice.lean_inputs,
+        choice.timer, choice.budget)
     fastest = policy.pick(verdict.times,
                           verdict.same_as.get(verdict.predicted, verdict.predicted))
     if fastest in (verdict.pick, _candidates.FLOAT32) or \

@@ -8,22 +8,26 @@ from tf_mpt.choose import candidates as _candidates
 from tf_mpt.choose import ledger as _ledger
 
 
-def refine(graph_def, verdict, results, graphs, rewrite, lists, policy, timer, budget):
+def refine(choice):
     """The refinement of the pick (`verdict.pick`, a half candidate): the op types whose half
-    nodes its per-node profile shows slower than their float32 nodes (policy.
-    slower_ops) kept float32, that candidate timed beside the pick within what is left of
-    `budget`, and kept if over MARGIN faster. Returns the verdict, with the refinement's
-    record where one was timed; `results` gets the refined RewriteResult."""
+    nodes its per-node profile shows slower than their float32 nodes (policy.slower_ops)
+    kept float32, that candidate timed beside the pick within what is left of the budget,
+    and kept if over policy.margin faster. Returns the verdict, with the refinement's record
+    where one was timed; `choice.results` gets the refined RewriteResult."""
+    verdict, results, graphs, policy, timer, budget = (
+        choice.verdict, choice.results, choice.graphs, choice.policy, choice.timer,
+        choice.budget)
     chosen = verdict.pick
     half_nodes = {name: d.op for name, d in results[chosen].report.decisions.items()
                   if d.converted}
-    profiles = timer.profile({_candidates.FLOAT32: graph_def, chosen: graphs[chosen]},
+    profiles = timer.profile({_candidates.FLOAT32: choice.graph_def, chosen: graphs[chosen]},
                              policy)
     slow = policy.slower_ops(profiles[chosen], profiles[_candidates.FLOAT32], half_nodes)
     if not slow:
         return verdict
     keep = tuple(sorted(n for _, _, nodes in slow.values() for n in nodes))
-    refined = _candidates.keeping_float32(graph_def, keep, chosen, rewrite, lists)
+    refined = _candidates.keeping_float32(choice.graph_def, keep, chosen, choice.rewrite,
+                                          choice.lists)
     if refined.graph_def == graphs[chosen]:
         return verdict
     times = budget.spend(timer.time({chosen: graphs[chosen],

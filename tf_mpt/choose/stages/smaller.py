@@ -12,7 +12,7 @@ from tf_mpt.choose import policy as _policy
 from tf_mpt.choose import when as _when
 
 
-def make_smaller(verdict, results, policy, lean_inputs, timer, budget, float32_graph):
+def make_smaller(choice):
     """Where no lean version was kept and the pick is a half candidate holding more than
     SMALLER_ABOVE of float32's peak (TF_MPT_MEMORY=least: any half pick): the lean versions
     without ordered products (lean.lean, with `lean_inputs`, its lists and shapes:
@@ -45,6 +45,9 @@ def make_smaller(verdict, results, policy, lean_inputs, timer, budget, float32_g
     float32's peak at 6% slower); float32 is timed in the same rounds, and a version within
     SMALLER_ABOVE not over the price slower than float32 is affordable (_at_the_goal's
     `priced`; least: the bound of the one holding least)."""
+    verdict, results, policy, lean_inputs, timer, budget, float32_graph = (
+        choice.verdict, choice.results, choice.policy, choice.lean_inputs, choice.timer,
+        choice.budget, choice.graph_def)
     chosen, peaks = verdict.pick, verdict.peaks
     goal = 0.0 if policy.least else policy.smaller_above
     price = policy.price

@@ -11,7 +11,7 @@ from tf_mpt.choose.stages import lean as _lean_stage
 _log = logging.getLogger("tf_mpt.rewrite")
 
 
-def within_float32_untimed(verdict, graphs, results, same_as, policy, lean_inputs, timer):
+def within_float32_untimed(choice):
     """The memory check of a graph too slow to time (`verdict`: not timed, keeping the
     prediction) under TF_MPT_MEMORY=float32 or least: the peaks of float32 and of the
     prediction, one traced run each after a first run (the timer's `peaks_only`). Where the
@@ -20,7 +20,10 @@ def within_float32_untimed(verdict, graphs, results, same_as, policy, lean_input
     peak is kept; where none is, float32 is. Their speed is not measured. Returns the
     verdict, its peaks (and its lean version's record where one was measured) set; `results`
     gets a kept lean version's RewriteResult. Where the check fails, `verdict` as it was."""
-    source = same_as.get(verdict.predicted, verdict.predicted)
+    verdict, graphs, results, policy, lean_inputs, timer = (
+        choice.verdict, choice.graphs, choice.results, choice.policy, choice.lean_inputs,
+        choice.timer)
+    source = choice.same_as.get(verdict.predicted, verdict.predicted)
     if source == _candidates.FLOAT32 or source not in graphs:
         return verdict
     try:

@@ -1,0 +1,38 @@
+"""The Choice: one graph's decision in progress, as decide's stages pass it on (the way the
+paint passes pass a Paint): what the stages read and what they add.
+
+    given         the graph as given (float32's candidate), the prediction, the painter
+                  (`rewrite(target, lists, graph)`) and its lists, the Policy, the Timer, the
+                  lean transforms' inputs (the lists, the values' shapes)
+    candidates    `results` {candidate: RewriteResult} (float32's: None), `graphs` {candidate:
+                  GraphDef} one per distinct graph, `same_as` {candidate: the one it equals}
+    so far        the budget left (a ledger.Budget, set by the first rounds), the verdict,
+                  and whether the first rounds measured peaks a pick is bounded by
+"""
+
+import dataclasses
+import typing
+
+
+@dataclasses.dataclass
+class Choice:
+    """One graph's choice in progress (see the module's docstring)."""
+    graph_def: typing.Any
+    predicted: typing.Any
+    predicted_name: str
+    rewrite: typing.Callable
+    lists: typing.Any
+    policy: typing.Any
+    timer: typing.Any
+    lean_inputs: tuple
+    results: dict
+    graphs: dict
+    same_as: dict
+    budget: typing.Any = None
+    verdict: typing.Any = None
+    bounded: bool = False  # peaks bound the pick, measured in the first rounds, budget left
+
+    @property
+    def predicted_graph(self):
+        """The name of the candidate the prediction's graph is timed as."""
+        return self.same_as.get(self.predicted_name, self.predicted_name)

@@ -1,0 +1,24 @@
+"""The first rounds: every candidate whose graph differs timed side by side within the first
+rounds' share of the budget, their peaks measured, and the policy's pick."""
+
+from tf_mpt.choose import ledger as _ledger
+from tf_mpt.choose import verdict as _verdict
+from tf_mpt.choose.timers import safety as _safety
+
+
+def first_rounds(choice):
+    """The verdict of the first rounds: each of `choice.graphs` timed within
+    policy.first_share of the budget (the rest is the later stages'), the pick the policy's
+    (bounded by the measured peaks where the memory is). NotTimed where every candidate is
+    the float32 graph, or where they cannot be timed (TooSlow: their rounds do not fit)."""
+    if len(choice.graphs) == 1:
+        raise _safety.NotTimed("every candidate is the float32 graph")
+    policy, timer = choice.policy, choice.timer
+    choice.budget = _ledger.Budget(policy.budget)
+    times = choice.budget.spend(timer.time(choice.graphs, policy.first_share * policy.budget,
+                                           policy))
+    measured = dict(timer.peaks)
+    chosen = policy.pick(times, choice.predicted_graph, policy.bounded_peaks(measured))
+    choice.bounded = bool(policy.bounded_peaks(measured)) and choice.budget.left() > 0
+    return _verdict.Verdict(times, chosen, choice.predicted_name, "", choice.same_as,
+                            peaks=measured, compiled=timer.compiled, policy=policy)
