@@ -224,7 +224,8 @@ class _Rewrites(logging.Handler):
     _TIMED = re.compile(r"tf_mpt timed tf.function (\S+) on copies of its variables: graph "
                         r"timing \(median of \d+ rounds[^)]*\): (.*); picked ([a-z0-9 ]+?)"
                         r"(,| over|$)")
-    _CANDIDATE = re.compile(r"(float32|rules|cost model|contractions only) ([\d.e+-]+) ms")
+    _CANDIDATE = re.compile(r"(float32|rules checked|rules|cost model|contractions only) "
+                            r"([\d.e+-]+) ms")
     _LEAN = re.compile(r"lean (rules|cost model|contractions only|float32) \([^)]*\) "
                        r"([\d.e+-]+) ms")
 

@@ -929,3 +929,48 @@ def test_gpu_device_files_are_what_says_a_gpu_may_be_there(tmp_path):
     assert _cpu.gpu_device_present((str(tmp_path / "nvidia[0-9]*"),))
     assert _cpu.gpu_device_present((str(tmp_path / "nvidia0"),))
     assert not _cpu.gpu_device_present((str(tmp_path / "dxg"), str(tmp_path / "kfd[0-9]*")))
+
+
+def test_the_rules_colouring_with_the_flagged_op_types_float32_is_a_candidate(tmp_path,
+                                                                             monkeypatch):
+    """Graph timing (an injected clock and sandbox) where the numerics check flagged
+    Conv2DBackpropFilter here: the op lists' colouring (target rules applies no check of this
+    CPU) runs it half; a candidate of its own, 'rules checked', is that colouring with the
+    flagged op types float32. Faster here than every other, it is kept: its graph holds the
+    flagged op float32 (the reason says why), its report is its graph's, and a second
+    rewrite replays it from the cache, the same bytes."""
+    from support import fake_timing, report_check  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates, recipes  # pylint: disable=import-outside-toplevel
+    monkeypatch.setenv("TF_MPT_CPU_FLAGS", SKYLAKE_FLAGS)
+    monkeypatch.setattr(dispatch, "onednn_on", lambda: False)
+    monkeypatch.setenv("TF_MPT_OP_COSTS", _table(tmp_path, "bfloat16", {},
+                                                 {"Conv2DBackpropFilter": 13.9}))
+    monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
+    monkeypatch.setenv("TF_MPT_MEMORY", "any")  # (speed alone: no lean versions)
+    monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path / "cache"))
+    fakes = fake_timing.install(monkeypatch)
+
+    def half_nodes(graph_def):
+        return sum(1 for n in graph_def.node if n.op != "Cast" and
+                   any(v.type == BF16 for v in n.attr.values()))
+    # (each half node saves time; a half Conv2DBackpropFilter costs much more)
+    fakes.cost = lambda g, i: 1e-3 - 1e-5 * half_nodes(g) + \
+        (0.5e-3 if _half(g, "Conv2DBackpropFilter", BF16) else 0.0)
+    graph_def = _training_graph().as_graph_def()
+
+    def rewrite():
+        return tf_mpt.rewrite_graph_def(graph_def, dtype="bfloat16", target="here",
+                                        fetches=["loss", "train"])
+    result = rewrite()
+    verdict = result.report.verdict
+    assert candidates.CHECKED in verdict.times, verdict.describe()
+    assert verdict.pick == candidates.CHECKED, verdict.describe()
+    rules = [g for g in fakes.runs if _half(g, "Conv2DBackpropFilter", BF16)]
+    assert rules  # (the op lists' colouring, timed beside it, runs the flagged op half)
+    gd = result.graph_def
+    assert _of(gd, "Conv2DBackpropFilter") and not _half(gd, "Conv2DBackpropFilter", BF16)
+    assert _half(gd, "Conv2D", BF16) and _half(gd, "Relu", BF16)  # (the op lists' elsewhere)
+    assert _only_decision(result, "Conv2DBackpropFilter").reason == recipes.CHECKED_WHY
+    report_check.assert_report_is_the_graphs(result)
+    again = rewrite()
+    assert again.report.verdict.source == "cached" and again.graph_def == gd

@@ -4,6 +4,8 @@
     rules             the op lists' colouring
     cost model        the cost model's colouring (the prediction where the target has a table)
     contractions only matrix products and convolutions half, every other op float32
+    rules checked     the op lists' colouring with the op types the dispatch or numerics
+                      check flagged on this CPU float32 (where any was)
     refined           a half candidate with the op types its profile showed slower float32
     lean              a candidate rearranged to hold less at its peak (transforms/)
 
@@ -17,37 +19,18 @@ from tensorflow.core.framework import graph_pb2
 
 from tf_mpt import _dtypes
 from tf_mpt import lists as _lists
-from tf_mpt.choose.transforms import lean as _lean
 from tf_mpt.costs import contractions as _contractions
 from tf_mpt.rewrite import casts as _casts
 from tf_mpt.rewrite import type_attrs as _ta
 
 
 FLOAT32, RULES, COST, CONTRACTIONS = "float32", "rules", "cost model", "contractions only"
+# the op lists' colouring with the op types the dispatch or numerics check flagged float32
+CHECKED = "rules checked"
 REFINED = "refined"  # the pick with the op types its profile shows slower in half float32
 LEAN = "lean"  # the fastest candidate rearranged to hold less (transforms/)
 CONTRACTION_OPS = _contractions.NODE_TIMED_OPS | frozenset((
     "Conv3D", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2"))
-
-
-def make_candidates(choice):
-    """Fills `choice.results` (float32's and the prediction's there) with the other base
-    colourings (the op lists', contractions only) made by the painter, and `choice.graphs`
-    with one GraphDef per distinct graph, in that order (float32, the prediction, rules,
-    contractions only); a candidate whose graph equals an earlier one is in `choice.same_as`
-    instead."""
-    for name in (RULES, CONTRACTIONS):
-        if name != choice.predicted_name:
-            choice.results[name] = candidate_rewrite(name, choice.rewrite, choice.lists)(None)
-    seen = {}
-    for name, result in choice.results.items():
-        graph = choice.graph_def if result is None else result.graph_def
-        serialized = graph.SerializeToString(deterministic=True)
-        if serialized in seen:
-            choice.same_as[name] = seen[serialized]
-            continue
-        seen[serialized] = name
-        choice.graphs[name] = graph
 
 
 def contractions_only(lists):
@@ -83,10 +66,11 @@ def candidate_rewrite(name, rewrite, lists):
     return lambda graph: rewrite(target_name, candidate_lists, graph)
 
 
-def keeping_float32(graph_def, names, candidate, rewrite, lists):
-    """Candidate `candidate`'s RewriteResult for `graph_def` with the nodes `names` kept
-    float32 (the refinement's), their decisions saying why."""
-    keep = set(names)
+def keeping_float32(graph_def, reasons, candidate, rewrite, lists):
+    """Candidate `candidate`'s RewriteResult for `graph_def` with the nodes of `reasons`
+    ({node name: why}: a refinement's, the checked candidate's) kept float32, their
+    decisions giving why."""
+    keep = set(reasons)
     marked = graph_pb2.GraphDef()
     marked.CopyFrom(graph_def)
     for node in marked.node:
@@ -101,10 +85,8 @@ def keeping_float32(graph_def, names, candidate, rewrite, lists):
     decisions = dict(result.report.decisions)
     for name in keep:
         if name in decisions:
-            decisions[name] = dataclasses.replace(
-                decisions[name], colour="fp32", converted=False,
-                reason="graph timing: its op type ran slower in half than in float32 in this "
-                       "graph's per-node profile (the refinement)")
+            decisions[name] = dataclasses.replace(decisions[name], colour="fp32",
+                                                  converted=False, reason=reasons[name])
     return type(result)(result.graph_def,
                         dataclasses.replace(result.report, decisions=decisions),
                         result.modified)
@@ -172,17 +154,3 @@ def nodes_by_decision_name(graph_def):
 def holds_half(node, half):
     """Whether a type attr of `node` is the half type `half` (a DataType enum)."""
     return any(value.type == half or half in value.list.type for value in node.attr.values())
-
-
-def lean_again(verdict, results, lean_inputs, float32_graph):
-    """The RewriteResult of a verdict's lean pick, made again (a cached verdict; float32's
-    own lean version from `float32_graph`)."""
-    changes = verdict.lean_changes
-    source = result_of(verdict.lean_from, results, float32_graph, verdict.predicted)
-    graph, _ = _lean.lean(source.graph_def,
-                          "float32 products" in changes, *lean_inputs,
-                          ordered="ordered products" in changes,
-                          only_ordered=set(changes) == {"ordered products"},
-                          new_copies=_lean.FROM_COPIES not in changes,
-                          half=_dtypes.parse(source.report.dtype).enum)
-    return lean_result(source, graph)

@@ -4,8 +4,9 @@ paint passes pass a Paint): what the stages read and what they add.
     given         the graph as given (float32's candidate), the prediction, the painter
                   (`rewrite(target, lists, graph)`) and its lists, the Policy, the Timer, the
                   lean transforms' inputs (the lists, the values' shapes)
-    candidates    `results` {candidate: RewriteResult} (float32's: None), `graphs` {candidate:
-                  GraphDef} one per distinct graph, `same_as` {candidate: the one it equals}
+    candidates    `results` {candidate: RewriteResult} (float32's: None), `recipes`
+                  {candidate: how its graph is made}, `graphs` {candidate: GraphDef} one per
+                  distinct graph, `same_as` {candidate: the one it equals}
     so far        the budget left (a ledger.Budget, set by the first rounds), the verdict,
                   and whether the first rounds measured peaks a pick is bounded by
 """
@@ -28,6 +29,7 @@ class Choice:
     results: dict
     graphs: dict
     same_as: dict
+    recipes: dict = dataclasses.field(default_factory=dict)  # {candidate: recipes.Recipe}
     budget: typing.Any = None
     verdict: typing.Any = None
     bounded: bool = False  # peaks bound the pick, measured in the first rounds, budget left

@@ -72,6 +72,7 @@ from tf_mpt.choose import candidates as _candidates
 from tf_mpt.choose import choice as _choice
 from tf_mpt.choose import ledger as _ledger
 from tf_mpt.choose import policy as _policy
+from tf_mpt.choose import recipes as _recipes
 from tf_mpt.choose import stages as _stages
 from tf_mpt.choose import verdict as _verdict
 from tf_mpt.choose.stages import untimed as _untimed
@@ -116,6 +117,16 @@ def _close(timer):
 # (a cached verdict's pick made again from its recipe) that makes another graph is refused,
 # and the graph is timed again
 GRAPH = "graph"
+# The key beside it that holds how the pick's graph is made (recipes.Recipe.to_dict)
+RECIPE = "recipe"
+
+
+def _made(choice):
+    """{RECIPE: how the verdict's pick is made, GRAPH: the hash of its graph}: what a stored
+    record holds beside the verdict, for a replay to make and check."""
+    pick = choice.verdict.pick
+    return {RECIPE: choice.recipes[pick].to_dict(),
+            GRAPH: _graph_hash(_kept(choice).graph_def)}
 
 
 def _graph_hash(graph_def):
@@ -137,32 +148,26 @@ def _kept(choice):
 
 
 def _replayed(verdict, known, choice):
-    """`verdict` (a stored record, `known`) where its pick, made again from its recipe (a
-    refined or lean version; `choice.results` gets it), is the graph that was timed (its
-    hash stored beside it, GRAPH); else None (the graph is timed again), said in one INFO
-    line."""
-    results = choice.results
-    try:
-        if verdict.pick == _candidates.REFINED and _candidates.REFINED not in results:
-            results[_candidates.REFINED] = _candidates.keeping_float32(
-                choice.graph_def, verdict.refined, verdict.refined_from, choice.rewrite,
-                choice.lists)
-        if verdict.pick == _candidates.LEAN and _candidates.LEAN not in results:
-            results[_candidates.LEAN] = _candidates.lean_again(
-                verdict, results, choice.lean_inputs, choice.graph_def)
-        choice.verdict = verdict
-        made = _graph_hash(_kept(choice).graph_def)
-    except Exception as error:  # pylint: disable=broad-except
-        made = f"not made ({type(error).__name__}: {error})"
-    choice.verdict = None
+    """`verdict` (a stored record, `known`) where its pick, made again from its recipe
+    (RECIPE; a refined or lean version's goes into `choice.results`), is the graph that was
+    timed (its hash stored beside it, GRAPH); else None (the graph is timed again), said in
+    one INFO line."""
+    recipe = _recipes.Recipe.from_dict(known.get(RECIPE, {}))
+    made = "no recipe recorded"
+    if recipe is not None:
+        try:
+            result = recipe.make(choice)
+            made = _graph_hash(result.graph_def)
+        except Exception as error:  # pylint: disable=broad-except
+            made = f"not made ({type(error).__name__}: {error})"
     if made == known.get(GRAPH):
+        if verdict.pick in (_candidates.REFINED, _candidates.LEAN):
+            choice.results[verdict.pick], choice.recipes[verdict.pick] = result, recipe
         return verdict
-    results.pop(_candidates.REFINED, None)
-    results.pop(_candidates.LEAN, None)
     _log.info("graph timing: a %s verdict's pick (%s) made again is not the graph that was "
               "timed (%s); it is not replayed", verdict.source, verdict.pick,
-              "no graph recorded" if GRAPH not in known else made if made.startswith("not")
-              else "another graph")
+              "no graph recorded" if GRAPH not in known else
+              made if made.startswith(("not", "no ")) else "another graph")
     return None
 
 
@@ -221,7 +226,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                             timer, lean_inputs, {_candidates.FLOAT32: None,
                                                  predicted_name: predicted}, {}, {})
     try:
-        _candidates.make_candidates(choice)
+        _recipes.make_base(choice)
         if known is not None:
             choice.verdict = _from_record(choice, known, source)
             if choice.verdict is None and source == "table":
@@ -231,8 +236,8 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                 if stage.applies(choice):
                     choice.verdict = _run(stage, choice)
             if key is not None:
-                _verdicts.store(config, dtype, key, {
-                    **choice.verdict.to_dict(), GRAPH: _graph_hash(_kept(choice).graph_def)})
+                _verdicts.store(config, dtype, key, {**choice.verdict.to_dict(),
+                                                     **_made(choice)})
     except _safety.NotTimed as error:
         choice.verdict = _verdict.Verdict({}, predicted_name, predicted_name, str(error),
                                           policy=policy)
@@ -241,7 +246,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
             if key is not None and choice.verdict.peaks:
                 _verdicts.store(config, dtype, key,
                                 {**choice.verdict.to_dict(), CHECKED_BUDGET: policy.budget,
-                                 GRAPH: _graph_hash(_kept(choice).graph_def)})
+                                 **_made(choice)})
     except Exception as error:  # pylint: disable=broad-except
         _state.warn_once(("graph_timing", type(error).__name__),
                          "tf_mpt could not time a graph's candidate colourings (%s: %s); it "

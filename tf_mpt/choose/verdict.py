@@ -133,7 +133,7 @@ class Verdict:
             self.source, "")
         # (a cached verdict's come sorted)
         listed = (_candidates.FLOAT32, _candidates.COST, _candidates.RULES,
-                  _candidates.CONTRACTIONS)
+                  _candidates.CONTRACTIONS, _candidates.CHECKED)
         parts = [f"{name} {self.median(name) * 1e3:.3g} ms" + (
                     f" (over {self.rules.drop_slower:.0%} slower: {first[name]} round"
                     f"{'s' if first[name] > 1 else ''})" if name in dropped else "") +

@@ -10,7 +10,8 @@ from tf_mpt.choose import ledger as _ledger
 
 
 def lean_versions(graph_def, lean_inputs, tried):
-    """(lean GraphDef, {change: count}) of each of `graph_def`'s lean versions in turn, from
+    """(lean GraphDef, {change: count}, its options for recipes.Recipe.made_lean) of each of
+    `graph_def`'s lean versions in turn, from
     the cheapest: its weight gradients' products ordered alone (lean.lean's `only_ordered`),
     its lean version, its leaner one (weight gradients' products in float32); a version that
     changes nothing, or equals one in `tried` (a list, which each version yielded joins), is
@@ -21,7 +22,7 @@ def lean_versions(graph_def, lean_inputs, tried):
         if graph is graph_def or any(graph == t for t in tried):
             continue
         tried.append(graph)
-        yield graph, changes
+        yield graph, changes, (products_in_float32, True, only_ordered, True)
 
 
 def make_lean(choice):
@@ -53,19 +54,20 @@ def make_lean(choice):
                    policy.over_float32(verdict.peaks, name) and
                    statistics.median(verdict.times[name]) < bound),
                   key=lambda name: (name != fastest, statistics.median(verdict.times[name])))
-    best = None  # (verdict, its lean version's time over the pick's, RewriteResult)
+    best = None  # (verdict, its lean version's time over the pick's, RewriteResult, Recipe)
     first = statistics.median(verdict.times[against])
     for source in over:
         if best is not None and statistics.median(verdict.times[source]) / first >= \
                 best[1] * (1.0 - policy.margin):
             continue  # (its lean versions cannot be over MARGIN faster than the kept one)
-        for graph, changes in lean_versions(graphs[source], lean_inputs, tried):
+        for graph, changes, options in lean_versions(graphs[source], lean_inputs, tried):
             left = budget.left()
             if left <= 0:
                 break
             times = budget.spend(timer.time({against: graphs[against], _candidates.LEAN: graph},
                                             left, policy))
             result = _candidates.lean_result(results[source], graph)
+            recipe = choice.recipes[source].made_lean(*options)
             peaks = _ledger.peaks_after(timer, verdict)
             within = not policy.over_float32(peaks, _candidates.LEAN)
             ratio = statistics.median(times[_candidates.LEAN]) / statistics.median(times[against])
@@ -77,13 +79,14 @@ def make_lean(choice):
                     lean_against=against, lean_beside=times[against],
                     lean_changes=dict(changes), peaks=peaks)
                 if kept:
-                    best = (recorded, ratio, result)
+                    best = (recorded, ratio, result, recipe)
                 else:
                     verdict, results[_candidates.LEAN] = recorded, result
+                    choice.recipes[_candidates.LEAN] = recipe
             if within:
                 break  # (its later versions hold less and run slower)
         if budget.left() <= 0:
             break
     if best is not None:
-        verdict, _, results[_candidates.LEAN] = best
+        verdict, _, results[_candidates.LEAN], choice.recipes[_candidates.LEAN] = best
     return verdict

@@ -26,14 +26,15 @@ def refine(choice):
     if not slow:
         return verdict
     keep = tuple(sorted(n for _, _, nodes in slow.values() for n in nodes))
-    refined = _candidates.keeping_float32(choice.graph_def, keep, chosen, choice.rewrite,
-                                          choice.lists)
+    recipe = dataclasses.replace(choice.recipes[chosen], float32_nodes=keep)
+    refined = recipe.make(choice)
     if refined.graph_def == graphs[chosen]:
         return verdict
     times = budget.spend(timer.time({chosen: graphs[chosen],
                                      _candidates.REFINED: refined.graph_def},
                                     budget.left(), policy))
     results[_candidates.REFINED] = refined
+    choice.recipes[_candidates.REFINED] = recipe
     peaks = _ledger.peaks_after(timer, verdict)
     faster = statistics.median(times[_candidates.REFINED]) < \
         statistics.median(times[chosen]) * (1.0 - policy.margin) and \

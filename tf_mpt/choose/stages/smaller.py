@@ -73,6 +73,7 @@ def make_smaller(choice):
         sources.append(_candidates.FLOAT32)
     half = _dtypes.parse(results[verdict.predicted].report.dtype).enum
     versions = {}  # {timer key: (source, lean graph, changes)}
+    copies = {}  # {timer key: whether its half copies were made anew (new_copies)}
     # each source's lean version, then the pick's from its half copies alone (no new Cast
     # down: where the others cost more than MARGIN, it may hold less at the pick's speed)
     for source, new_copies in [(source, True) for source in sources] + [(chosen, False)]:
@@ -83,8 +84,8 @@ def make_smaller(choice):
                                     new_copies=new_copies, half=half)
         if graph is original or any(graph == g for _, g, _ in versions.values()):
             continue
-        versions[_candidates.LEAN if not versions else f"{_candidates.LEAN} {len(versions)}"] = \
-            (source, graph, changes)
+        key = _candidates.LEAN if not versions else f"{_candidates.LEAN} {len(versions)}"
+        versions[key], copies[key] = (source, graph, changes), new_copies
     left = budget.left()
     if not versions or left <= 0:
         return verdict
@@ -127,6 +128,8 @@ def make_smaller(choice):
     source, graph, changes = versions[record]
     results[_candidates.LEAN] = _candidates.lean_result(
         _candidates.result_of(source, results, float32_graph, verdict.predicted), graph)
+    choice.recipes[_candidates.LEAN] = choice.recipes[source].made_lean(
+        False, False, False, copies[record])
     peaks = {name: peak for name, peak in measured.items() if name not in versions}
     if record in measured:
         peaks[_candidates.LEAN] = measured[record]

@@ -35,7 +35,8 @@ def within_float32_untimed(choice):
             return verdict
         if not policy.over_float32(peaks, source):
             return dataclasses.replace(verdict, peaks=peaks)
-        for graph, changes in _lean_stage.lean_versions(graphs[source], lean_inputs, []):
+        for graph, changes, options in _lean_stage.lean_versions(graphs[source], lean_inputs,
+                                                                 []):
             timer.peaks_only({_candidates.LEAN: graph}, policy)
             if _candidates.LEAN not in timer.peaks:
                 break
@@ -44,6 +45,7 @@ def within_float32_untimed(choice):
                                           lean_changes=dict(changes))
             if not policy.over_float32(peaks, _candidates.LEAN):
                 results[_candidates.LEAN] = _candidates.lean_result(results[source], graph)
+                choice.recipes[_candidates.LEAN] = choice.recipes[source].made_lean(*options)
                 return dataclasses.replace(verdict, pick=_candidates.LEAN)
         return dataclasses.replace(verdict, pick=_candidates.FLOAT32, peaks=dict(peaks))
     except Exception as error:  # pylint: disable=broad-except
