@@ -910,3 +910,13 @@ def test_the_report_is_that_of_the_graph_that_runs(timed, kind):
     assert isinstance(verdict, tf_mpt.report.Verdict)
     recorded = json.loads(result.report.to_json())["verdict"]
     assert recorded["pick"] == kind and recorded["line"] == verdict.describe()
+    # ... and the ledger: every measurement, by stage; the first rounds' are the times the
+    # verdict lists, the refinement's its own rounds of the pick and the refined version
+    first = {e["candidate"]: tuple(e["seconds"]) for e in recorded["ledger"]
+             if e["stage"] == "first rounds"}
+    assert first == {name: times for name, times in verdict.times.items()
+                     if name != _candidates.REFINED}
+    later = [(e["stage"], e["candidate"]) for e in recorded["ledger"]
+             if e["stage"] != "first rounds"]
+    assert later == ([("refinement", verdict.refined_from), ("refinement", kind)]
+                     if kind == _candidates.REFINED else []), later

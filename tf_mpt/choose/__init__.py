@@ -8,7 +8,10 @@
                       only, refined, lean; each made by the painter or a transform
     policy.py         the Policy: every threshold and the user's settings, built once from
                       the Config; the rules that read them (pick, over_float32, slower_ops)
-    ledger.py         what was measured beside the candidates' times (RESIDENT), the budget
+    recipes.py        how each candidate's graph is made (a Recipe: a base colouring, nodes
+                      kept float32, a lean version), made again on a replay
+    ledger.py         the Ledger: every measurement, append-only (measure() records what a
+                      Timer measured); the budget
     verdict.py        the Verdict: every time and peak, the pick, one line that says them
     stages/           STAGES, in order: the first rounds (first.py), lean versions
                       (lean.py), smaller ones (smaller.py), the refinement (refinement.py);

@@ -7,12 +7,15 @@ paint passes pass a Paint): what the stages read and what they add.
     candidates    `results` {candidate: RewriteResult} (float32's: None), `recipes`
                   {candidate: how its graph is made}, `graphs` {candidate: GraphDef} one per
                   distinct graph, `same_as` {candidate: the one it equals}
-    so far        the budget left (a ledger.Budget, set by the first rounds), the verdict,
-                  and whether the first rounds measured peaks a pick is bounded by
+    so far        the ledger of what was measured, the budget left (a ledger.Budget, set by
+                  the first rounds), the verdict, and whether the first rounds measured
+                  peaks a pick is bounded by
 """
 
 import dataclasses
 import typing
+
+from tf_mpt.choose import ledger as _ledger
 
 
 @dataclasses.dataclass
@@ -30,6 +33,7 @@ class Choice:
     graphs: dict
     same_as: dict
     recipes: dict = dataclasses.field(default_factory=dict)  # {candidate: recipes.Recipe}
+    ledger: typing.Any = dataclasses.field(default_factory=_ledger.Ledger)  # what was measured
     budget: typing.Any = None
     verdict: typing.Any = None
     bounded: bool = False  # peaks bound the pick, measured in the first rounds, budget left

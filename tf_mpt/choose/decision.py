@@ -235,6 +235,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
             for stage in _stages.STAGES:
                 if stage.applies(choice):
                     choice.verdict = _run(stage, choice)
+            choice.verdict = _with_ledger(choice)
             if key is not None:
                 _verdicts.store(config, dtype, key, {**choice.verdict.to_dict(),
                                                      **_made(choice)})
@@ -242,7 +243,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
         choice.verdict = _verdict.Verdict({}, predicted_name, predicted_name, str(error),
                                           policy=policy)
         if isinstance(error, _safety.TooSlow) and policy.bounded:
-            choice.verdict = _untimed.within_float32_untimed(choice)
+            choice.verdict = _with_ledger(choice, _untimed.within_float32_untimed(choice))
             if key is not None and choice.verdict.peaks:
                 _verdicts.store(config, dtype, key,
                                 {**choice.verdict.to_dict(), CHECKED_BUDGET: policy.budget,
@@ -270,6 +271,12 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                                  unweighed_nodes=predicted.report.unweighed_nodes,
                                  unweighed_why=predicted.report.unweighed_why)
     return type(kept)(kept.graph_def, report, kept.modified)
+
+
+def _with_ledger(choice, verdict=None):
+    """`verdict` (the choice's where None) with the choice's ledger, as the record keeps it."""
+    return dataclasses.replace(verdict or choice.verdict,
+                               ledger=tuple(choice.ledger.to_list()))
 
 
 def _run(stage, choice):

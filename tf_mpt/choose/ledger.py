@@ -1,18 +1,105 @@
-"""What was measured: the names of the measurements beside the candidates', and the budget.
+"""The Ledger: every measurement of one decision, in the order made, append-only; the one place
+times and peaks live once measured (a Timer hands them over, measure() records them).
 
-    RESIDENT      peaks[RESIDENT]: the bytes every candidate holds alike (its variables, an
-                  optimizer's slots, its inputs), added to each step peak where compared
+    Entry         (stage, candidate, seconds per round, step peak bytes): one candidate
+                  timed (or, a graph too slow to time, its peak alone) in one stage's rounds
+    RESIDENT      the bytes every candidate holds alike (its variables, an optimizer's slots,
+                  its inputs), added to each step peak where compared (peaks()[RESIDENT])
     Budget        seconds of timed runs left of TF_MPT_TIMING_BUDGET, each stage's spent
-    peaks_after   the peaks after a later stage's rounds: the verdict's own, the new
-                  version's added
 """
+
+import dataclasses
+import typing
 
 from tf_mpt.choose import candidates as _candidates
 
-
-# peaks[RESIDENT] (time_versions, timers.graphs.time_candidates): the bytes every candidate
-# holds alike across its steps (its variables, the optimizer's slots, its inputs)
+# peaks[RESIDENT] (the timers'): the bytes every candidate holds alike across its steps (its
+# variables, the optimizer's slots, its inputs)
 RESIDENT = "(resident)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One measurement: `candidate` (its name in that stage's rounds) timed by `stage`."""
+    stage: str
+    candidate: str
+    seconds: tuple  # per round; () where only its peak was measured
+    peak: typing.Optional[int] = None  # the step peak of one traced run, bytes
+
+
+class Ledger:
+    """The measurements of one decision (see the module's docstring)."""
+
+    def __init__(self):
+        self.entries = []
+        self.resident = None
+
+    def record(self, stage, times, peaks):
+        """Appends what one call of a timer measured: {candidate: seconds per round} and
+        {candidate: peak bytes} (and RESIDENT) of the candidates it ran."""
+        for name in list(times) + [n for n in peaks if n not in times and n != RESIDENT]:
+            self.entries.append(Entry(stage, name, tuple(times.get(name, ())),
+                                      peaks.get(name)))
+        if RESIDENT in peaks:
+            self.resident = peaks[RESIDENT]
+
+    def relabel(self, stage, kept, name):
+        """Records stage's candidate `kept` again as `name` (a smaller version kept as the
+        lean one: the same measurement)."""
+        entry = next(e for e in reversed(self.entries) if e.stage == stage and
+                     e.candidate == kept)
+        self.entries.append(dataclasses.replace(entry, candidate=name))
+
+    def peaks(self, names=None):
+        """{candidate: its latest measured peak} (of `names` only, where given) and
+        RESIDENT where measured."""
+        found = {}
+        for entry in self.entries:
+            if entry.peak is not None and (names is None or entry.candidate in names):
+                found[entry.candidate] = entry.peak
+        if self.resident is not None:
+            found[RESIDENT] = self.resident
+        return found
+
+    def to_list(self):
+        return [dataclasses.asdict(entry) for entry in self.entries]
+
+
+def measure(choice, stage, graphs, budget_seconds):
+    """{candidate: seconds per round} of `graphs` ({candidate: GraphDef}) timed by
+    `choice.timer` within `budget_seconds`, spent from `choice.budget` and recorded in
+    `choice.ledger` with their peaks, under `stage`."""
+    timer = choice.timer
+    times = choice.budget.spend(timer.time(graphs, budget_seconds, choice.policy))
+    choice.ledger.record(stage, times, _measured_peaks(timer, graphs))
+    return times
+
+
+def measure_peaks(choice, stage, graphs):
+    """The peaks of `graphs` measured alone (one first run and one traced run each: a graph
+    too slow to time), recorded in `choice.ledger` under `stage`; returns them."""
+    choice.timer.peaks_only(graphs, choice.policy)
+    peaks = _measured_peaks(choice.timer, graphs)
+    choice.ledger.record(stage, {}, peaks)
+    return peaks
+
+
+def _measured_peaks(timer, graphs):
+    """The peaks `timer` just measured of `graphs`' candidates, and RESIDENT."""
+    return {name: peak for name, peak in timer.peaks.items()
+            if name in graphs or name == RESIDENT}
+
+
+def peaks_after(choice, verdict, also=()):
+    """The peaks after a later stage's rounds: the verdict's stand (the pick was made with
+    them; a candidate timed again does not change them), the new version's (refined, lean:
+    the last measured) added; of the candidates the verdict timed, the lean and refined
+    ones, those named in `also` (a stage's versions), and RESIDENT."""
+    names = set(verdict.times) | {_candidates.LEAN, _candidates.REFINED} | set(also)
+    peaks = choice.ledger.peaks(names)
+    peaks.update((name, peak) for name, peak in verdict.peaks.items()
+                 if name not in (_candidates.LEAN, _candidates.REFINED))
+    return peaks
 
 
 class Budget:
@@ -29,13 +116,3 @@ class Budget:
 
     def left(self):
         return self.seconds - self.spent
-
-
-def peaks_after(timer, verdict):
-    """The peaks after another round of timing: the verdict's stand (the pick was made with
-    them; a candidate timed again does not change them), the new version's (refined, lean:
-    the last timed) added."""
-    peaks = dict(timer.peaks)
-    peaks.update((name, peak) for name, peak in verdict.peaks.items()
-                 if name not in (_candidates.LEAN, _candidates.REFINED))
-    return peaks

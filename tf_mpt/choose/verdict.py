@@ -47,6 +47,8 @@ class Verdict:
             timers.compiled.time_compiled; no step peaks, nor a refinement, are measured there).
         policy: the Policy it was decided by (policy.Policy; None: the default one), which
             its line reads (what counts as over float32's peak, as slower).
+        ledger: every measurement made for it, in order ({stage, candidate, seconds, peak}
+            each: ledger.Entry), whatever was kept.
     """
     times: dict
     pick: str
@@ -67,6 +69,7 @@ class Verdict:
     memory_price: float = 0.0
     compiled: bool = False
     policy: object = dataclasses.field(default=None, compare=False, repr=False)
+    ledger: tuple = dataclasses.field(default=(), compare=False, repr=False)
 
     @classmethod
     def from_dict(cls, data, source, policy=None):
@@ -88,6 +91,10 @@ class Verdict:
             why = str(data.get("why", ""))
             memory_price = float(data.get("memory_price", 0.0))
             compiled = bool(data.get("compiled", False))
+            ledger = tuple({"stage": str(e["stage"]), "candidate": str(e["candidate"]),
+                            "seconds": [float(t) for t in e["seconds"]],
+                            "peak": None if e["peak"] is None else int(e["peak"])}
+                           for e in data.get("ledger", ()))
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
         if not times:  # (a graph too slow to time, its peaks measured instead: decision's
@@ -99,7 +106,7 @@ class Verdict:
                     pick == lean and not (lean_from and lean in peaks and lean_changes)):
                 return None
             return cls({}, pick, predicted, why, {}, source, peaks=peaks, lean_from=lean_from,
-                       lean_changes=lean_changes, policy=policy)
+                       lean_changes=lean_changes, policy=policy, ledger=ledger)
         if pick not in times or not all(times.values()) or (
                 pick == _candidates.REFINED and
                 not (refined and refined_from in times and beside)) or (
@@ -107,7 +114,7 @@ class Verdict:
             return None
         return cls(times, pick, predicted, "", {}, source, refined, refined_from, refined_ops,
                    beside, peaks, lean_from, lean_against, lean_beside, lean_changes,
-                   lean_others, memory_price, compiled, policy)
+                   lean_others, memory_price, compiled, policy, ledger)
 
     @property
     def rules(self):
@@ -231,4 +238,5 @@ class Verdict:
                 "lean_from": self.lean_from, "lean_against": self.lean_against,
                 "lean_beside": list(self.lean_beside), "lean_changes": dict(self.lean_changes),
                 "lean_others": {k: list(v) for k, v in self.lean_others.items()},
-                "memory_price": self.memory_price, "compiled": self.compiled}
+                "memory_price": self.memory_price, "compiled": self.compiled,
+                "ledger": [dict(entry) for entry in self.ledger]}

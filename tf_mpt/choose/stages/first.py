@@ -15,9 +15,9 @@ def first_rounds(choice):
         raise _safety.NotTimed("every candidate is the float32 graph")
     policy, timer = choice.policy, choice.timer
     choice.budget = _ledger.Budget(policy.budget)
-    times = choice.budget.spend(timer.time(choice.graphs, policy.first_share * policy.budget,
-                                           policy))
-    measured = dict(timer.peaks)
+    times = _ledger.measure(choice, "first rounds", choice.graphs,
+                            policy.first_share * policy.budget)
+    measured = choice.ledger.peaks()
     chosen = policy.pick(times, choice.predicted_graph, policy.bounded_peaks(measured))
     choice.bounded = bool(policy.bounded_peaks(measured)) and choice.budget.left() > 0
     return _verdict.Verdict(times, chosen, choice.predicted_name, "", choice.same_as,

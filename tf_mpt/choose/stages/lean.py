@@ -40,9 +40,9 @@ def make_lean(choice):
     search before the cost model's, within at 2.2x); of those kept, the fastest against the
     pick. Returns the verdict, with the kept lean version's record, else the last one timed;
     `results` gets its RewriteResult."""
-    verdict, results, graphs, policy, lean_inputs, timer, budget = (
+    verdict, results, graphs, policy, lean_inputs, budget = (
         choice.verdict, choice.results, choice.graphs, choice.policy, choice.lean_inputs,
-        choice.timer, choice.budget)
+        choice.budget)
     fastest = policy.pick(verdict.times,
                           verdict.same_as.get(verdict.predicted, verdict.predicted))
     if fastest in (verdict.pick, _candidates.FLOAT32) or \
@@ -64,11 +64,11 @@ def make_lean(choice):
             left = budget.left()
             if left <= 0:
                 break
-            times = budget.spend(timer.time({against: graphs[against], _candidates.LEAN: graph},
-                                            left, policy))
+            times = _ledger.measure(choice, "lean versions",
+                                    {against: graphs[against], _candidates.LEAN: graph}, left)
             result = _candidates.lean_result(results[source], graph)
             recipe = choice.recipes[source].made_lean(*options)
-            peaks = _ledger.peaks_after(timer, verdict)
+            peaks = _ledger.peaks_after(choice, verdict)
             within = not policy.over_float32(peaks, _candidates.LEAN)
             ratio = statistics.median(times[_candidates.LEAN]) / statistics.median(times[against])
             kept = within and ratio < 1.0 - policy.margin and (best is None or ratio < best[1])

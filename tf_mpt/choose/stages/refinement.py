@@ -30,12 +30,12 @@ def refine(choice):
     refined = recipe.make(choice)
     if refined.graph_def == graphs[chosen]:
         return verdict
-    times = budget.spend(timer.time({chosen: graphs[chosen],
-                                     _candidates.REFINED: refined.graph_def},
-                                    budget.left(), policy))
+    times = _ledger.measure(choice, "refinement", {chosen: graphs[chosen],
+                                                   _candidates.REFINED: refined.graph_def},
+                            budget.left())
     results[_candidates.REFINED] = refined
     choice.recipes[_candidates.REFINED] = recipe
-    peaks = _ledger.peaks_after(timer, verdict)
+    peaks = _ledger.peaks_after(choice, verdict)
     faster = statistics.median(times[_candidates.REFINED]) < \
         statistics.median(times[chosen]) * (1.0 - policy.margin) and \
         not (policy.bounded_peaks(peaks) and

@@ -45,9 +45,9 @@ def make_smaller(choice):
     float32's peak at 6% slower); float32 is timed in the same rounds, and a version within
     SMALLER_ABOVE not over the price slower than float32 is affordable (_at_the_goal's
     `priced`; least: the bound of the one holding least)."""
-    verdict, results, policy, lean_inputs, timer, budget, float32_graph = (
-        choice.verdict, choice.results, choice.policy, choice.lean_inputs, choice.timer,
-        choice.budget, choice.graph_def)
+    verdict, results, policy, lean_inputs, budget, float32_graph = (
+        choice.verdict, choice.results, choice.policy, choice.lean_inputs, choice.budget,
+        choice.graph_def)
     chosen, peaks = verdict.pick, verdict.peaks
     goal = 0.0 if policy.least else policy.smaller_above
     price = policy.price
@@ -94,8 +94,8 @@ def make_smaller(choice):
     # (float32's time bounds them: measured in the same rounds)
     if policy.least or price:
         timed[_candidates.FLOAT32] = float32_graph
-    times = budget.spend(timer.time(timed, left, policy))
-    measured = _ledger.peaks_after(timer, verdict)
+    times = _ledger.measure(choice, "smaller versions", timed, left)
+    measured = _ledger.peaks_after(choice, verdict, also=versions)
     beside = statistics.median(times[chosen])
     # (float32's median in these rounds, with the price: least's bound, and the default's
     # for a version reaching the goal where a price is set)
@@ -133,11 +133,8 @@ def make_smaller(choice):
     peaks = {name: peak for name, peak in measured.items() if name not in versions}
     if record in measured:
         peaks[_candidates.LEAN] = measured[record]
-    # (what a refinement's peaks_after reads: the versions' keys as the kept one's LEAN)
-    for key in versions:
-        timer.peaks.pop(key, None)
-    if _candidates.LEAN in peaks:
-        timer.peaks[_candidates.LEAN] = peaks[_candidates.LEAN]
+    if record in measured:  # (what a refinement's peaks_after reads as the lean one's)
+        choice.ledger.relabel("smaller versions", record, _candidates.LEAN)
     others = {_lean_label(versions[key][0], versions[key][2]):
               (statistics.median(times[key]), measured.get(key))
               for key in versions if key != record}

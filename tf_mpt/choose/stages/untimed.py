@@ -20,27 +20,24 @@ def within_float32_untimed(choice):
     peak is kept; where none is, float32 is. Their speed is not measured. Returns the
     verdict, its peaks (and its lean version's record where one was measured) set; `results`
     gets a kept lean version's RewriteResult. Where the check fails, `verdict` as it was."""
-    verdict, graphs, results, policy, lean_inputs, timer = (
-        choice.verdict, choice.graphs, choice.results, choice.policy, choice.lean_inputs,
-        choice.timer)
+    verdict, graphs, results, policy, lean_inputs = (
+        choice.verdict, choice.graphs, choice.results, choice.policy, choice.lean_inputs)
     source = choice.same_as.get(verdict.predicted, verdict.predicted)
     if source == _candidates.FLOAT32 or source not in graphs:
         return verdict
     try:
-        timer.peaks_only({_candidates.FLOAT32: graphs[_candidates.FLOAT32],
-                          source: graphs[source]}, policy)
-        peaks = {name: peak for name, peak in timer.peaks.items()
-                 if name in (_candidates.FLOAT32, source, _ledger.RESIDENT)}
+        peaks = _ledger.measure_peaks(choice, "peaks", {
+            _candidates.FLOAT32: graphs[_candidates.FLOAT32], source: graphs[source]})
         if _candidates.FLOAT32 not in peaks or source not in peaks:
             return verdict
         if not policy.over_float32(peaks, source):
             return dataclasses.replace(verdict, peaks=peaks)
         for graph, changes, options in _lean_stage.lean_versions(graphs[source], lean_inputs,
                                                                  []):
-            timer.peaks_only({_candidates.LEAN: graph}, policy)
-            if _candidates.LEAN not in timer.peaks:
+            measured = _ledger.measure_peaks(choice, "peaks", {_candidates.LEAN: graph})
+            if _candidates.LEAN not in measured:
                 break
-            peaks[_candidates.LEAN] = timer.peaks[_candidates.LEAN]
+            peaks[_candidates.LEAN] = measured[_candidates.LEAN]
             verdict = dataclasses.replace(verdict, peaks=dict(peaks), lean_from=source,
                                           lean_changes=dict(changes))
             if not policy.over_float32(peaks, _candidates.LEAN):
