@@ -394,7 +394,7 @@ class Config:
             colouring whose step peak is over float32's; least: the one holding least of
             those not slower than float32.
         memory_price: TF_MPT_MEMORY_PRICE, the share of float32's speed a timed graph may
-            give up to hold within policy.SMALLER_ABOVE of float32's peak (0: none).
+            give up to hold within policy.smaller_above of float32's peak (0: none).
     """
     list_add: tuple = ()
     list_remove: tuple = ()

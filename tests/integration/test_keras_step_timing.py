@@ -1,6 +1,7 @@
 """TF_MPT_STEP_TIMING under the automatic path: Keras 3's training step has its candidate
 colourings (float32, the cost model's, the rules', contractions only) timed on copies of the
-model's and optimizer's variables, then runs the fastest; the script's model trains exactly the steps it asked for, to float32's loss.
+model's and optimizer's variables, then runs the fastest; the script's model trains exactly
+the steps it asked for, to float32's loss.
 
 This machine's clock decides which candidate is faster, so the test asserts what holds
 whichever way: the candidates were timed, the pick the INFO line names is the version that ran
@@ -107,14 +108,14 @@ def test_keras_fit_step_is_timed_and_the_model_trains_only_its_own_steps(monkeyp
         held_over = set(re.findall(r"(float32|rules|cost model|contractions only) [\d.]+ ms "
                                    r"\(peak [\d.]+ MiB: over float32's\)", parts))
         if lean.partition(" (")[0] not in held_over:  # the lean version of the pick or of a
-            # colouring near it, holding less: kept unless over MARGIN slower (a tie in time
+            # colouring near it, holding less: kept unless over policy.margin slower (a tie in time
             # goes to memory)
             assert float(lean_ms) <= float(beside) * (1 + _policy.DEFAULT.margin) * 1.005, \
                 timed[0]
         else:  # the fastest held more than float32: its lean version, faster than the pick
             assert float(lean_ms) < float(beside) * (1 - _policy.DEFAULT.margin) * 1.005, \
                 timed[0]
-    if pick == "refined":  # the refinement won: timed over MARGIN faster than the first pick
+    if pick == "refined":  # the refinement won: timed over policy.margin faster than the first pick
         refined, first, beside = re.search(
             r"float32\) ([\d.]+) ms(?: \(peak [^)]*\))? beside ([a-z0-9 ]+) ([\d.]+) ms",
             refinement).groups()

@@ -180,7 +180,7 @@ def test_float32_is_kept_where_it_is_fastest(timed):
 
 
 def test_the_prediction_stays_unless_another_is_clearly_faster(timed):
-    """The rules' graph 2% faster than the cost model's (under MARGIN): the prediction
+    """The rules' graph 2% faster than the cost model's (under policy.margin): the prediction
     stays; 10% faster: the rules' graph is kept."""
     graph_def = _mlp()
     rules = _candidate(graph_def).graph_def
@@ -204,7 +204,7 @@ def test_a_clear_winner_stops_early_and_a_close_race_runs_every_round(timed):
 
 def test_the_first_rounds_spend_their_share_of_the_budget_and_leave_the_rest(timed):
     """A close race of 0.1 s runs against a 5 s budget: the first rounds stop once they have
-    spent FIRST_SHARE of it, never before, leaving the rest to the later stages (a lean
+    spent policy.first_share of it, never before, leaving the rest to the later stages (a lean
     version, a smaller one, a refinement); before, they spent all of it."""
     timed(lambda g, i: 0.1 * (1.0 + (0.3 if i % 2 else -0.3) - 0.01 * _half(g, "MatMul")))
     verdict = _rewrite(_mlp()).report.verdict
@@ -228,8 +228,8 @@ def test_a_graph_too_slow_for_the_budget_keeps_the_prediction_and_says_why(timed
     result = _rewrite(graph_def)
     verdict = result.report.verdict
     assert not verdict.timed and verdict.pick == verdict.predicted == _candidates.COST
-    assert f"do not fit in the {_policy.DEFAULT.first_share * 5:.0f} s the rounds may spend of the " \
-        "budget (TF_MPT_TIMING_BUDGET)" in verdict.why
+    assert f"do not fit in the {_policy.DEFAULT.first_share * 5:.0f} s the rounds may spend " \
+        "of the budget (TF_MPT_TIMING_BUDGET)" in verdict.why
     assert "graph not timed (one round of the" in result.report.summary()
     no_timing = tf_mpt.Config.from_env(dict(os.environ, TF_MPT_TIMING_BUDGET="0"))
     assert result.graph_def == _rewrite(graph_def, config=no_timing).graph_def
@@ -239,10 +239,10 @@ def test_a_graph_too_slow_for_the_budget_keeps_the_prediction_and_says_why(timed
 def test_where_the_rounds_would_not_fit_a_clearly_slower_candidate_runs_no_more(
         timed, half_seconds):
     """Float32 runs 0.6 s against the first rounds' 3 s. Half candidates of 0.25 s: three
-    rounds of all do not fit, but float32 is over DROP_SLOWER slower than the fastest, so it
+    rounds of all do not fit, but float32 is over policy.drop_slower slower than the fastest, so it
     runs no more rounds, and three of the others fit and are timed (ResNet50's fit step at
     batch 64: float32 2.1 s a run against the op lists' 1.5 s; before, nothing was timed).
-    Half candidates of 0.55 s: float32 is not over DROP_SLOWER slower, and the graph is too
+    Half candidates of 0.55 s: float32 is not over policy.drop_slower slower, and the graph is too
     slow to time, as before."""
     graph_def = _mlp()
     timed(lambda g, i: 0.6 if g == graph_def else
@@ -771,7 +771,7 @@ def test_a_candidate_over_float32s_peak_is_not_kept_its_lean_version_is_tried(ti
 def test_a_lean_version_still_over_float32s_peak_is_not_kept(timed):
     """Where the lean version still holds more than float32, the fastest candidate within
     float32's peak is kept (here the cost model's), and the line names the faster ones left
-    out; the pick's own lean version is then timed too (it holds over SMALLER_ABOVE of
+    out; the pick's own lean version is then timed too (it holds over policy.smaller_above of
     float32's peak)."""
     timed(_costs_rules_fastest,
           peak=_peaks_over_for_the_rules(int((100 << 20) * 1.05), 100 << 20))
@@ -801,9 +801,9 @@ def test_the_step_peak_is_the_highest_sum_of_bytes_held_during_the_run():
 
 
 def test_a_tie_in_time_goes_to_the_candidate_holding_least(timed, monkeypatch):
-    """The rules' colouring (every Sigmoid half too) runs within MARGIN of the prediction's
+    """The rules' colouring (every Sigmoid half too) runs within policy.margin of the prediction's
     and holds 30% less at its peak: it is kept. With TF_MPT_MEMORY=any the prediction stays
-    (the old rule: another must be over MARGIN faster)."""
+    (the old rule: another must be over policy.margin faster)."""
     cost = (lambda g, i: 1e-3 * (1 - 0.1 * _half(g, "MatMul")) -
             0.002e-3 * _half(g, "Sigmoid"))
     peak = lambda g: int((10 << 20) * (0.7 if _half(g, "Sigmoid") == 4 else 1.0))  # noqa: E731
@@ -819,7 +819,7 @@ def test_a_tie_in_time_goes_to_the_candidate_holding_least(timed, monkeypatch):
 
 def test_memory_first_picks_the_candidate_holding_least_not_slower_than_float32():
     """Policy.pick with least (TF_MPT_MEMORY=least): of the candidates whose median is
-    not above float32's, the one holding least; within PEAK_SLACK of that, the fastest; a
+    not above float32's, the one holding least; within policy.peak_slack of that, the fastest; a
     candidate over float32's peak is never kept."""
     rounds = lambda ms: (ms * 1e-3,) * 3  # noqa: E731
     times = {_candidates.FLOAT32: rounds(10), _candidates.COST: rounds(6),
@@ -830,7 +830,7 @@ def test_memory_first_picks_the_candidate_holding_least_not_slower_than_float32(
     assert _policy.DEFAULT.pick(times, _candidates.COST, peaks) == _candidates.COST
     # contractions only holds least but is slower than float32: the rules' colouring
     assert least.pick(times, _candidates.COST, peaks) == _candidates.RULES
-    peaks[_candidates.COST] = 61  # (within PEAK_SLACK of the least: the faster)
+    peaks[_candidates.COST] = 61  # (within policy.peak_slack of the least: the faster)
     assert least.pick(times, _candidates.COST, peaks) == _candidates.COST
     peaks[_candidates.RULES] = 103  # (over float32's: never)
     peaks[_candidates.COST] = 102

@@ -538,9 +538,9 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
         monkeypatch, tmp_path, lean_cost, kept):
     """Graph timing (an injected clock and sandbox): the products-only colouring (contractions
     only: Relu and ReluGrad float32, on the lists' clear list) is fastest and holds 0.9x
-    float32's peak, over policy.SMALLER_ABOVE; its lean version (activations
-    saved in half) holds 0.6x, within it. Kept where it is within MARGIN of the pick's time
-    (a tie goes to memory) and where it is 8% slower (within policy.HALF_MEMORY_PRICE: the
+    float32's peak, over policy.smaller_above; its lean version (activations
+    saved in half) holds 0.6x, within it. Kept where it is within policy.margin of the pick's time
+    (a tie goes to memory) and where it is 8% slower (within policy.half_memory_price: the
     price of reaching the goal), not where it is 12% slower; a cached verdict makes the same
     graph again."""
     from support import fake_timing  # pylint: disable=import-outside-toplevel
@@ -586,8 +586,8 @@ def test_a_pick_holding_more_than_the_goal_has_its_lean_version_timed(
         lean_graph, changes = _lean.lean(result.graph_def, ordered=False)
         assert lean_graph is result.graph_def and \
             changes == {"saved in half": 0, "reduced first": 0, "late casts": 0,
-                        "anchored waits": 0, "weights' lists in float32": 0, "late casts in loops": 0,
-                        "accumulated in order": 0}
+                        "anchored waits": 0, "weights' lists in float32": 0,
+                        "late casts in loops": 0, "accumulated in order": 0}
     again = rewrite()
     assert again.report.verdict.source == "cached" and again.graph_def == result.graph_def
 
@@ -918,10 +918,11 @@ def test_a_tie_in_time_goes_to_another_colourings_lean_version(
         monkeypatch, tmp_path, rules_cost, kept):
     """Graph timing (an injected clock and sandbox): the products-only colouring is fastest
     (0.6 ms) and holds 0.9x float32's peak; its own lean version is 12% slower (over
-    policy.HALF_MEMORY_PRICE). The op lists'
-    colouring, 5% slower, made lean runs within MARGIN of the pick and holds 0.5x: kept (a tie
+    policy.half_memory_price). The op lists'
+    colouring, 5% slower, made lean runs within policy.margin of the pick and holds 0.5x: kept (a
+    tie
     in time goes to memory, whichever colouring the lean version comes from). With the op
-    lists' colouring 20% slower (over policy.SMALLER_WINDOW) its lean version is not
+    lists' colouring 20% slower (over policy.smaller_window) its lean version is not
     tried, and the pick stays."""
     from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     from tf_mpt.choose import ledger as _ledger  # pylint: disable=import-outside-toplevel
@@ -976,7 +977,7 @@ def test_where_the_lean_version_costs_time_the_picks_from_its_half_copies_is_kep
     """Graph timing (an injected clock and sandbox), as a Keras Transformer's fit step
     measured on Sapphire Rapids: the products-only pick holds 0.9x float32's peak, its lean
     version 0.6x but 12% slower (each new half copy a Cast down and a Cast up; over
-    policy.HALF_MEMORY_PRICE). Its version
+    policy.half_memory_price). Its version
     from its half copies alone (a Cast up each) runs as fast as the pick and holds 0.7x: kept,
     the other listed as not kept; a cached verdict makes the same graph again."""
     from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
@@ -1021,10 +1022,10 @@ def test_the_memory_goal_is_bought_with_a_bounded_share_of_the_picks_speed(
     """Graph timing (an injected clock and sandbox), as a Keras Transformer's fit step
     measured on Sapphire Rapids: the products-only pick holds 0.9x float32's peak; its
     version from its half copies alone runs as fast and holds 0.7x (over
-    policy.SMALLER_ABOVE), its lean version holds 0.6x (within it) and runs 7% slower
-    (within policy.HALF_MEMORY_PRICE). The lean version is kept, and the line says what it
+    policy.smaller_above), its lean version holds 0.6x (within it) and runs 7% slower
+    (within policy.half_memory_price). The lean version is kept, and the line says what it
     cost; not where float32 runs 0.66 ms (the lean version, 0.642 ms, would then be under
-    MARGIN faster than float32): there the version from copies is kept (a tie goes to
+    policy.margin faster than float32): there the version from copies is kept (a tie goes to
     memory)."""
     from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     from tf_mpt.choose import policy as _policy  # pylint: disable=import-outside-toplevel
@@ -1062,8 +1063,8 @@ def test_the_memory_goal_is_bought_with_a_bounded_share_of_the_picks_speed(
 def test_of_the_versions_reaching_the_memory_goal_a_tie_in_time_goes_to_memory(
         monkeypatch, tmp_path):
     """The pick (products only) holds 0.9x float32's peak, its version from half copies (as
-    fast) 0.7x; two lean versions reach policy.SMALLER_ABOVE within HALF_MEMORY_PRICE of
-    the pick's time: its own (5% slower, 5.5 MiB) and the op lists' (7% slower, within MARGIN
+    fast) 0.7x; two lean versions reach policy.smaller_above within policy.half_memory_price of
+    the pick's time: its own (5% slower, 5.5 MiB) and the op lists' (7% slower, within policy.margin
     of it, 4 MiB). The op lists' is kept: it holds least."""
     from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     kind, tried, rewrite = _timed_relu_graph(
@@ -1088,8 +1089,8 @@ def test_a_lean_version_kept_for_memory_is_not_slower_than_float32(monkeypatch, 
                                                                    lean_cost, kept):
     """Graph timing (an injected clock and sandbox), as MobileNetV2's fit step measured on
     Sapphire Rapids: the cost model's colouring (here the op lists') runs 2% slower than
-    float32, within MARGIN, so the prediction stays; its lean version holds 0.5x float32's
-    peak and runs within MARGIN of it. Kept where it is not slower than float32 (0.99 ms),
+    float32, within policy.margin, so the prediction stays; its lean version holds 0.5x float32's
+    peak and runs within policy.margin of it. Kept where it is not slower than float32 (0.99 ms),
     not where it is (1.01 ms: a tie with the pick, but the pick had used up the margin)."""
     from tf_mpt.choose import candidates as _candidates  # pylint: disable=import-outside-toplevel
     from tf_mpt.choose import policy as _policy  # pylint: disable=import-outside-toplevel
@@ -1156,7 +1157,7 @@ def test_float32s_own_lean_version_computes_float32_and_saves_in_half():
                                          ("0.1", "float32 lean")])
 def test_a_memory_price_buys_float32s_own_lean_version(monkeypatch, tmp_path, price, kept):
     """Graph timing (an injected clock and sandbox), as MobileNetV2's fit step measured on
-    Sapphire Rapids: every half colouring is over MARGIN slower than float32 (the op lists'
+    Sapphire Rapids: every half colouring is over policy.margin slower than float32 (the op lists'
     8%, products only 20%), so float32 is picked, holding 1.0x its peak; its own lean
     version (compute float32, activations saved in half) holds 0.5x and runs 6% slower, the
     op lists' 0.5x at 12% slower. TF_MPT_MEMORY_PRICE=0.1 keeps float32's lean version, and

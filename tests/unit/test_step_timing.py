@@ -81,12 +81,12 @@ def test_auto_times_every_step_xla_compiles_where_decisions_are_for_this_cpu(mod
     (_report_with(83.75, 122.51, elementwise_ms=19.22), True),  # the Transformer's fit: 23%
     (_report_with(97.99, 118.07, elementwise_ms=14.54), False),  # ResNet50's predict: 15%
     (_report_with(5.0, 14.4, elementwise_ms=0.98), False),    # 35% saved, 19.6% element-wise
-    (_report_with(5.0, 14.4, elementwise_ms=1.01), True),     # just over ELEMENTWISE_SHARE
+    (_report_with(5.0, 14.4, elementwise_ms=1.01), True),     # just over policy.elementwise_share
 ])
 def test_auto_times_a_function_whose_saving_rests_on_element_wise_kernels(report, timed):
-    """A large predicted saving (not thin: over policy.THIN of what it adds up) is timed
+    """A large predicted saving (not thin: over policy.thin of what it adds up) is timed
     all the same where half kernels other than matrix products and convolutions make over
-    ELEMENTWISE_SHARE of it: their times come from kernels probed alone, not at the node's
+    policy.elementwise_share of it: their times come from kernels probed alone, not at the node's
     shapes (the first three rows: the Keras steps' reports of that run, in ms); 'off' times
     none of them, nor a target not measured here."""
     assert report.predicted_saving >= _policy.DEFAULT.thin * report.predicted_changed
@@ -160,7 +160,7 @@ def _training_report(kept, converted=30, gradients=True):
 
 @pytest.mark.parametrize("memory, kept, gradients, timed", [
     ("float32", 22, True, True),    # a Keras Transformer's fit step: 353 of 1610 kept
-    ("float32", 5, True, False),    # under KEPT_SHARE: the prediction is trusted
+    ("float32", 5, True, False),    # under policy.kept_share: the prediction is trusted
     ("float32", 22, False, False),  # an inference step: nothing held for a backward pass
     ("any", 22, True, False),       # the peak is not bounded
 ])
@@ -168,7 +168,7 @@ def test_auto_times_a_training_step_whose_cost_model_kept_nodes_float32(memory, 
                                                                         gradients, timed):
     """TF_MPT_STEP_TIMING=auto with the default TF_MPT_MEMORY=float32: a step whose predicted
     saving is large (35%, not timed for speed) is timed where it computes gradients and the
-    cost model kept at least policy.KEPT_SHARE of its weighed nodes float32 (forward
+    cost model kept at least policy.kept_share of its weighed nodes float32 (forward
     values may be held in float32 for the backward pass: what it holds is measured)."""
     from tf_mpt.choose import policy as _policy  # pylint: disable=import-outside-toplevel
     from tf_mpt.choose import when as _when  # pylint: disable=import-outside-toplevel
@@ -195,7 +195,7 @@ def test_auto_times_a_training_step_whose_loops_keep_half_buffers(memory, lists,
                                                                   loop_variables, gradients,
                                                                   timed):
     """TF_MPT_STEP_TIMING=auto with the default TF_MPT_MEMORY=float32: a step the cost model
-    trusts (35% predicted saving, under KEPT_SHARE kept float32) is timed where it computes
+    trusts (35% predicted saving, under policy.kept_share kept float32) is timed where it computes
     gradients through a loop whose buffers (TensorLists, loop variables) it keeps half: the
     backward pass reads what each iteration accumulates, which may be held in both dtypes
     (what it holds is measured); the reason says so."""
@@ -225,7 +225,7 @@ def test_auto_times_a_training_step_whose_loops_keep_half_buffers(memory, lists,
 def test_auto_times_every_training_step_where_memory_has_a_price(memory, price, gradients,
                                                                  timed):
     """TF_MPT_MEMORY_PRICE: a training step the cost model trusts (35% predicted saving,
-    under KEPT_SHARE kept float32, no loop) is timed, and the reason names the price; an
+    under policy.kept_share kept float32, no loop) is timed, and the reason names the price; an
     inference step is not."""
     report = _training_report(5, gradients=gradients)
     assert _when.worth_timing(report, _HERE, "auto") is False  # (not for speed)
@@ -485,8 +485,9 @@ def test_tf_mpt_function_times_the_candidates_and_runs_the_fastest(monkeypatch, 
         return {name: (0.1,) * 3 if name == fastest else (0.2,) * 3 for name in graphs}
     monkeypatch.setattr(_step_sandbox, "time_versions", timed)
     # (no per-node profile: nothing to refine; test_a_step_runs_its_refinement refines)
-    monkeypatch.setattr(_step_sandbox, "profile_versions", lambda cf, graphs, batch, runs, sandbox=None: {
-        name: {} for name in graphs})
+    monkeypatch.setattr(_step_sandbox, "profile_versions",
+                        lambda cf, graphs, batch, runs, sandbox=None: {
+                            name: {} for name in graphs})
     step, _, acc = _step()
     mixed = tf_mpt.function(step.python_function, dtype="bfloat16",
                             input_signature=step.input_signature)
@@ -538,8 +539,9 @@ def test_a_steps_verdict_is_cached_for_the_same_step_traced_again(monkeypatch, t
         return {name: (0.1,) * 3 if name == "contractions only" else (0.2,) * 3
                 for name in graphs}
     monkeypatch.setattr(_step_sandbox, "time_versions", timed)
-    monkeypatch.setattr(_step_sandbox, "profile_versions", lambda cf, graphs, batch, runs, sandbox=None: {
-        name: {} for name in graphs})
+    monkeypatch.setattr(_step_sandbox, "profile_versions",
+                        lambda cf, graphs, batch, runs, sandbox=None: {
+                            name: {} for name in graphs})
     step, _, _ = _step()
     spec = tf.TensorSpec([None, WIDTH], tf.float32)
 

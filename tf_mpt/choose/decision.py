@@ -1,65 +1,20 @@
-"""The decision for one graph, in one place: candidates, prediction, measurement, verdict.
+"""decide: the decision for one graph, a short loop over the stages on one Choice.
 
-    prediction    the rewrite's colouring for the target: the cost model's where the target
-                  has a table (`here`, a FILE), else the op lists' (`rules`)
-    candidates    where the decisions are for this CPU (target `here`) and graph timing is on
-                  (TF_MPT_TIMING_BUDGET > 0; `--no-timing` off): float32, the rules', the cost
-                  model's and contractions only, each a full rewrite of the same GraphDef
-    measurement   timers.graphs.time_candidates: each candidate run on made-up inputs in a
-                  sandbox; candidates whose graphs are equal are timed once. A traced
-                  tf.function (step_applies: TF_MPT_STEP_TIMING) has the same candidates,
-                  timed on copies of its variables (timers.steps.time_versions), in one
-                  sandbox kept open across the stages below (a candidate timed again is not
-                  imported or set up again)
-    budget        TF_MPT_TIMING_BUDGET counts timed runs (Budget), each stage's set-up
-                  apart: the first rounds spend up to FIRST_SHARE of it, the stages below
-                  what is left
-    refinement    (graph timing) where a half candidate wins with a third of the budget left:
-                  one per-node profile of it and of float32 (timers.graphs.profile_candidates);
-                  the op types whose half nodes ran slower than their float32 nodes (by over
-                  10%) kept float32 in a new candidate (`refined`), timed beside the winner
-                  and kept if over 3% faster
-    memory        (graph timing) each candidate's step peak, from one traced run's allocation
-                  records after its rounds, printed beside its time and flagged where over
-                  float32's by more than 2%. With TF_MPT_MEMORY=float32 (the default) such a
-                  candidate is not kept, and a tie in time (MARGIN) goes to the candidate
-                  holding least (policy.pick); where the fastest is one, its lean version
-                  (lean.lean; then, if still over, its leaner one) is timed beside the
-                  fastest within float32's peak and kept if it is within that peak and over
-                  3% faster (before any refinement: a lean pick is not refined). Where
-                  no lean version was kept and the pick holds more than
-                  SMALLER_ABOVE of float32's peak, its lean version without ordered products
-                  (activations saved in half, late casts), those of the half candidates
-                  within SMALLER_WINDOW of its time, and its own from its half copies alone
-                  (no new Cast down: lean.FROM_COPIES) are timed beside it, and the one
-                  holding least of those holding less (by over 2%) and not slower (by over
-                  3%), nor slower than float32, is kept: a tie in time goes to memory;
-                  where that one (or the pick) still holds over SMALLER_ABOVE, the fastest
-                  that holds within it is kept if not over HALF_MEMORY_PRICE slower than
-                  the pick and over 3% faster than float32 (make_smaller; before the
-                  refinement, and a lean pick is not refined). TF_MPT_MEMORY_PRICE (a share
-                  of float32's speed): where the pick, float32 included, holds over
-                  SMALLER_ABOVE, float32's own lean version (compute float32, saved in
-                  half) and those of the candidates within the price of float32's time are
-                  timed too, with float32 in the same rounds, and the fastest within
-                  SMALLER_ABOVE is kept where not over the price slower than float32 (under
-                  least: the bound of the one holding least). A traced tf.function's step
-                  timer measures its candidates' peaks the same way
-    too slow      where the first rounds of every candidate would not fit in the budget, a
-                  candidate over DROP_SLOWER slower than the fastest runs no more rounds
-                  (timers.rounds.rounds); where the others' still do not fit (TooSlow) and
-                  the peak is bounded (TF_MPT_MEMORY=float32 or least): the peaks of float32
-                  and of the prediction are measured instead, one traced run each after a
-                  first run; the prediction runs where within float32's, else its first lean
-                  version within it (make_lean's order), else float32
-                  (within_float32_untimed: ResNet50's fit step at batch 64, 7.2 s a round,
-                  ran the cost model's colouring untimed at 1.13x float32's peak tensors);
-                  that check is cached beside the budget (CHECKED_BUDGET) and read again
-                  under the same budget only
-    verdict       verdict.Verdict: every time and the pick, in the report
-                  (RewriteReport.verdict) and in one INFO line
+    1. the prediction: the rewrite's colouring for the target, the cost model's where the
+       target has a table (`here`, a FILE), else the op lists' (`rules`)
+    2. the candidates (recipes.make_base): float32, the op lists', the cost model's,
+       contractions only, and where the checks flagged an op type, rules checked; each a
+       full rewrite of the same GraphDef, those whose graphs are equal timed once
+    3. a stored verdict (cache.py: this CPU's, or a cost table file's), replayed where its
+       pick's recipe makes the graph that was timed (GRAPH, RECIPE)
+    4. else the stages (stages.STAGES, each where it applies), measuring with the Timer into
+       the ledger, deciding by the Policy; a graph too slow to time has its peaks measured
+       instead (stages/untimed.py)
+    5. the verdict stored with its pick's recipe and graph hash, said in one INFO line, and
+       in the report of the graph kept (RewriteResult.report.verdict)
 
-A graph that cannot be timed keeps the prediction, and its verdict says why.
+A graph that cannot be timed keeps the prediction, and its verdict says why. What each stage
+does, and the Policy's part in it, is in stages/__init__.py.
 """
 
 import dataclasses

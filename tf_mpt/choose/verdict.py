@@ -32,7 +32,7 @@ class Verdict:
         refined_ops: {op type: nodes kept float32}.
         beside: `refined_from`'s times in the refinement's rounds.
         peaks: {candidate: step peak bytes of a traced run} where measured ({} otherwise); a
-            candidate over PEAK_SLACK above float32's is flagged where it is printed.
+            candidate over policy.peak_slack above float32's is flagged where it is printed.
         lean_from: the candidate made lean (LEAN; '' where none was); times[LEAN] its
             rounds, timed beside `lean_against`'s (`lean_beside`).
         lean_against: the candidate the lean one was timed beside (the fastest within
@@ -222,7 +222,7 @@ class Verdict:
 
     def _peak(self, name):
         """' (peak 12.3 MiB)' where `name`'s step peak was measured, ' (peak 12.3 MiB: over
-        float32's)' where it is over float32's by more than PEAK_SLACK."""
+        float32's)' where it is over float32's by more than policy.peak_slack."""
         if name not in self.peaks:
             return ""
         over = "" if name == _candidates.FLOAT32 or \

@@ -31,11 +31,11 @@ def make_lean(choice):
     that is still over its lean version (lean.lean, with `lean_inputs`, its lists and
     shapes), then its leaner one (weight gradients' products in float32), each timed beside
     the pick (the fastest within float32's peak) within what is left of `budget` and
-    kept if within float32's peak and over MARGIN faster; a candidate's versions stop at
+    kept if within float32's peak and over policy.margin faster; a candidate's versions stop at
     the first within float32's peak. Then the same for the next fastest candidate over it
-    that is over MARGIN faster than the pick (the Keras LSTM's fit step: contractions only's
+    that is over policy.margin faster than the pick (the Keras LSTM's fit step: contractions only's
     lean versions still hold more than float32, the cost model's holds less) and, where a
-    version is kept, over MARGIN faster than it in the first rounds (the MLP on Sapphire
+    version is kept, over policy.margin faster than it in the first rounds (the MLP on Sapphire
     Rapids: contractions only's leaner version, within at 1.03x float32's speed, ended the
     search before the cost model's, within at 2.2x); of those kept, the fastest against the
     pick. Returns the verdict, with the kept lean version's record, else the last one timed;
@@ -59,7 +59,7 @@ def make_lean(choice):
     for source in over:
         if best is not None and statistics.median(verdict.times[source]) / first >= \
                 best[1] * (1.0 - policy.margin):
-            continue  # (its lean versions cannot be over MARGIN faster than the kept one)
+            continue  # (its lean versions cannot be over policy.margin faster than the kept one)
         for graph, changes, options in lean_versions(graphs[source], lean_inputs, tried):
             left = budget.left()
             if left <= 0:

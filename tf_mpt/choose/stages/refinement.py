@@ -1,5 +1,5 @@
 """The refinement: a half pick with the op types its per-node profile shows slower in half
-than in float32 kept float32, timed beside it, and kept where over MARGIN faster."""
+than in float32 kept float32, timed beside it, and kept where over policy.margin faster."""
 
 import dataclasses
 import statistics

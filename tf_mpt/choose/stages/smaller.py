@@ -1,4 +1,4 @@
-"""Smaller versions of a pick holding over SMALLER_ABOVE of float32's peak: the lean versions
+"""Smaller versions of a pick holding over policy.smaller_above of float32's peak: the lean versions
 of the candidates near its time, timed beside it; a tie in time goes to memory."""
 
 import dataclasses
@@ -14,24 +14,25 @@ from tf_mpt.choose import when as _when
 
 def make_smaller(choice):
     """Where no lean version was kept and the pick is a half candidate holding more than
-    SMALLER_ABOVE of float32's peak (TF_MPT_MEMORY=least: any half pick): the lean versions
+    policy.smaller_above of float32's peak (TF_MPT_MEMORY=least: any half pick): the lean versions
     without ordered products (lean.lean, with `lean_inputs`, its lists and shapes:
     activations saved in half; a weight's half Cast made at each use; ordered products
     serve a candidate whose weight gradients hold it over float32's peak, and cost time) of
-    the pick and of each other half candidate within SMALLER_WINDOW of its time (least: not
+    the pick and of each other half candidate within policy.smaller_window of its time (least: not
     slower than float32), then the pick's saved in half from its half copies alone (no new
     Cast down, lean.FROM_COPIES: a Keras Transformer's fit step on Sapphire Rapids, whose
     lean version cost a Cast down and up per Gelu intermediate), timed beside the pick in
     the same rounds within what is left of `budget` (a Budget). Of those holding over
-    PEAK_SLACK less than the pick and not over MARGIN slower, nor slower than float32 (its
+    policy.peak_slack less than the pick and not over policy.margin slower, nor slower than float32
+    (its
     time scaled by the pick's in the first rounds; least: not slower than `float32_graph`,
-    timed in the same rounds), the one holding least (within PEAK_SLACK:
+    timed in the same rounds), the one holding least (within policy.peak_slack:
     the fastest) is kept: a tie in time goes to memory, whichever colouring it was made from
     (a Keras Transformer's fit step: the op lists' colouring, 2-10% slower than the cost
     model's, made lean has run as fast as the pick, holding 0.57x-0.60x of float32's step
-    peak against its 0.91x); where that one (none kept: the pick) holds over SMALLER_ABOVE of
+    peak against its 0.91x); where that one (none kept: the pick) holds over policy.smaller_above of
     float32's peak, the fastest version within it is kept instead if not over
-    HALF_MEMORY_PRICE slower (_at_the_goal). Returns the verdict, with the kept lean
+    policy.half_memory_price slower (_at_the_goal). Returns the verdict, with the kept lean
     version's record (none kept: the pick's own, else the first timed) where one was timed,
     the others' medians and peaks in its `lean_others`, with the lean version make_lean
     timed and did not keep where it tried one (ResNet50's fit step: contractions only's lean
@@ -43,7 +44,7 @@ def make_smaller(choice):
     float32, the values its backward pass reads saved in half: MobileNetV2's fit step on
     Sapphire Rapids, where every half colouring ran slower than float32, held 0.51x
     float32's peak at 6% slower); float32 is timed in the same rounds, and a version within
-    SMALLER_ABOVE not over the price slower than float32 is affordable (_at_the_goal's
+    policy.smaller_above not over the price slower than float32 is affordable (_at_the_goal's
     `priced`; least: the bound of the one holding least)."""
     verdict, results, policy, lean_inputs, budget, float32_graph = (
         choice.verdict, choice.results, choice.policy, choice.lean_inputs, choice.budget,
@@ -75,7 +76,7 @@ def make_smaller(choice):
     versions = {}  # {timer key: (source, lean graph, changes)}
     copies = {}  # {timer key: whether its half copies were made anew (new_copies)}
     # each source's lean version, then the pick's from its half copies alone (no new Cast
-    # down: where the others cost more than MARGIN, it may hold less at the pick's speed)
+    # down: where the others cost more than policy.margin, it may hold less at the pick's speed)
     for source, new_copies in [(source, True) for source in sources] + [(chosen, False)]:
         if source == _candidates.FLOAT32 and not new_copies:
             continue  # (float32 has no half copies)
@@ -103,7 +104,7 @@ def make_smaller(choice):
         if policy.least or price else None
     bound = priced if policy.least else beside * (1.0 + policy.margin)
     # (default: nor slower than float32, its first rounds' median scaled to these rounds by
-    # the pick's: a pick kept as the prediction within MARGIN of float32 leaves no room for
+    # the pick's: a pick kept as the prediction within policy.margin of float32 leaves no room for
     # more; MobileNetV2's fit step on Sapphire Rapids, the cost model's colouring 2.6% slower
     # than float32 and its lean version 1.8%, ran its fit at 0.89x-0.93x float32's speed)
     float32_here = medians[_candidates.FLOAT32] * beside / medians[chosen] \
@@ -150,13 +151,14 @@ def make_smaller(choice):
 
 def _at_the_goal(policy, kept, versions, times, measured, beside, float32_here,
                  priced=None):
-    """Where `kept` (a key of `versions`, or None) holds over SMALLER_ABOVE of float32's peak:
-    the fastest of `versions` (within MARGIN of it: the one holding least) that holds within
-    it, not over HALF_MEMORY_PRICE slower than the pick (`times`: the rounds make_smaller
-    timed them in, the pick's median there `beside`) and over MARGIN faster than float32
-    (`float32_here`: its median in those rounds' terms, None where not timed), or not over
-    `priced` (TF_MPT_MEMORY_PRICE's bound: float32's median in those rounds times one plus
-    the price; None where no price is set), or None."""
+    """Where `kept` (a key of `versions`, or None) holds over policy.smaller_above of
+    float32's peak: the fastest of `versions` (within policy.margin of it: the one holding
+    least) that holds within it, not over policy.half_memory_price slower than the pick
+    (`times`: the rounds make_smaller timed them in, the pick's median there `beside`) and
+    over policy.margin faster than float32 (`float32_here`: its median in those rounds'
+    terms, None where not timed), or not over `priced` (TF_MPT_MEMORY_PRICE's bound:
+    float32's median in those rounds times one plus the price; None where no price is set),
+    or None."""
     if _candidates.FLOAT32 not in measured or (float32_here is None and priced is None):
         return None
     goal = policy.smaller_above * _policy.total_peak(measured, _candidates.FLOAT32)

@@ -1,5 +1,5 @@
 """The rounds: candidates run one after another, the order rotating, until the budget is
-spent, MAX_ROUNDS, or a clear winner; a candidate far slower than the fastest dropped."""
+spent, policy.max_rounds, or a clear winner; a candidate far slower than the fastest dropped."""
 
 import logging
 import statistics
@@ -18,9 +18,9 @@ _clock = time.perf_counter
 
 def rounds(runners, budget_seconds, clock=None, policy=None):
     """Times {candidate: run()}: one warm-up run each (Grappler, kernel set-up), then rounds
-    of one run each, the order rotating, until the budget is spent, MAX_ROUNDS, or a clear
-    winner. Where MIN_ROUNDS rounds would not fit in the budget, the candidates over
-    DROP_SLOWER slower than the fastest in every round so far run no more (their times stay,
+    of one run each, the order rotating, until the budget is spent, policy.max_rounds, or a clear
+    winner. Where policy.min_rounds rounds would not fit in the budget, the candidates over
+    policy.drop_slower slower than the fastest in every round so far run no more (their times stay,
     fewer); TooSlow (a NotTimed) where the others' still would not fit. Returns {candidate:
     (seconds per run, ...)}; NotTimed where a run fails."""
     policy = policy or _policy.DEFAULT
@@ -90,7 +90,7 @@ def _round_seconds(times, order):
 
 
 def _racing(times, order, drop_slower):
-    """The candidates of `order` not slower than the fastest by over DROP_SLOWER in every
+    """The candidates of `order` not slower than the fastest by over policy.drop_slower in every
     round so far (their order kept)."""
     rounds_run = min(len(times[name]) for name in order)
     fastest = [min(times[name][k] for name in order) for k in range(rounds_run)]
