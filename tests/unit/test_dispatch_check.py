@@ -931,31 +931,39 @@ def test_gpu_device_files_are_what_says_a_gpu_may_be_there(tmp_path):
     assert not _cpu.gpu_device_present((str(tmp_path / "dxg"), str(tmp_path / "kfd[0-9]*")))
 
 
-def test_the_rules_colouring_with_the_flagged_op_types_float32_is_a_candidate(tmp_path,
-                                                                             monkeypatch):
-    """Graph timing (an injected clock and sandbox) where the numerics check flagged
-    Conv2DBackpropFilter here: the op lists' colouring (target rules applies no check of this
-    CPU) runs it half; a candidate of its own, 'rules checked', is that colouring with the
-    flagged op types float32. Faster here than every other, it is kept: its graph holds the
-    flagged op float32 (the reason says why), its report is its graph's, and a second
-    rewrite replays it from the cache, the same bytes."""
-    from support import fake_timing, report_check  # pylint: disable=import-outside-toplevel
-    from tf_mpt.choose import candidates, recipes  # pylint: disable=import-outside-toplevel
+def _timed(monkeypatch, tmp_path, table):
+    """Graph timing on (budget 5 s, TF_MPT_MEMORY=any: speed alone) with `table` and an
+    injected clock and sandbox: each half node saves time, a half Conv2DBackpropFilter costs
+    much more (a slow kernel). Returns the fakes (their `runs`: every GraphDef run)."""
+    from support import fake_timing  # pylint: disable=import-outside-toplevel
     monkeypatch.setenv("TF_MPT_CPU_FLAGS", SKYLAKE_FLAGS)
     monkeypatch.setattr(dispatch, "onednn_on", lambda: False)
-    monkeypatch.setenv("TF_MPT_OP_COSTS", _table(tmp_path, "bfloat16", {},
-                                                 {"Conv2DBackpropFilter": 13.9}))
+    monkeypatch.setenv("TF_MPT_OP_COSTS", table)
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "5")
-    monkeypatch.setenv("TF_MPT_MEMORY", "any")  # (speed alone: no lean versions)
+    monkeypatch.setenv("TF_MPT_MEMORY", "any")
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path / "cache"))
     fakes = fake_timing.install(monkeypatch)
 
     def half_nodes(graph_def):
         return sum(1 for n in graph_def.node if n.op != "Cast" and
                    any(v.type == BF16 for v in n.attr.values()))
-    # (each half node saves time; a half Conv2DBackpropFilter costs much more)
     fakes.cost = lambda g, i: 1e-3 - 1e-5 * half_nodes(g) + \
         (0.5e-3 if _half(g, "Conv2DBackpropFilter", BF16) else 0.0)
+    return fakes
+
+
+def test_the_rules_colouring_with_the_flagged_op_types_float32_is_a_candidate(tmp_path,
+                                                                             monkeypatch):
+    """Graph timing (an injected clock and sandbox) where the dispatch check flagged
+    Conv2DBackpropFilter's half kernel slow here: the op lists' colouring (target rules
+    applies no check of this CPU) runs it half; a candidate of its own, 'rules checked', is
+    that colouring with the flagged op types float32. Faster here than every other, it is
+    kept: its graph holds the flagged op float32 (the reason says why), its report is its
+    graph's, and a second rewrite replays it from the cache, the same bytes."""
+    from support import report_check  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import candidates, recipes  # pylint: disable=import-outside-toplevel
+    fakes = _timed(monkeypatch, tmp_path,
+                   _table(tmp_path, "bfloat16", {"Conv2DBackpropFilter": 195.0}))
     graph_def = _training_graph().as_graph_def()
 
     def rewrite():
@@ -974,3 +982,21 @@ def test_the_rules_colouring_with_the_flagged_op_types_float32_is_a_candidate(tm
     report_check.assert_report_is_the_graphs(result)
     again = rewrite()
     assert again.report.verdict.source == "cached" and again.graph_def == gd
+
+
+def test_no_candidate_runs_an_op_type_the_numerics_check_flagged_half(tmp_path, monkeypatch):
+    """Where the numerics check flagged Conv2DBackpropFilter's half kernel (its error 13.9x
+    bfloat16 rounding here), no candidate timed runs it half, the op lists' and contractions
+    only included (timing sees speed, not error): whichever is kept holds it float32."""
+    fakes = _timed(monkeypatch, tmp_path, _table(tmp_path, "bfloat16", {},
+                                                 {"Conv2DBackpropFilter": 13.9}))
+    fakes.cost = lambda g, i: 1e-3 - 1e-5 * sum(1 for n in g.node if n.op == "Conv2D" and
+                                                n.attr["T"].type == BF16)
+    result = tf_mpt.rewrite_graph_def(_training_graph().as_graph_def(), dtype="bfloat16",
+                                      target="here", fetches=["loss", "train"])
+    verdict = result.report.verdict
+    assert verdict.timed and len(verdict.times) >= 3, verdict.describe()
+    assert len(fakes.runs) > 6 and \
+        not [g for g in fakes.runs if _half(g, "Conv2DBackpropFilter", BF16)]
+    assert any(_half(g, "Conv2D", BF16) for g in fakes.runs)  # (the rest half as the lists say)
+    assert not _half(result.graph_def, "Conv2DBackpropFilter", BF16)

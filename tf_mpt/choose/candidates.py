@@ -5,7 +5,8 @@
     cost model        the cost model's colouring (the prediction where the target has a table)
     contractions only matrix products and convolutions half, every other op float32
     rules checked     the op lists' colouring with the op types the dispatch or numerics
-                      check flagged on this CPU float32 (where any was)
+                      check flagged on this CPU float32 (where any was); an op type the
+                      numerics check flagged is float32 in rules and contractions only too
     refined           a half candidate with the op types its profile showed slower float32
     lean              a candidate rearranged to hold less at its peak (transforms/)
 

@@ -33,7 +33,7 @@ class Choice:
     graphs: dict
     same_as: dict
     recipes: dict = dataclasses.field(default_factory=dict)  # {candidate: recipes.Recipe}
-    ledger: typing.Any = dataclasses.field(default_factory=_ledger.Ledger)  # what was measured
+    ledger: typing.Any = dataclasses.field(default_factory=_ledger.Ledger)  # measured
     budget: typing.Any = None
     verdict: typing.Any = None
     bounded: bool = False  # peaks bound the pick, measured in the first rounds, budget left

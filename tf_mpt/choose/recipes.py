@@ -20,8 +20,8 @@ from tf_mpt.choose.transforms import lean as _lean
 # The reasons of the nodes a recipe keeps float32
 REFINED_WHY = ("graph timing: its op type ran slower in half than in float32 in this graph's "
                "per-node profile (the refinement)")
-CHECKED_WHY = ("graph timing: its op type's half kernel was flagged here by the dispatch or "
-               "numerics check (the op lists' colouring with the flagged op types float32)")
+CHECKED_WHY = ("graph timing: its op type's half kernel was flagged on this CPU by the "
+               "dispatch or numerics check")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,8 +96,8 @@ class Recipe:
 def checked(choice):
     """The recipe of the op lists' colouring with the op types the dispatch or numerics check
     flagged here (the prediction's report: dispatch_kept, numerics_kept) kept float32, or
-    None where none was flagged (the rules' candidate is made for any target: `rules`
-    applies no check of this CPU's kernels)."""
+    None where none was flagged (the rules' candidate is made for target `rules`, which
+    applies no check of this CPU's kernels: its slow half kernels are timed beside it)."""
     report = choice.predicted.report
     flagged = tuple(sorted(set(report.dispatch_kept) | set(report.numerics_kept)))
     if not flagged:
@@ -105,15 +105,25 @@ def checked(choice):
     return Recipe(_candidates.RULES, float32_ops=flagged)
 
 
+def inaccurate(choice):
+    """The op types the numerics check flagged here (their half kernel errs over
+    dispatch.INACCURATE times the rounding of float32's result): no candidate runs them
+    half, whatever its speed (timing sees speed, not error)."""
+    return tuple(sorted(choice.predicted.report.numerics_kept))
+
+
 def make_base(choice):
     """Fills `choice` with the base candidates the first rounds time: `results` (float32's
     and the prediction's there) with the op lists' colouring, contractions only and, where
-    the checks flagged an op type here, the checked one (checked), made by the painter;
+    the checks flagged an op type here, the checked one (checked), made by the painter, the
+    op types the numerics check flagged float32 in each (inaccurate);
     `recipes` with each one's recipe; `graphs` with one GraphDef per distinct graph, in that
     order (float32, the prediction, rules, contractions only, rules checked). A candidate
     whose graph equals an earlier one is in `choice.same_as` instead."""
     choice.recipes.update((name, Recipe(name)) for name in choice.results)
-    proposed = [Recipe(_candidates.RULES), Recipe(_candidates.CONTRACTIONS)]
+    kept = inaccurate(choice)
+    proposed = [Recipe(_candidates.RULES, float32_ops=kept),
+                Recipe(_candidates.CONTRACTIONS, float32_ops=kept)]
     names = [_candidates.RULES, _candidates.CONTRACTIONS]
     flagged = checked(choice)
     if flagged is not None:

@@ -66,8 +66,6 @@ from tf_mpt import _dtypes
 from tf_mpt import _opt_out
 from tf_mpt import report as _report
 from tf_mpt._process import autograph as _autograph
-from tf_mpt.choose import decision as _decision
-from tf_mpt.choose import when as _when
 from tf_mpt.rewrite import boundaries as _boundaries
 from tf_mpt.rewrite import dumps as _dumps
 from tf_mpt.rewrite import fold_batch_norms as _fold
@@ -147,6 +145,10 @@ def rewrite_with_library(graph_def, *, dtype, fetches, lists, strict, function_r
     `step_timer`: a traced tf.function's (decision.decide's timer, on copies of its
     variables), used where when.step_reason gives a reason (an INFO line says it);
     `label` names the function in the INFO lines."""
+    # (the choosing step is imported here, not with this package: it imports this package's
+    # passes, and a script may import either first)
+    from tf_mpt.choose import decision as _decision  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose import when as _when  # pylint: disable=import-outside-toplevel
     # The rewrite allocates many small objects while TensorFlow keeps ~300k tracked ones:
     # pausing the cyclic collector halves the time on large graphs (nothing here is cyclic).
     gc_was_enabled = gc.isenabled()
