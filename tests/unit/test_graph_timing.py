@@ -365,10 +365,11 @@ def test_a_verdict_is_measured_once_then_read_from_the_cache(timed):
     assert again.report.verdict.source == "timed" and len(timed.runs) > runs
 
 
-def test_a_cached_verdict_is_never_replayed_onto_another_graph(timed):
+def test_a_cached_verdict_is_never_replayed_onto_another_graph(timed, caplog):
     """Two graphs with the same fetches, dtype, lists and batch: the second is timed on its
     own, and its pick is its own (a verdict keyed by less than the graph would replay the
-    first one's pick and times onto it)."""
+    first one's pick and times onto it). Each is keyed apart: the cache holds two records,
+    and the first's is never even tried on the second (its replay check would refuse it)."""
     timed(lambda g, i: 1e-3 * (1 - 0.1 * _half(g, "MatMul") - 0.05 * _half(g, "Sigmoid")
                                + 0.001 * _casts(g)))
     first = _rewrite(_mlp())
@@ -379,8 +380,12 @@ def test_a_cached_verdict_is_never_replayed_onto_another_graph(timed):
     timed(lambda g, i: 1e-3 * (1 - 0.1 * _half(g, "MatMul") + 0.2 * _half(g, "Sigmoid")
                                + 0.001 * _casts(g)), forget=False)
     other_graph = _mlp(depth=3)
-    other = _rewrite(other_graph)
+    with caplog.at_level(logging.INFO, logger="tf_mpt"):
+        other = _rewrite(other_graph)
     assert other.report.verdict.source == "timed" and len(timed.runs) > runs
+    assert "made again is not the graph that was timed" not in caplog.text, caplog.text
+    (cache,) = [path for path in timed.cache_dir.iterdir() if path.name.startswith("verdicts-")]
+    assert len(json.loads(cache.read_text())) == 2
     assert all(sum(n.op == "MatMul" for n in g.node) == 3 for g in timed.runs[runs:])
     assert other.report.verdict.pick != _candidates.RULES
     assert _half(other.graph_def, "Sigmoid") == 0 and _half(other.graph_def, "MatMul") == 3
