@@ -15,6 +15,7 @@ transform of another's graph; nothing here measures or decides.
 """
 
 import dataclasses
+import hashlib
 
 from tensorflow.core.framework import graph_pb2
 
@@ -40,8 +41,17 @@ def contractions_only(lists):
     return _lists.OpLists(allow=lists.allow & CONTRACTION_OPS, deny=lists.deny)
 
 
-def float32_result(graph_def, predicted,
-                   reason="graph timing: the graph ran faster in float32"):
+# The reason of each node of the float32 graph where it is kept for its speed
+FLOAT32_FASTER = "graph timing: the graph ran faster in float32"
+
+
+def graph_hash(graph_def):
+    """The hash of a GraphDef's bytes (hex, 32 characters): what tells two candidates' graphs
+    apart, and a replayed pick's graph from the one timed."""
+    return hashlib.sha256(graph_def.SerializeToString(deterministic=True)).hexdigest()[:32]
+
+
+def float32_result(graph_def, predicted, reason=FLOAT32_FASTER):
     """The RewriteResult of keeping the graph float32, its report the prediction's with
     nothing converted, each node's decision giving `reason`."""
     unchanged = graph_pb2.GraphDef()

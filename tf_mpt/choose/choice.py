@@ -5,8 +5,9 @@ paint passes pass a Paint): what the stages read and what they add.
                   (`rewrite(target, lists, graph)`) and its lists, the Policy, the Timer, the
                   lean transforms' inputs (the lists, the values' shapes)
     candidates    `results` {candidate: RewriteResult} (float32's: None), `recipes`
-                  {candidate: how its graph is made}, `graphs` {candidate: GraphDef} one per
-                  distinct graph, `same_as` {candidate: the one it equals}
+                  {candidate: how its graph is made}, `hashes` {candidate: its graph's hash},
+                  `graphs` {candidate: GraphDef} one per distinct graph, `same_as`
+                  {candidate: the one it equals}
     so far        the ledger of what was measured, the budget left (a ledger.Budget, set by
                   the first rounds), the verdict, and whether the first rounds measured
                   peaks a pick is bounded by
@@ -33,6 +34,7 @@ class Choice:
     graphs: dict
     same_as: dict
     recipes: dict = dataclasses.field(default_factory=dict)  # {candidate: recipes.Recipe}
+    hashes: dict = dataclasses.field(default_factory=dict)  # {candidate: its graph's hash}
     ledger: typing.Any = dataclasses.field(default_factory=_ledger.Ledger)  # measured
     budget: typing.Any = None
     verdict: typing.Any = None

@@ -18,7 +18,6 @@ does, and the Policy's part in it, is in stages/__init__.py.
 """
 
 import dataclasses
-import hashlib
 import logging
 
 from tf_mpt._process import state as _state
@@ -80,13 +79,15 @@ def _made(choice):
     """{RECIPE: how the verdict's pick is made, GRAPH: the hash of its graph}: what a stored
     record holds beside the verdict, for a replay to make and check."""
     pick = choice.verdict.pick
-    return {RECIPE: choice.recipes[pick].to_dict(),
-            GRAPH: _graph_hash(_kept(choice).graph_def)}
+    return {RECIPE: choice.recipes[pick].to_dict(), GRAPH: _hash_of(choice, pick)}
 
 
-def _graph_hash(graph_def):
-    """The hash of a GraphDef's bytes (hex, 32 characters)."""
-    return hashlib.sha256(graph_def.SerializeToString(deterministic=True)).hexdigest()[:32]
+def _hash_of(choice, pick):
+    """The graph hash of candidate `pick` as `_kept` gives its graph: the first rounds'
+    (recipes.make_base hashed each one), or a later version's, hashed now."""
+    if pick in choice.hashes:
+        return choice.hashes[pick]
+    return _candidates.graph_hash(_kept(choice).graph_def)
 
 
 def _kept(choice):
@@ -97,8 +98,8 @@ def _kept(choice):
         return choice.predicted  # (the prediction's graph, whatever else equals it)
     if verdict.pick == _candidates.FLOAT32:
         return _candidates.float32_result(
-            choice.graph_def, choice.predicted, _FLOAT32_HELD_LESS if not verdict.timed
-            else "graph timing: the graph ran faster in float32")
+            choice.graph_def, choice.predicted,
+            _FLOAT32_HELD_LESS if not verdict.timed else _candidates.FLOAT32_FASTER)
     return choice.results[verdict.pick]
 
 
@@ -112,7 +113,8 @@ def _replayed(verdict, known, choice):
     if recipe is not None:
         try:
             result = recipe.make(choice)
-            made = _graph_hash(result.graph_def)
+            made = choice.hashes[verdict.pick] if recipe == choice.recipes.get(verdict.pick) \
+                and verdict.pick in choice.hashes else _candidates.graph_hash(result.graph_def)
         except Exception as error:  # pylint: disable=broad-except
             made = f"not made ({type(error).__name__}: {error})"
     if made == known.get(GRAPH):

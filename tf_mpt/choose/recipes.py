@@ -47,8 +47,7 @@ class Recipe:
         if self.base == _candidates.FLOAT32:
             result = _candidates.float32_result(
                 choice.graph_def, choice.predicted,
-                _candidates.FLOAT32_SAVED_IN_HALF if self.lean else
-                "graph timing: the graph ran faster in float32")
+                _candidates.FLOAT32_SAVED_IN_HALF if self.lean else _candidates.FLOAT32_FASTER)
         elif self.float32_nodes or self.float32_ops:
             reasons = {node.name: CHECKED_WHY for node in choice.graph_def.node
                        if node.op in self.float32_ops}
@@ -117,28 +116,27 @@ def make_base(choice):
     and the prediction's there) with the op lists' colouring, contractions only and, where
     the checks flagged an op type here, the checked one (checked), made by the painter, the
     op types the numerics check flagged float32 in each (inaccurate);
-    `recipes` with each one's recipe; `graphs` with one GraphDef per distinct graph, in that
-    order (float32, the prediction, rules, contractions only, rules checked). A candidate
-    whose graph equals an earlier one is in `choice.same_as` instead."""
+    `recipes` with each one's recipe; `hashes` with each one's graph hash; `graphs` with one
+    GraphDef per distinct graph, in that order (float32, the prediction, rules, contractions
+    only, rules checked). A candidate whose graph equals an earlier one is in
+    `choice.same_as` instead."""
     choice.recipes.update((name, Recipe(name)) for name in choice.results)
     kept = inaccurate(choice)
-    proposed = [Recipe(_candidates.RULES, float32_ops=kept),
-                Recipe(_candidates.CONTRACTIONS, float32_ops=kept)]
-    names = [_candidates.RULES, _candidates.CONTRACTIONS]
+    proposed = {_candidates.RULES: Recipe(_candidates.RULES, float32_ops=kept),
+                _candidates.CONTRACTIONS: Recipe(_candidates.CONTRACTIONS, float32_ops=kept)}
     flagged = checked(choice)
     if flagged is not None:
-        proposed.append(flagged)
-        names.append(_candidates.CHECKED)
-    for name, recipe in zip(names, proposed):
+        proposed[_candidates.CHECKED] = flagged
+    for name, recipe in proposed.items():
         if name != choice.predicted_name:
             choice.recipes[name] = recipe
             choice.results[name] = recipe.make(choice)
-    seen = {}
+    seen = {}  # {graph hash: the first candidate with that graph}
     for name, result in choice.results.items():
         graph = choice.graph_def if result is None else result.graph_def
-        serialized = graph.SerializeToString(deterministic=True)
-        if serialized in seen:
-            choice.same_as[name] = seen[serialized]
+        choice.hashes[name] = digest = _candidates.graph_hash(graph)
+        if digest in seen:
+            choice.same_as[name] = seen[digest]
             continue
-        seen[serialized] = name
+        seen[digest] = name
         choice.graphs[name] = graph
