@@ -96,7 +96,8 @@ def _no_verdict_from_this_cpus_clock(request, monkeypatch):
 
     monkeypatch.setattr(_graph_sandbox, "_Sandbox", _refusing(
         "this test timed candidate graphs on this machine: its verdict would depend on "
-        "this CPU's clock. Inject tf_mpt.choose.timers: graphs._Sandbox and rounds._clock, or mark "
+        "this CPU's clock. Time with the tests' Timer (tests/support/fake_timing.py: a GraphTimer "
+        "with the test's sandbox and clock), or mark "
         "the test @pytest.mark.measures_this_cpu"))
     # nor a traced step's candidates in step timing's sandbox (its copies of the variables,
     # one Session), nor rounds on the real clock: a test injects timers.rounds._clock, or
@@ -112,7 +113,7 @@ def _no_verdict_from_this_cpus_clock(request, monkeypatch):
         "or mark the test @pytest.mark.measures_this_cpu"))
     monkeypatch.setattr(_rounds, "_clock", _refusing(
         "this test read the real clock of graph timing's rounds: its verdict would "
-        "depend on this CPU's clock. Inject timers.rounds._clock (tests/support/"
+        "depend on this CPU's clock. Give the rounds the test's clock (tests/support/"
         "fake_timing.py), or mark the test @pytest.mark.measures_this_cpu"))
     from tf_mpt.costs import dispatch  # pylint: disable=import-outside-toplevel
 

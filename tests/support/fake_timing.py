@@ -1,11 +1,12 @@
-"""An injected clock and sandbox for graph timing (timers.rounds._clock, timers.graphs._Sandbox):
-each run advances the clock by what the test's cost function says of the candidate's GraphDef,
-so every verdict is the test's, never this CPU's."""
+"""The tests' Timer for graph timing: a timers.graphs.GraphTimer whose sandbox and clock are
+the test's (FakeTimer), installed as the one decide makes. Each run advances the clock by what
+the test's cost function says of the candidate's GraphDef, so every verdict is the test's,
+never this CPU's; every rule above the sandbox (the rounds, the budget, the copies' bound,
+the fetches each candidate needs) runs as it does for a real graph."""
+
+import functools
 
 from tf_mpt.choose.timers import graphs as _graph_sandbox
-
-
-from tf_mpt.choose.timers import rounds as _rounds
 
 
 class Clock:
@@ -32,13 +33,13 @@ class Fakes:
         self.setup = lambda graph_def: 0.0
 
 
-def install(monkeypatch, check=None):
-    """Puts the fakes in graph_timing; `check(inputs, fetches)` is called for each sandbox.
-    Returns the Fakes."""
-    fakes = Fakes()
+def timer_type(fakes, check=None):
+    """A GraphTimer type whose sandbox is the fakes' (`check(inputs, fetches)` called for each
+    sandbox made) and whose rounds read fakes.clock: a timers.protocol.Timer."""
 
     class FakeSandbox:
-        def __init__(self, graph_def, inputs, fetches, needed):
+        def __init__(self, graph_def, inputs, fetches, needed, timeout_ms):
+            assert timeout_ms > 0
             if check is not None:
                 check(inputs, fetches)
             self.graph_def, self.index = graph_def, 0
@@ -59,6 +60,12 @@ def install(monkeypatch, check=None):
         def peak(self):
             return fakes.peak(self.graph_def)
 
-    monkeypatch.setattr(_rounds, "_clock", fakes.clock)
-    monkeypatch.setattr(_graph_sandbox, "_Sandbox", FakeSandbox)
+    return functools.partial(_graph_sandbox.GraphTimer, sandbox=FakeSandbox, clock=fakes.clock)
+
+
+def install(monkeypatch, check=None):
+    """Makes the Timer decide uses for a graph (timers.graphs.GraphTimer) the fakes' one
+    (timer_type); `check(inputs, fetches)` is called for each sandbox. Returns the Fakes."""
+    fakes = Fakes()
+    monkeypatch.setattr(_graph_sandbox, "GraphTimer", timer_type(fakes, check))
     return fakes

@@ -2,8 +2,8 @@
 candidate colourings (float32, the rules', the cost model's, contractions only) and keeps
 the fastest.
 
-The verdicts here come from an injected clock and sandbox (timers.rounds._clock,
-timers.graphs._Sandbox): each run advances the clock by what a cost function of the
+The verdicts here come from the tests' Timer (tests/support/fake_timing.py: a GraphTimer with
+the test's sandbox and clock): each run advances the clock by what a cost function of the
 candidate's GraphDef says, so every pick is decided by the test, never by this CPU. One test
 runs the real sandbox (@pytest.mark.measures_this_cpu) and asserts only what holds whichever
 way this machine's clock goes.
@@ -35,6 +35,7 @@ from tf_mpt.choose.timers import safety as _safety
 from tf_mpt.choose.timers import steps as _step_sandbox
 from tf_mpt.choose.transforms import lean as _lean
 from support import fake_timing
+from support import policies as _policies
 from support import report_check
 from support.helpers import run, tf1
 
@@ -688,7 +689,7 @@ def test_candidates_whose_copies_would_take_too_much_memory_are_not_timed(timed,
     """Each candidate's sandbox holds copies of the graph's variables: four candidates of a
     graph with 2 x 4 MiB of weights take 32 MiB; under a 16 MiB bound the graph keeps the
     prediction, and the summary says why."""
-    monkeypatch.setattr(_safety, "MAX_COPY_BYTES", 16 << 20)
+    _policies.with_fields(monkeypatch, max_copy_bytes=16 << 20)
     graph = tf.Graph()
     with graph.as_default():
         h = tf1.placeholder(tf.float32, [None, 1024], name="x")
@@ -916,12 +917,26 @@ def test_the_report_is_that_of_the_graph_that_runs(timed, kind):
     recorded = json.loads(result.report.to_json())["verdict"]
     assert recorded["pick"] == kind and recorded["line"] == verdict.describe()
     # ... and the ledger: every measurement, by stage; the first rounds' are the times the
-    # verdict lists, the refinement's its own rounds of the pick and the refined version
+    # verdict lists, the refinement's its own rounds of the pick and the refined version; the
+    # bytes every candidate holds alike (RESIDENT) an entry of each stage's, without seconds
     first = {e["candidate"]: tuple(e["seconds"]) for e in recorded["ledger"]
-             if e["stage"] == "first rounds"}
+             if e["stage"] == "first rounds" and e["candidate"] != _ledger.RESIDENT}
     assert first == {name: times for name, times in verdict.times.items()
                      if name != _candidates.REFINED}
+    assert [e["seconds"] for e in recorded["ledger"] if e["candidate"] == _ledger.RESIDENT] \
+        == [[]] * (2 if kind == _candidates.REFINED else 1)
     later = [(e["stage"], e["candidate"]) for e in recorded["ledger"]
-             if e["stage"] != "first rounds"]
+             if e["stage"] != "first rounds" and e["candidate"] != _ledger.RESIDENT]
     assert later == ([("refinement", verdict.refined_from), ("refinement", kind)]
                      if kind == _candidates.REFINED else []), later
+    # ... and the reason: the policy's pick read from the ledger alone (policy.pick), or the
+    # refinement's
+    ledger = _ledger.Ledger(verdict.predicted)
+    ledger.record("first rounds", first, {e["candidate"]: e["peak"] for e in recorded["ledger"]
+                                          if e["stage"] == "first rounds"})
+    assert _ledger.RESIDENT in ledger.peaks()
+    expected_reason = (f"{verdict.refined_from} with "
+                       f"{', '.join(sorted(verdict.refined_ops))} float32, " if
+                       kind == _candidates.REFINED else _policy.pick(ledger, _policy.DEFAULT)[1])
+    assert recorded["reason"].startswith(expected_reason) and \
+        _policy.pick(ledger, _policy.DEFAULT)[0] == (verdict.refined_from or kind), recorded

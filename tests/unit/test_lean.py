@@ -5,12 +5,14 @@ came from (the same ops, only control edges and Cast copies added)."""
 
 import collections
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tf_mpt
+from tf_mpt.choose import policy as _policy
 from tf_mpt.choose.transforms import graph_order as _graph_order
 from tf_mpt.choose.transforms import late_casts as _late_casts
 from tf_mpt.choose.transforms import lean as _lean
@@ -444,20 +446,23 @@ def test_from_half_copies_alone_no_value_gets_a_new_cast_down():
                                _run(half, "loss", _saved_feeds(), 3), **ROUNDED)
 
 
-def test_small_values_and_forward_readers_are_not_changed(monkeypatch):
-    """A value under MIN_SAVED_ELEMENTS, or of a size not known, is not worth two Casts; with
-    LATE_LEVELS beyond the graph's depth no reader is late."""
+def test_small_values_and_forward_readers_are_not_changed():
+    """A value under the Policy's min_saved_elements, or of a size not known, is not worth two
+    Casts; with late_levels beyond the graph's depth no reader is late."""
     graph_def, fetches = _deep_training_graph(lambda z, k: tf.nn.relu(z), depth=5)
     half = _with_lists(graph_def, fetches, {"Relu", "ReluGrad"})
     lists = tf_mpt.lists.default_lists("bfloat16")
     assert _saving.saved_in_half(half, lists)[1] >= 2
     # sized by the shape table given (a tf.function's); a value it does not know is left alone
     assert _saving.saved_in_half(half, lists, shapes={}) == (half, 0)
-    monkeypatch.setattr(_saving, "MIN_SAVED_ELEMENTS", SAVED_BATCH * SAVED_WIDTH + 1)
-    assert _saving.saved_in_half(half, lists) == (half, 0)
-    monkeypatch.setattr(_saving, "MIN_SAVED_ELEMENTS", 1)
-    monkeypatch.setattr(_saving, "LATE_LEVELS", len(half.node))
-    assert _saving.saved_in_half(half, lists) == (half, 0)
+    fewer = dataclasses.replace(_policy.DEFAULT, min_saved_elements=SAVED_BATCH * SAVED_WIDTH + 1)
+    assert _saving.saved_in_half(half, lists, policy=fewer) == (half, 0)
+    deeper = dataclasses.replace(_policy.DEFAULT, min_saved_elements=1,
+                                 late_levels=len(half.node))
+    assert _saving.saved_in_half(half, lists, policy=deeper) == (half, 0)
+    # (the lean version made for a decision reads its Policy's)
+    assert _lean.lean(half, False, lists, policy=fewer)[1]["saved in half"] == 0
+    assert _lean.lean(half, False, lists)[1]["saved in half"] >= 2
 
 
 # --- reduced first ------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ its candidate colourings timed in sandbox Sessions (random copies of its variabl
 inputs of the fed batch) and the Session runs the fastest; inference graphs and training
 graphs alike, on both Session paths (in the Session's own Grappler pass, and the copy).
 
-The verdicts come from an injected clock and sandbox (timers.rounds._clock,
-timers.graphs._Sandbox): each run advances the clock by a cost function of the candidate's
+The verdicts come from the tests' Timer (tests/support/fake_timing.py: a GraphTimer with the
+test's sandbox and clock): each run advances the clock by a cost function of the candidate's
 GraphDef, so every pick is the test's, never this CPU's. One test runs the real sandbox
 (@pytest.mark.measures_this_cpu) on a training graph and asserts only what holds whichever
 way this machine's clock goes: the script's variables trained exactly the steps it ran.

@@ -480,13 +480,14 @@ def test_tf_mpt_function_times_the_candidates_and_runs_the_fastest(monkeypatch, 
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "20")
     seen = []
 
-    def timed(cf, graphs, batch, rounds, budget, peaks=None, sandbox=None):
+    def timed(cf, graphs, batch, rounds, budget, peaks=None, sandbox=None,
+              policy=None):
         seen.append((batch, budget, list(graphs)))
         return {name: (0.1,) * 3 if name == fastest else (0.2,) * 3 for name in graphs}
     monkeypatch.setattr(_step_sandbox, "time_versions", timed)
     # (no per-node profile: nothing to refine; test_a_step_runs_its_refinement refines)
     monkeypatch.setattr(_step_sandbox, "profile_versions",
-                        lambda cf, graphs, batch, runs, sandbox=None: {
+                        lambda cf, graphs, batch, runs, sandbox=None, policy=None: {
                             name: {} for name in graphs})
     step, _, acc = _step()
     mixed = tf_mpt.function(step.python_function, dtype="bfloat16",
@@ -534,13 +535,14 @@ def test_a_steps_verdict_is_cached_for_the_same_step_traced_again(monkeypatch, t
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
     seen = []
 
-    def timed(cf, graphs, batch, rounds, budget, peaks=None, sandbox=None):
+    def timed(cf, graphs, batch, rounds, budget, peaks=None, sandbox=None,
+              policy=None):
         seen.append(list(graphs))
         return {name: (0.1,) * 3 if name == "contractions only" else (0.2,) * 3
                 for name in graphs}
     monkeypatch.setattr(_step_sandbox, "time_versions", timed)
     monkeypatch.setattr(_step_sandbox, "profile_versions",
-                        lambda cf, graphs, batch, runs, sandbox=None: {
+                        lambda cf, graphs, batch, runs, sandbox=None, policy=None: {
                             name: {} for name in graphs})
     step, _, _ = _step()
     spec = tf.TensorSpec([None, WIDTH], tf.float32)
@@ -582,19 +584,21 @@ def test_an_xla_step_is_timed_as_xla_runs_it_and_its_verdict_says_so(monkeypatch
     def times(graphs):
         return {name: (0.1,) * 3 if name == fastest else (0.2,) * 3 for name in graphs}
 
-    def time_compiled(cf, graphs, batch, rounds, budget, sandbox):
+    def time_compiled(cf, graphs, batch, rounds, budget, sandbox, policy=None):
         assert isinstance(sandbox, _compiled.CompiledSandbox)
         compiled.append((batch, budget, list(graphs)))
         return times(graphs)
 
-    def time_versions(cf, graphs, batch, rounds, budget, peaks=None, sandbox=None):
+    def time_versions(cf, graphs, batch, rounds, budget, peaks=None, sandbox=None,
+              policy=None):
         executed.append(list(graphs))
         return times(graphs)
     monkeypatch.setattr(_compiled, "time_compiled", time_compiled)
     monkeypatch.setattr(_step_sandbox, "time_versions", time_versions)
     profiled = []  # (XLA fuses the nodes a profile times: a compiled step is not refined)
-    monkeypatch.setattr(_step_sandbox, "profile_versions", lambda cf, graphs, batch, runs,
-                        sandbox=None: profiled.append(list(graphs)) or {n: {} for n in graphs})
+    monkeypatch.setattr(_step_sandbox, "profile_versions",
+                        lambda cf, graphs, batch, runs, sandbox=None, policy=None:
+                        profiled.append(list(graphs)) or {n: {} for n in graphs})
     step, _, _ = _step()
     spec = tf.TensorSpec([None, WIDTH], tf.float32)
 
@@ -637,13 +641,14 @@ def test_a_step_calling_a_compiled_function_is_timed_whatever_the_prediction(mon
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "20")
     timed = []
 
-    def time_versions(cf, graphs, batch, rounds, budget, peaks=None, sandbox=None):
+    def time_versions(cf, graphs, batch, rounds, budget, peaks=None, sandbox=None,
+              policy=None):
         timed.append(list(graphs))
         return {name: (0.1,) * 3 for name in graphs}
     monkeypatch.setattr(_step_sandbox, "time_versions", time_versions)
     monkeypatch.setattr(_compiled, "time_compiled", lambda *a, **k: pytest.fail("compiled"))
     monkeypatch.setattr(_step_sandbox, "profile_versions", lambda cf, graphs, batch, runs,
-                        sandbox=None: {n: {} for n in graphs})
+                        sandbox=None, policy=None: {n: {} for n in graphs})
     monkeypatch.setattr(_when, "step_reason", _with_a_trusted_saving(_when.step_reason))
     step, _, _ = _step()
     inner = tf.function(step.python_function, jit_compile=True)
@@ -701,7 +706,7 @@ class _FakeCompiledSandbox:
     def __init__(self, compiling=0.0, error=None):
         self.compiling, self.error = compiling, error
 
-    def runners(self, graph_defs, batch):
+    def runners(self, graph_defs, batch, policy=None):
         if self.error is not None:
             raise self.error
         return {name: lambda: None for name in graph_defs}, self.compiling
@@ -750,12 +755,12 @@ def test_a_compiled_step_timed_while_its_caller_traces_runs_its_candidates_eager
     runs = []
     time_compiled = _compiled.time_compiled
 
-    def counted(cf, graphs, batch, rounds, budget, sandbox):
+    def counted(cf, graphs, batch, rounds, budget, sandbox, policy=None):
         def counting(runners, budget):
             for name, run in list(runners.items()):
                 runners[name] = lambda run=run, name=name: runs.append((name, run()))
             return rounds(runners, budget)
-        return time_compiled(cf, graphs, batch, counting, budget, sandbox)
+        return time_compiled(cf, graphs, batch, counting, budget, sandbox, policy)
     monkeypatch.setattr(_compiled, "time_compiled", counted)
     step, _, _ = _step()
     mixed = tf_mpt.function(step.python_function, dtype="bfloat16", jit_compile=True,
@@ -814,11 +819,12 @@ def test_a_step_runs_its_refinement_where_its_profile_finds_a_slower_half_op(mon
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "20")
     bf16 = tf.bfloat16.as_datatype_enum
 
-    def timed(cf, graphs, batch, rounds, budget, peaks=None, sandbox=None):
+    def timed(cf, graphs, batch, rounds, budget, peaks=None, sandbox=None,
+              policy=None):
         return {name: (0.05,) * 3 if name == "refined" else
                 (0.1,) * 3 if name == "cost model" else (0.2,) * 3 for name in graphs}
 
-    def profiled(cf, graphs, batch, runs, sandbox=None):
+    def profiled(cf, graphs, batch, runs, sandbox=None, policy=None):
         return {name: {n.name: (3e-4 if n.attr["T"].type == bf16 else 1e-4)
                        if n.op == "Relu" else 1e-4
                        for n in graph.node if n.op in ("Relu", "MatMul")}
@@ -877,14 +883,15 @@ def test_a_step_too_slow_to_time_has_its_peaks_measured_on_its_copies():
 
 
 @pytest.mark.measures_this_cpu
-def test_variables_too_big_to_copy_are_not_timed(monkeypatch):
+def test_variables_too_big_to_copy_are_not_timed():
     """w [512x512] float32 alone is 1 MiB: above a 1 MiB bound with the input and acc."""
-    monkeypatch.setattr(_safety, "MAX_COPY_BYTES", 1 << 20)
     step, _, _ = _step()
     cf = step.get_concrete_function()
+    bound = dataclasses.replace(_BATCH_64, max_copy_bytes=1 << 20)
     with pytest.raises(_safety.NotTimed, match=r"copies of its variables would take over "
                                                 r"1 MiB"):
-        _step_sandbox.time_versions(cf, _versions(cf), 64, _rounds.rounds)
+        _step_sandbox.time_versions(cf, _versions(cf), 64, _rounds.rounds, policy=bound)
+    _step_sandbox.time_versions(cf, _versions(cf), 64, _rounds.rounds, budget_seconds=0.5)
 
 
 def test_a_nodes_called_functions_come_in_the_order_of_their_attrs_names():

@@ -10,12 +10,15 @@
     refined           a half candidate with the op types its profile showed slower float32
     lean              a candidate rearranged to hold less at its peak (transforms/)
 
-Each is made by the painter (`rewrite(target, lists, graph)`, the orchestrator's) or by a
+Each is a Candidate: its recipe (recipes.Recipe), the graph it yields and that graph's hash.
+It is made by the painter (`rewrite(target, lists, graph)`, the orchestrator's) or by a
 transform of another's graph; nothing here measures or decides.
 """
 
 import dataclasses
+import functools
 import hashlib
+import typing
 
 from tensorflow.core.framework import graph_pb2
 
@@ -33,6 +36,32 @@ REFINED = "refined"  # the pick with the op types its profile shows slower in ha
 LEAN = "lean"  # the fastest candidate rearranged to hold less (transforms/)
 CONTRACTION_OPS = _contractions.NODE_TIMED_OPS | frozenset((
     "Conv3D", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One candidate of a decision.
+
+    Attributes:
+        name: what the verdict and the ledger call it (FLOAT32, RULES, ..., LEAN, REFINED).
+        recipe: how its graph is made (recipes.Recipe), what a verdict stores for a replay.
+        graph_def: the GraphDef it yields.
+        result: its RewriteResult (None: float32's, the graph as given).
+        hash: its graph's hash (graph_hash), computed once, when first read.
+    """
+    name: str
+    recipe: typing.Any
+    graph_def: typing.Any
+    result: typing.Any = None
+
+    @classmethod
+    def of(cls, name, recipe, result):
+        """The candidate `recipe` made as `result` (a RewriteResult)."""
+        return cls(name, recipe, result.graph_def, result)
+
+    @functools.cached_property
+    def hash(self):
+        return graph_hash(self.graph_def)
 
 
 def contractions_only(lists):

@@ -4,10 +4,11 @@ paint passes pass a Paint): what the stages read and what they add.
     given         the graph as given (float32's candidate), the prediction, the painter
                   (`rewrite(target, lists, graph)`) and its lists, the Policy, the Timer, the
                   lean transforms' inputs (the lists, the values' shapes)
-    candidates    `results` {candidate: RewriteResult} (float32's: None), `recipes`
-                  {candidate: how its graph is made}, `hashes` {candidate: its graph's hash},
-                  `graphs` {candidate: GraphDef} one per distinct graph, `same_as`
-                  {candidate: the one it equals}
+    candidates    `candidates` {name: candidates.Candidate} (its recipe, its graph and
+                  the graph's hash), added as made (add); read as `results` {name:
+                  RewriteResult} (float32's: None), `recipes` and `hashes`; `graphs`
+                  {name: GraphDef} one per distinct graph (what the first rounds time),
+                  `same_as` {name: the one it equals}
     so far        the ledger of what was measured, the budget left (a ledger.Budget, set by
                   the first rounds), the verdict, and whether the first rounds measured
                   peaks a pick is bounded by
@@ -30,15 +31,33 @@ class Choice:
     policy: typing.Any
     timer: typing.Any
     lean_inputs: tuple
-    results: dict
-    graphs: dict
-    same_as: dict
-    recipes: dict = dataclasses.field(default_factory=dict)  # {candidate: recipes.Recipe}
-    hashes: dict = dataclasses.field(default_factory=dict)  # {candidate: its graph's hash}
+    candidates: dict = dataclasses.field(default_factory=dict)  # {name: Candidate}
+    graphs: dict = dataclasses.field(default_factory=dict)
+    same_as: dict = dataclasses.field(default_factory=dict)
     ledger: typing.Any = dataclasses.field(default_factory=_ledger.Ledger)  # measured
     budget: typing.Any = None
     verdict: typing.Any = None
     bounded: bool = False  # peaks bound the pick, measured in the first rounds, budget left
+
+    def add(self, candidate):
+        """Adds (or replaces: a later stage's LEAN) a candidates.Candidate; returns it."""
+        self.candidates[candidate.name] = candidate
+        return candidate
+
+    @property
+    def results(self):
+        """{name: RewriteResult} of the candidates made (float32's: None)."""
+        return {name: c.result for name, c in self.candidates.items()}
+
+    @property
+    def recipes(self):
+        """{name: recipes.Recipe} of the candidates made."""
+        return {name: c.recipe for name, c in self.candidates.items()}
+
+    @property
+    def hashes(self):
+        """{name: the hash of its graph} of the candidates made."""
+        return {name: c.hash for name, c in self.candidates.items()}
 
     @property
     def predicted_graph(self):

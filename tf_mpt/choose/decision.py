@@ -83,16 +83,16 @@ def _made(choice):
 
 
 def _hash_of(choice, pick):
-    """The graph hash of candidate `pick` as `_kept` gives its graph: the first rounds'
-    (recipes.make_base hashed each one), or a later version's, hashed now."""
-    if pick in choice.hashes:
-        return choice.hashes[pick]
+    """The graph hash of candidate `pick` (hashed once: candidates.Candidate.hash), or of
+    `_kept`'s graph where it is none of the candidates made."""
+    if pick in choice.candidates:
+        return choice.candidates[pick].hash
     return _candidates.graph_hash(_kept(choice).graph_def)
 
 
 def _kept(choice):
     """The RewriteResult of the verdict's pick: the prediction's (whatever equals it),
-    float32's (the graph as given), or the candidate's in `choice.results`."""
+    float32's (the graph as given), or the candidate's in `choice.candidates`."""
     verdict = choice.verdict
     if verdict.pick in (verdict.predicted, verdict.same_as.get(verdict.predicted)):
         return choice.predicted  # (the prediction's graph, whatever else equals it)
@@ -100,26 +100,29 @@ def _kept(choice):
         return _candidates.float32_result(
             choice.graph_def, choice.predicted,
             _FLOAT32_HELD_LESS if not verdict.timed else _candidates.FLOAT32_FASTER)
-    return choice.results[verdict.pick]
+    return choice.candidates[verdict.pick].result
 
 
 def _replayed(verdict, known, choice):
     """`verdict` (a stored record, `known`) where its pick, made again from its recipe
-    (RECIPE; a refined or lean version's goes into `choice.results`), is the graph that was
+    (RECIPE; a refined or lean version is added to `choice`), is the graph that was
     timed (its hash stored beside it, GRAPH); else None (the graph is timed again), said in
     one INFO line."""
     recipe = _recipes.Recipe.from_dict(known.get(RECIPE, {}))
     made = "no recipe recorded"
     if recipe is not None:
+        known_candidate = choice.candidates.get(verdict.pick)
         try:
-            result = recipe.make(choice)
-            made = choice.hashes[verdict.pick] if recipe == choice.recipes.get(verdict.pick) \
-                and verdict.pick in choice.hashes else _candidates.graph_hash(result.graph_def)
+            if known_candidate is not None and known_candidate.recipe == recipe:
+                candidate = known_candidate  # (a base candidate: made and hashed already)
+            else:
+                candidate = _candidates.Candidate.of(verdict.pick, recipe, recipe.make(choice))
+            made = candidate.hash
         except Exception as error:  # pylint: disable=broad-except
             made = f"not made ({type(error).__name__}: {error})"
     if made == known.get(GRAPH):
         if verdict.pick in (_candidates.REFINED, _candidates.LEAN):
-            choice.results[verdict.pick], choice.recipes[verdict.pick] = result, recipe
+            choice.add(candidate)
         return verdict
     _log.info("graph timing: a %s verdict's pick (%s) made again is not the graph that was "
               "timed (%s); it is not replayed", verdict.source, verdict.pick,
@@ -180,8 +183,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
     # and the sizes of the values; a tf.function's shapes carry its variables')
     lean_inputs = (lists, _ShapeTable(shapes) if shapes is not None else None)
     choice = _choice.Choice(graph_def, predicted, predicted_name, rewrite, lists, policy,
-                            timer, lean_inputs, {_candidates.FLOAT32: None,
-                                                 predicted_name: predicted}, {}, {})
+                            timer, lean_inputs)
     try:
         _recipes.make_base(choice)
         if known is not None:

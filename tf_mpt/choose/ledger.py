@@ -4,7 +4,8 @@ times and peaks live once measured (a Timer hands them over, measure() records t
     Entry         (stage, candidate, seconds per round, step peak bytes): one candidate
                   timed (or, a graph too slow to time, its peak alone) in one stage's rounds
     RESIDENT      the bytes every candidate holds alike (its variables, an optimizer's slots,
-                  its inputs), added to each step peak where compared (peaks()[RESIDENT])
+                  its inputs), added to each step peak where compared (peaks()[RESIDENT]);
+                  recorded as an entry of its own, candidate RESIDENT, no seconds
     Budget        seconds of timed runs left of TF_MPT_TIMING_BUDGET, each stage's spent
 """
 
@@ -16,6 +17,8 @@ from tf_mpt.choose import candidates as _candidates
 # peaks[RESIDENT] (the timers'): the bytes every candidate holds alike across its steps (its
 # variables, the optimizer's slots, its inputs)
 RESIDENT = "(resident)"
+# The stage whose times the pick is made from (policy.pick)
+FIRST_ROUNDS = "first rounds"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,18 +33,16 @@ class Entry:
 class Ledger:
     """The measurements of one decision (see the module's docstring)."""
 
-    def __init__(self):
+    def __init__(self, predicted=""):
         self.entries = []
-        self.resident = None
+        self.predicted = predicted  # the candidate the prediction's graph is timed as
 
     def record(self, stage, times, peaks):
         """Appends what one call of a timer measured: {candidate: seconds per round} and
         {candidate: peak bytes} (and RESIDENT) of the candidates it ran."""
-        for name in list(times) + [n for n in peaks if n not in times and n != RESIDENT]:
+        for name in list(times) + [n for n in peaks if n not in times]:
             self.entries.append(Entry(stage, name, tuple(times.get(name, ())),
                                       peaks.get(name)))
-        if RESIDENT in peaks:
-            self.resident = peaks[RESIDENT]
 
     def relabel(self, stage, kept, name):
         """Records stage's candidate `kept` again as `name` (a smaller version kept as the
@@ -50,15 +51,20 @@ class Ledger:
                      e.candidate == kept)
         self.entries.append(dataclasses.replace(entry, candidate=name))
 
+    def times(self, stage):
+        """{candidate: seconds per round} measured by `stage` (its latest where it measured
+        one more than once), in the order measured."""
+        return {entry.candidate: entry.seconds for entry in self.entries
+                if entry.stage == stage and entry.seconds}
+
     def peaks(self, names=None):
         """{candidate: its latest measured peak} (of `names` only, where given) and
-        RESIDENT where measured."""
+        RESIDENT (the latest) where measured."""
         found = {}
         for entry in self.entries:
-            if entry.peak is not None and (names is None or entry.candidate in names):
+            if entry.peak is not None and (names is None or entry.candidate in names or
+                                           entry.candidate == RESIDENT):
                 found[entry.candidate] = entry.peak
-        if self.resident is not None:
-            found[RESIDENT] = self.resident
         return found
 
     def to_list(self):

@@ -11,6 +11,8 @@ in one value built once from the Config; the rules that read them are its method
     memory            `smaller_above`, `smaller_window`, `half_memory_price`; TF_MPT_MEMORY's
                       mode and price (bounded, least, price, memory_key)
     a traced step     `thin`, `elementwise_share`, `kept_share` (when.py)
+    lean versions     `late_levels`, `min_saved_elements` (transforms/saving.py, reduce.py)
+    a sandbox         `max_copy_bytes`, `run_timeout_ms`, `step_budget` (timers/)
 
 Nothing here measures: the rules read times and peaks already measured.
 """
@@ -100,6 +102,19 @@ class Policy:
     # cost model kept at least this share of the nodes it weighed float32 (values the
     # backward pass reads may then be held in float32: what it holds is measured)
     kept_share: float = 0.1
+    # The lean versions' saved in half (transforms/saving.py): a reader is late where one of
+    # its inputs is this many ops (longest path from the graph's sources) deeper than the
+    # value it reads (a forward reader is within a few) ...
+    late_levels: int = 16
+    # ... and values of fewer elements than this (an unknown dimension counted as 1: a
+    # reduction's [batch, 1] result, a bias) or of unknown rank are not worth their two Casts
+    # (nor, transforms/reduce.py, a reduction's result this small or larger is moved first)
+    min_saved_elements: int = 1 << 14
+    # A sandbox (timers/): the bytes of variables and inputs it may copy, and how long one
+    # run may take (a warm-up includes Grappler's optimisation): a loop that made-up inputs
+    # never end stops there, and the graph is not timed
+    max_copy_bytes: int = 1 << 30
+    run_timeout_ms: int = 30_000
 
     @classmethod
     def from_config(cls, config):
@@ -142,7 +157,12 @@ class Policy:
             total_peak(peaks, _candidates.FLOAT32) * (1.0 + self.peak_slack)
 
     def pick(self, times, predicted, peaks=None):
-        """The candidate to keep from {candidate: per-round seconds}: the fastest median,
+        """The candidate `choose` keeps, without its reason."""
+        return self.choose(times, predicted, peaks)[0]
+
+    def choose(self, times, predicted, peaks=None):
+        """(candidate, reason): the candidate to keep from {candidate: per-round seconds},
+        and why, in a few words. It is the fastest median,
         unless the prediction's is within `margin` of it. With `peaks` ({candidate: step peak
         bytes}, and RESIDENT: the peaks the pick is bounded by): only among the candidates
         not over float32's (over_float32; float32 never is), and among those within `margin`
@@ -152,27 +172,40 @@ class Policy:
         times one plus `price`), the one holding least (within `peak_slack`: the fastest)."""
         medians = {name: statistics.median(t) for name, t in times.items()
                    if not (peaks and self.over_float32(peaks, name))}
+        over = sorted(set(times) - set(medians))
+        held = f"; over float32's peak, not kept: {', '.join(over)}" if over else ""
         if self.least and peaks and _candidates.FLOAT32 in medians and \
                 set(medians) <= set(peaks):
             fast_enough = [name for name, m in medians.items()
                            if m <= medians[_candidates.FLOAT32] * (1.0 + self.price)]
             fewest = min(total_peak(peaks, name) for name in fast_enough)
-            return min((name for name in fast_enough
-                        if total_peak(peaks, name) <= fewest * (1.0 + self.peak_slack)),
-                       key=medians.get)
+            chosen = min((name for name in fast_enough
+                          if total_peak(peaks, name) <= fewest * (1.0 + self.peak_slack)),
+                         key=medians.get)
+            bound = f" times {1.0 + self.price:g}" if self.price else ""
+            return chosen, (f"memory least: it holds least of the candidates not slower than "
+                            f"float32{bound}" + held)
         fastest = min(medians, key=medians.get)
         near = {name for name, m in medians.items()
                 if m <= medians[fastest] * (1.0 + self.margin)}
+        within = f"within {self.margin:.0%} of the fastest ({fastest})"
         if peaks and near <= set(peaks):
             least = min(total_peak(peaks, name) for name in near)
-            near = {name for name in near
-                    if total_peak(peaks, name) <= least * (1.0 + self.peak_slack)}
-            if predicted in near:
-                return predicted
-            return min(near, key=medians.get)
+            fewest = {name for name in near
+                      if total_peak(peaks, name) <= least * (1.0 + self.peak_slack)}
+            chosen = predicted if predicted in fewest else min(fewest, key=medians.get)
+            which = "the prediction, " if chosen == predicted else ""
+            if len(near) == 1:
+                return chosen, (f"{which}the fastest" if which or predicted not in medians else
+                                f"the fastest, over {self.margin:.0%} faster than the "
+                                "prediction") + held
+            return chosen, (f"{which}{'the fastest, ' if chosen == fastest else ''}it holds "
+                            f"least of the candidates {within}" + held)
         if predicted in medians and medians[predicted] <= medians[fastest] * (1.0 + self.margin):
-            return predicted
-        return fastest
+            return predicted, ("the prediction, the fastest" if predicted == fastest else
+                               f"the prediction, {within}") + held
+        return fastest, (f"the fastest, over {self.margin:.0%} faster than the prediction"
+                         if predicted in medians else "the fastest") + held
 
     def clear_winner(self, times):
         """After `min_rounds`: the fastest median's slowest run is below every other
@@ -201,6 +234,15 @@ class Policy:
 
 
 DEFAULT = Policy()
+
+
+def pick(ledger, policy):
+    """(candidate, reason): the pick of a decision's first rounds as `policy` makes it
+    (Policy.choose), read from `ledger` alone (a ledger.Ledger: the first rounds' times,
+    every peak measured and the candidate the prediction is timed as), bounded by the peaks
+    where the memory is (Policy.bounded_peaks)."""
+    return policy.choose(ledger.times(_ledger.FIRST_ROUNDS), ledger.predicted,
+                         policy.bounded_peaks(ledger.peaks()))
 
 
 def total_peak(peaks, name):

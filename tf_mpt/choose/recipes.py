@@ -65,7 +65,8 @@ class Recipe:
             graph, _ = _lean.lean(result.graph_def, products_in_float32, *choice.lean_inputs,
                                   ordered=ordered, only_ordered=only_ordered,
                                   new_copies=new_copies,
-                                  half=_dtypes.parse(result.report.dtype).enum)
+                                  half=_dtypes.parse(result.report.dtype).enum,
+                                  policy=choice.policy)
             result = _candidates.lean_result(result, graph)
         return result
 
@@ -112,15 +113,17 @@ def inaccurate(choice):
 
 
 def make_base(choice):
-    """Fills `choice` with the base candidates the first rounds time: `results` (float32's
-    and the prediction's there) with the op lists' colouring, contractions only and, where
-    the checks flagged an op type here, the checked one (checked), made by the painter, the
-    op types the numerics check flagged float32 in each (inaccurate);
-    `recipes` with each one's recipe; `hashes` with each one's graph hash; `graphs` with one
-    GraphDef per distinct graph, in that order (float32, the prediction, rules, contractions
-    only, rules checked). A candidate whose graph equals an earlier one is in
+    """Fills `choice` with the base candidates the first rounds time (choice.add): float32
+    (the graph as given), the prediction, and the op lists' colouring, contractions only
+    and, where the checks flagged an op type here, the checked one (checked), made by the
+    painter, the op types the numerics check flagged float32 in each (inaccurate); `graphs`
+    with one GraphDef per distinct graph, in that order (float32, the prediction, rules,
+    contractions only, rules checked). A candidate whose graph equals an earlier one is in
     `choice.same_as` instead."""
-    choice.recipes.update((name, Recipe(name)) for name in choice.results)
+    choice.add(_candidates.Candidate(_candidates.FLOAT32, Recipe(_candidates.FLOAT32),
+                                     choice.graph_def))
+    choice.add(_candidates.Candidate.of(choice.predicted_name, Recipe(choice.predicted_name),
+                                        choice.predicted))
     kept = inaccurate(choice)
     proposed = {_candidates.RULES: Recipe(_candidates.RULES, float32_ops=kept),
                 _candidates.CONTRACTIONS: Recipe(_candidates.CONTRACTIONS, float32_ops=kept)}
@@ -129,12 +132,10 @@ def make_base(choice):
         proposed[_candidates.CHECKED] = flagged
     for name, recipe in proposed.items():
         if name != choice.predicted_name:
-            choice.recipes[name] = recipe
-            choice.results[name] = recipe.make(choice)
+            choice.add(_candidates.Candidate.of(name, recipe, recipe.make(choice)))
     seen = {}  # {graph hash: the first candidate with that graph}
-    for name, result in choice.results.items():
-        graph = choice.graph_def if result is None else result.graph_def
-        choice.hashes[name] = digest = _candidates.graph_hash(graph)
+    for name, candidate in choice.candidates.items():
+        digest, graph = candidate.hash, candidate.graph_def
         if digest in seen:
             choice.same_as[name] = seen[digest]
             continue

@@ -49,6 +49,8 @@ class Verdict:
             its line reads (what counts as over float32's peak, as slower).
         ledger: every measurement made for it, in order ({stage, candidate, seconds, peak}
             each: ledger.Entry), whatever was kept.
+        reason: why the pick was kept, in a few words (policy.pick's, or the stage's that
+            changed it); '' where nothing was timed.
     """
     times: dict
     pick: str
@@ -70,6 +72,7 @@ class Verdict:
     compiled: bool = False
     policy: object = dataclasses.field(default=None, compare=False, repr=False)
     ledger: tuple = dataclasses.field(default=(), compare=False, repr=False)
+    reason: str = ""
 
     @classmethod
     def from_dict(cls, data, source, policy=None):
@@ -91,6 +94,7 @@ class Verdict:
             why = str(data.get("why", ""))
             memory_price = float(data.get("memory_price", 0.0))
             compiled = bool(data.get("compiled", False))
+            reason = str(data.get("reason", ""))
             ledger = tuple({"stage": str(e["stage"]), "candidate": str(e["candidate"]),
                             "seconds": [float(t) for t in e["seconds"]],
                             "peak": None if e["peak"] is None else int(e["peak"])}
@@ -106,7 +110,7 @@ class Verdict:
                     pick == lean and not (lean_from and lean in peaks and lean_changes)):
                 return None
             return cls({}, pick, predicted, why, {}, source, peaks=peaks, lean_from=lean_from,
-                       lean_changes=lean_changes, policy=policy, ledger=ledger)
+                       lean_changes=lean_changes, policy=policy, ledger=ledger, reason=reason)
         if pick not in times or not all(times.values()) or (
                 pick == _candidates.REFINED and
                 not (refined and refined_from in times and beside)) or (
@@ -114,7 +118,7 @@ class Verdict:
             return None
         return cls(times, pick, predicted, "", {}, source, refined, refined_from, refined_ops,
                    beside, peaks, lean_from, lean_against, lean_beside, lean_changes,
-                   lean_others, memory_price, compiled, policy, ledger)
+                   lean_others, memory_price, compiled, policy, ledger, reason)
 
     @property
     def rules(self):
@@ -239,4 +243,4 @@ class Verdict:
                 "lean_beside": list(self.lean_beside), "lean_changes": dict(self.lean_changes),
                 "lean_others": {k: list(v) for k, v in self.lean_others.items()},
                 "memory_price": self.memory_price, "compiled": self.compiled,
-                "ledger": [dict(entry) for entry in self.ledger]}
+                "ledger": [dict(entry) for entry in self.ledger], "reason": self.reason}

@@ -2,6 +2,7 @@
 rounds' share of the budget, their peaks measured, and the policy's pick."""
 
 from tf_mpt.choose import ledger as _ledger
+from tf_mpt.choose import policy as _policy
 from tf_mpt.choose import verdict as _verdict
 from tf_mpt.choose.timers import safety as _safety
 
@@ -15,10 +16,12 @@ def first_rounds(choice):
         raise _safety.NotTimed("every candidate is the float32 graph")
     policy, timer = choice.policy, choice.timer
     choice.budget = _ledger.Budget(policy.budget)
-    times = _ledger.measure(choice, "first rounds", choice.graphs,
+    choice.ledger.predicted = choice.predicted_graph
+    times = _ledger.measure(choice, _ledger.FIRST_ROUNDS, choice.graphs,
                             policy.first_share * policy.budget)
     measured = choice.ledger.peaks()
-    chosen = policy.pick(times, choice.predicted_graph, policy.bounded_peaks(measured))
+    chosen, reason = _policy.pick(choice.ledger, policy)
     choice.bounded = bool(policy.bounded_peaks(measured)) and choice.budget.left() > 0
     return _verdict.Verdict(times, chosen, choice.predicted_name, "", choice.same_as,
-                            peaks=measured, compiled=timer.compiled, policy=policy)
+                            peaks=measured, compiled=timer.compiled, policy=policy,
+                            reason=reason)

@@ -9,7 +9,7 @@ from tf_mpt.choose.transforms import lean as _lean
 from tf_mpt.choose import ledger as _ledger
 
 
-def lean_versions(graph_def, lean_inputs, tried):
+def lean_versions(graph_def, lean_inputs, tried, policy=None):
     """(lean GraphDef, {change: count}, its options for recipes.Recipe.made_lean) of each of
     `graph_def`'s lean versions in turn, from
     the cheapest: its weight gradients' products ordered alone (lean.lean's `only_ordered`),
@@ -18,7 +18,7 @@ def lean_versions(graph_def, lean_inputs, tried):
     skipped."""
     for products_in_float32, only_ordered in ((False, True), (False, False), (True, False)):
         graph, changes = _lean.lean(graph_def, products_in_float32, *lean_inputs,
-                                    only_ordered=only_ordered)
+                                    only_ordered=only_ordered, policy=policy)
         if graph is graph_def or any(graph == t for t in tried):
             continue
         tried.append(graph)
@@ -39,7 +39,7 @@ def make_lean(choice):
     Rapids: contractions only's leaner version, within at 1.03x float32's speed, ended the
     search before the cost model's, within at 2.2x); of those kept, the fastest against the
     pick. Returns the verdict, with the kept lean version's record, else the last one timed;
-    `results` gets its RewriteResult."""
+    `choice` gets the lean candidate."""
     verdict, results, graphs, policy, lean_inputs, budget = (
         choice.verdict, choice.results, choice.graphs, choice.policy, choice.lean_inputs,
         choice.budget)
@@ -60,7 +60,8 @@ def make_lean(choice):
         if best is not None and statistics.median(verdict.times[source]) / first >= \
                 best[1] * (1.0 - policy.margin):
             continue  # (its lean versions cannot be over policy.margin faster than the kept one)
-        for graph, changes, options in lean_versions(graphs[source], lean_inputs, tried):
+        for graph, changes, options in lean_versions(graphs[source], lean_inputs, tried,
+                                                     choice.policy):
             left = budget.left()
             if left <= 0:
                 break
@@ -77,16 +78,20 @@ def make_lean(choice):
                     verdict, times={**verdict.times, _candidates.LEAN: times[_candidates.LEAN]},
                     pick=_candidates.LEAN if kept else against, lean_from=source,
                     lean_against=against, lean_beside=times[against],
-                    lean_changes=dict(changes), peaks=peaks)
+                    lean_changes=dict(changes), peaks=peaks,
+                    reason=(f"{source}'s lean version, within float32's peak and "
+                            f"{1.0 - ratio:.0%} faster than {against}") if kept else
+                    verdict.reason)
                 if kept:
                     best = (recorded, ratio, result, recipe)
                 else:
-                    verdict, results[_candidates.LEAN] = recorded, result
-                    choice.recipes[_candidates.LEAN] = recipe
+                    verdict = recorded
+                    choice.add(_candidates.Candidate.of(_candidates.LEAN, recipe, result))
             if within:
                 break  # (its later versions hold less and run slower)
         if budget.left() <= 0:
             break
     if best is not None:
-        verdict, _, results[_candidates.LEAN], choice.recipes[_candidates.LEAN] = best
+        verdict, _, result, recipe = best
+        choice.add(_candidates.Candidate.of(_candidates.LEAN, recipe, result))
     return verdict

@@ -13,7 +13,7 @@ def refine(choice):
     nodes its per-node profile shows slower than their float32 nodes (policy.slower_ops)
     kept float32, that candidate timed beside the pick within what is left of the budget,
     and kept if over policy.margin faster. Returns the verdict, with the refinement's record
-    where one was timed; `choice.results` gets the refined RewriteResult."""
+    where one was timed; `choice` gets the refined candidate."""
     verdict, results, graphs, policy, timer, budget = (
         choice.verdict, choice.results, choice.graphs, choice.policy, choice.timer,
         choice.budget)
@@ -33,15 +33,18 @@ def refine(choice):
     times = _ledger.measure(choice, "refinement", {chosen: graphs[chosen],
                                                    _candidates.REFINED: refined.graph_def},
                             budget.left())
-    results[_candidates.REFINED] = refined
-    choice.recipes[_candidates.REFINED] = recipe
+    choice.add(_candidates.Candidate.of(_candidates.REFINED, recipe, refined))
     peaks = _ledger.peaks_after(choice, verdict)
     faster = statistics.median(times[_candidates.REFINED]) < \
         statistics.median(times[chosen]) * (1.0 - policy.margin) and \
         not (policy.bounded_peaks(peaks) and
              policy.over_float32(peaks, _candidates.REFINED))
+    gained = 1.0 - statistics.median(times[_candidates.REFINED]) / \
+        statistics.median(times[chosen])
     return dataclasses.replace(
-        verdict, times={**verdict.times, _candidates.REFINED: times[_candidates.REFINED]},
+        verdict, reason=(f"{chosen} with {', '.join(sorted(slow))} float32, {gained:.0%} "
+                         f"faster than {chosen}") if faster else verdict.reason,
+        times={**verdict.times, _candidates.REFINED: times[_candidates.REFINED]},
         pick=_candidates.REFINED if faster else chosen, refined=keep, refined_from=chosen,
         refined_ops={op: len(nodes) for op, (_, _, nodes) in slow.items()},
         beside=times[chosen], peaks=peaks)

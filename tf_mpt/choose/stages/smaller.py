@@ -37,7 +37,7 @@ def make_smaller(choice):
     the others' medians and peaks in its `lean_others`, with the lean version make_lean
     timed and did not keep where it tried one (ResNet50's fit step: contractions only's lean
     version was slower than the op lists' pick, whose own lean version then was not tried);
-    `results` gets its RewriteResult. With TF_MPT_MEMORY_PRICE (policy.memory_price): in a
+    `choice` gets the lean candidate. With TF_MPT_MEMORY_PRICE (policy.memory_price): in a
     graph that
     computes gradients a float32 pick too (prices_float32); the candidates within the price
     of float32's time are sources too, and so is float32's own lean version (its compute
@@ -82,7 +82,8 @@ def make_smaller(choice):
             continue  # (float32 has no half copies)
         original = _candidates.graph_of(source, results, float32_graph)
         graph, changes = _lean.lean(original, False, *lean_inputs, ordered=False,
-                                    new_copies=new_copies, half=half)
+                                    new_copies=new_copies, half=half,
+                                    policy=policy)
         if graph is original or any(graph == g for _, g, _ in versions.values()):
             continue
         key = _candidates.LEAN if not versions else f"{_candidates.LEAN} {len(versions)}"
@@ -127,10 +128,10 @@ def make_smaller(choice):
     record = kept or next((key for key, (source, _, _) in versions.items()
                            if source == chosen), next(iter(versions)))
     source, graph, changes = versions[record]
-    results[_candidates.LEAN] = _candidates.lean_result(
-        _candidates.result_of(source, results, float32_graph, verdict.predicted), graph)
-    choice.recipes[_candidates.LEAN] = choice.recipes[source].made_lean(
-        False, False, False, copies[record])
+    choice.add(_candidates.Candidate.of(
+        _candidates.LEAN, choice.recipes[source].made_lean(False, False, False, copies[record]),
+        _candidates.lean_result(
+            _candidates.result_of(source, results, float32_graph, verdict.predicted), graph)))
     peaks = {name: peak for name, peak in measured.items() if name not in versions}
     if record in measured:
         peaks[_candidates.LEAN] = measured[record]
@@ -142,11 +143,19 @@ def make_smaller(choice):
     if verdict.lean_from and _candidates.LEAN in verdict.times:  # (make_lean's, not kept)
         others = {verdict.lean_from: (statistics.median(verdict.times[_candidates.LEAN]),
                                       verdict.peaks.get(_candidates.LEAN)), **others}
+    reason = verdict.reason
+    if kept and _candidates.FLOAT32 in measured:
+        share = _policy.total_peak(measured, kept) / \
+            _policy.total_peak(measured, _candidates.FLOAT32)
+        slower = statistics.median(times[kept]) / beside - 1.0
+        reason = (f"{source}'s lean version, holding {share:.2f}x float32's peak, "
+                  + (f"{slower:.0%} slower than {chosen}" if slower > 0 else
+                     f"as fast as {chosen}") + " (memory)")
     return dataclasses.replace(
         verdict, times={**verdict.times, _candidates.LEAN: times[record]},
         pick=_candidates.LEAN if kept else chosen, lean_from=source, lean_against=chosen,
         lean_beside=times[chosen], lean_changes=dict(changes), peaks=peaks,
-        lean_others=others, memory_price=price if kept else 0.0)
+        lean_others=others, memory_price=price if kept else 0.0, reason=reason)
 
 
 def _at_the_goal(policy, kept, versions, times, measured, beside, float32_here,

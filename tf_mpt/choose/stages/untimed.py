@@ -18,8 +18,8 @@ def within_float32_untimed(choice):
     prediction's is over float32's (by over policy.peak_slack), its lean versions in make_lean's
     order (ordered products alone, lean, leaner) are measured and the first within float32's
     peak is kept; where none is, float32 is. Their speed is not measured. Returns the
-    verdict, its peaks (and its lean version's record where one was measured) set; `results`
-    gets a kept lean version's RewriteResult. Where the check fails, `verdict` as it was."""
+    verdict, its peaks (and its lean version's record where one was measured) set; `choice`
+    gets a kept lean version as a candidate. Where the check fails, `verdict` as it was."""
     verdict, graphs, results, policy, lean_inputs = (
         choice.verdict, choice.graphs, choice.results, choice.policy, choice.lean_inputs)
     source = choice.same_as.get(verdict.predicted, verdict.predicted)
@@ -31,9 +31,10 @@ def within_float32_untimed(choice):
         if _candidates.FLOAT32 not in peaks or source not in peaks:
             return verdict
         if not policy.over_float32(peaks, source):
-            return dataclasses.replace(verdict, peaks=peaks)
+            return dataclasses.replace(
+                verdict, peaks=peaks, reason="not timed: the prediction is within float32's peak")
         for graph, changes, options in _lean_stage.lean_versions(graphs[source], lean_inputs,
-                                                                 []):
+                                                                 [], policy):
             measured = _ledger.measure_peaks(choice, "peaks", {_candidates.LEAN: graph})
             if _candidates.LEAN not in measured:
                 break
@@ -41,10 +42,15 @@ def within_float32_untimed(choice):
             verdict = dataclasses.replace(verdict, peaks=dict(peaks), lean_from=source,
                                           lean_changes=dict(changes))
             if not policy.over_float32(peaks, _candidates.LEAN):
-                results[_candidates.LEAN] = _candidates.lean_result(results[source], graph)
-                choice.recipes[_candidates.LEAN] = choice.recipes[source].made_lean(*options)
-                return dataclasses.replace(verdict, pick=_candidates.LEAN)
-        return dataclasses.replace(verdict, pick=_candidates.FLOAT32, peaks=dict(peaks))
+                choice.add(_candidates.Candidate.of(
+                    _candidates.LEAN, choice.recipes[source].made_lean(*options),
+                    _candidates.lean_result(results[source], graph)))
+                return dataclasses.replace(
+                    verdict, pick=_candidates.LEAN,
+                    reason=f"not timed: {source}'s lean version is within float32's peak")
+        return dataclasses.replace(
+            verdict, pick=_candidates.FLOAT32, peaks=dict(peaks),
+            reason=f"not timed: {source} and its lean versions are over float32's peak")
     except Exception as error:  # pylint: disable=broad-except
         _log.info("graph timing could not measure the peaks of a graph too slow to time "
                   "(%s: %s); it keeps the prediction", type(error).__name__, error)

@@ -26,11 +26,12 @@ class CompiledSandbox:
         self._values = self._held = None
         self._built = []  # [(GraphDef, runner)]: the object itself is held
 
-    def runners(self, graph_defs, batch):
-        """({candidate: run()}, seconds compiling the candidates new to the sandbox)."""
+    def runners(self, graph_defs, batch, policy=None):
+        """({candidate: run()}, seconds compiling the candidates new to the sandbox); the
+        copies, where made here, within `policy`'s max_copy_bytes (None: the default's)."""
         with tf.init_scope():  # (eager, also while an outer function traces)
             if self._values is None:
-                self._set_up(batch)
+                self._set_up(batch, policy)
             runners, compiling = {}, 0.0
             for name, graph_def in graph_defs.items():
                 found = next((entry for entry in self._built if entry[0] is graph_def), None)
@@ -47,8 +48,9 @@ class CompiledSandbox:
                 runners[name] = found[1]
         return runners, compiling
 
-    def _set_up(self, batch):
-        values, self.resident = _step_sandbox.copied_values(self._cf, batch)
+    def _set_up(self, batch, policy):
+        values, self.resident = _step_sandbox.copied_values(
+            self._cf, batch, None if policy is None else policy.max_copy_bytes)
         self._held, self._values = [], {}
         for name, value, kind in values:
             if kind == "copy":
@@ -74,16 +76,17 @@ def _eagerly(function):
     return run
 
 
-def time_compiled(concrete_function, graph_defs, batch, rounds, budget_seconds, sandbox):
+def time_compiled(concrete_function, graph_defs, batch, rounds, budget_seconds, sandbox,
+                  policy=None):
     """Times each of {candidate: GraphDef} (as time_versions takes them) as XLA runs it, in
     `sandbox` (a CompiledSandbox): each compiled once (its first call), then `rounds`
     (timers.rounds.rounds) with what the compiles left of `budget_seconds`. Returns
     {candidate: (seconds per run, ...)}; NotTimed where it cannot be done safely (TooSlow
-    where compiling took the whole budget)."""
+    where compiling took the whole budget; `policy`: the copies' limit, None the default's)."""
     del concrete_function  # (the sandbox's)
     _safety.refuse_unsafe(graph_defs)
     try:
-        runners, compiling = sandbox.runners(graph_defs, batch)
+        runners, compiling = sandbox.runners(graph_defs, batch, policy)
     except (tf.errors.OpError, ValueError, TypeError) as error:
         raise _safety.NotTimed(f"a candidate did not compile or run on made-up inputs under XLA "
                                f"({type(error).__name__})") from None

@@ -21,6 +21,7 @@ from tensorflow.core.framework import types_pb2
 
 from tf_mpt._process import state as _state
 from tf_mpt.choose import ledger as _ledger
+from tf_mpt.choose import policy as _policy
 from tf_mpt.choose.timers import protocol as _protocol
 from tf_mpt.choose.timers import rounds as _rounds
 from tf_mpt.choose.timers import safety as _safety
@@ -118,10 +119,12 @@ def _initializer_only(view, name, seen=None):
     return True
 
 
-def made_up_inputs(graph_def, needed, batch, seed=0):
+def made_up_inputs(graph_def, needed, batch, seed=0, max_bytes=None):
     """{placeholder name: array} for the Placeholders among `needed`: normal noise for floats,
     zeros for integers and booleans (a valid index or label); an unknown leading dimension is
-    `batch`. Raises NotTimed where no value can be made."""
+    `batch`. Raises NotTimed where no value can be made, or where they would take over
+    `max_bytes` (None: the default Policy's max_copy_bytes)."""
+    max_bytes = _policy.DEFAULT.max_copy_bytes if max_bytes is None else max_bytes
     from tensorflow.python.framework import dtypes  # pylint: disable=import-outside-toplevel
     rng = np.random.RandomState(seed)
     values, total = {}, 0
@@ -145,18 +148,17 @@ def made_up_inputs(graph_def, needed, batch, seed=0):
         else:
             raise _safety.NotTimed(f"input {node.name} is {dtype.name}: no made-up value for it")
         total += value.nbytes
-        if total > _safety.MAX_COPY_BYTES:
-            raise _safety.NotTimed(f"its made-up inputs would take over "
-                                   f"{_safety.MAX_COPY_BYTES >> 20} MiB")
+        if total > max_bytes:
+            raise _safety.NotTimed(f"its made-up inputs would take over {max_bytes >> 20} MiB")
         values[node.name] = value
     return values
 
 
 class _Sandbox:
     """One candidate's Session: its GraphDef imported with the made-up inputs in variables and
-    its own variables given random values."""
+    its own variables given random values; a run stopped after `timeout_ms`."""
 
-    def __init__(self, graph_def, inputs, fetches, needed):
+    def __init__(self, graph_def, inputs, fetches, needed, timeout_ms):
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         self.graph = tf.Graph()
         with self.graph.as_default():
@@ -179,8 +181,7 @@ class _Sandbox:
             self.targets = [self.graph.get_operation_by_name(name) for name in fetches
                             if name not in inputs]
         self.session = tf.compat.v1.Session(graph=self.graph)
-        self.options = tf.compat.v1.RunOptions(
-            timeout_in_ms=_safety.RUN_TIMEOUT_MS)  # pylint: disable=protected-access
+        self.options = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms)
         self.session.run(self.init, options=self.options)
 
     def run(self):
@@ -247,13 +248,17 @@ def _initializer(graph, node, rng):
     return tf.compat.v1.assign(handle, value).op
 
 
-def time_candidates(graph_defs, fetches, batch, budget_seconds, peaks=None, runs=None):
+def time_candidates(graph_defs, fetches, batch, budget_seconds, peaks=None, runs=None,
+                    policy=None, sandbox=None, clock=None):
     """Times each of {candidate: GraphDef} (one graph's colourings: the same inputs and
     fetches) on this CPU. Returns {candidate: (seconds per run, ...)}; raises NotTimed where
     that cannot be done safely. `peaks`, a dict: filled with {candidate: the step peak in
     bytes of one traced run after the rounds} (step_peak_bytes) and peaks[RESIDENT]. `runs`:
-    what runs them in place of `rounds` (first_runs: for their peaks alone)."""
-    clock = _rounds._clock
+    what runs them in place of `rounds` (first_runs: for their peaks alone). `policy`: the
+    sandboxes' limits (max_copy_bytes, run_timeout_ms; None: the default Policy's).
+    `sandbox`, `clock`: a candidate's sandbox type and the rounds' clock (None: _Sandbox,
+    rounds' perf_counter)."""
+    clock = clock or _rounds._clock
     runs = runs or _rounds.rounds
 
     def use(boxes, resident):
@@ -262,10 +267,10 @@ def time_candidates(graph_defs, fetches, batch, budget_seconds, peaks=None, runs
             peaks.update((name, box.peak()) for name, box in boxes.items())
             peaks[_ledger.RESIDENT] = resident
         return times
-    return _in_sandboxes(graph_defs, fetches, batch, use)
+    return _in_sandboxes(graph_defs, fetches, batch, use, policy, sandbox)
 
 
-def profile_candidates(graph_defs, fetches, batch, runs):
+def profile_candidates(graph_defs, fetches, batch, runs, policy=None, sandbox=None):
     """{candidate: {node name: seconds}}: per node of each of {candidate: GraphDef}, the
     fastest of `runs` traced runs after a warm-up run (the node names Grappler's graph
     runs: a fused kernel is named as the last node it fuses)."""
@@ -273,33 +278,35 @@ def profile_candidates(graph_defs, fetches, batch, runs):
         for box in boxes.values():
             box.run()
         return {name: box.profile(runs) for name, box in boxes.items()}
-    return _in_sandboxes(graph_defs, fetches, batch, profile)
+    return _in_sandboxes(graph_defs, fetches, batch, profile, policy, sandbox)
 
 
-def _in_sandboxes(graph_defs, fetches, batch, use):
+def _in_sandboxes(graph_defs, fetches, batch, use, policy=None, sandbox_type=None):
     """use({candidate: sandbox}, resident bytes: its variables' and inputs') with a sandbox of
     each of {candidate: GraphDef} (closed after); NotTimed where they cannot be made or run
-    safely."""
+    safely (`policy`'s max_copy_bytes, run_timeout_ms; None: the default Policy's)."""
+    policy = policy or _policy.DEFAULT
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    sandbox_type = _Sandbox
+    sandbox_type = sandbox_type or _Sandbox
     first = next(iter(graph_defs.values()))
     fetches, needed = runnable(first, fetches)
     for graph_def in graph_defs.values():
         if runnable(graph_def, fetches)[0] != fetches:
             raise _safety.NotTimed("a candidate's fetches need op(s) the float32 graph's do not")
-    inputs = made_up_inputs(first, needed, batch)
+    inputs = made_up_inputs(first, needed, batch, max_bytes=policy.max_copy_bytes)
     resident = _variable_bytes(first, needed) + sum(value.nbytes for value in inputs.values())
     copies = len(graph_defs) * resident
-    if copies > _safety.MAX_COPY_BYTES:
+    if copies > policy.max_copy_bytes:
         raise _safety.NotTimed(f"the {len(graph_defs)} candidates' copies of its variables and "
                                f"inputs would take {copies / 2**20:.0f} MiB, over "
-                               f"{_safety.MAX_COPY_BYTES >> 20} MiB")
+                               f"{policy.max_copy_bytes >> 20} MiB")
     sandboxes = {}
     try:
         with _state.bypass():  # the automatic path leaves these Sessions as they are
             try:
                 for name, graph_def in graph_defs.items():
-                    sandboxes[name] = sandbox_type(graph_def, inputs, fetches, needed)
+                    sandboxes[name] = sandbox_type(graph_def, inputs, fetches, needed,
+                                                   policy.run_timeout_ms)
                 return use(sandboxes, resident)
             except tf.errors.OpError as error:
                 raise _safety.NotTimed(f"a run on made-up inputs failed "
@@ -311,19 +318,28 @@ def _in_sandboxes(graph_defs, fetches, batch, use):
 
 class GraphTimer(_protocol.Timer):
     """Graph timing's Timer: each candidate imported in a Session sandbox of its own, made
-    anew at each call, running the graph's `fetches` (the node names timed)."""
+    anew at each call, running the graph's `fetches` (the node names timed).
 
-    def __init__(self, fetches):
+    sandbox: the type of a candidate's sandbox, called (GraphDef, {input: value}, fetches,
+    needed node names, run timeout in ms), with run(), peak() -> bytes, profile(runs) ->
+    {node: seconds} and close() (None: a Session, _Sandbox); clock: what the rounds read
+    (None: time.perf_counter). A test's fake timer is this one with its own of both
+    (tests/support/fake_timing.py): every rule above the sandbox runs as it does here."""
+
+    def __init__(self, fetches, sandbox=None, clock=None):
         super().__init__()
-        self.fetches = fetches
+        self.fetches, self.sandbox, self.clock = fetches, sandbox, clock
 
     def time(self, graphs, budget, policy):
         return time_candidates(graphs, self.fetches, policy.batch, budget, self.peaks,
-                               runs=functools.partial(_rounds.rounds, policy=policy))
+                               runs=functools.partial(_rounds.rounds, policy=policy),
+                               policy=policy, sandbox=self.sandbox, clock=self.clock)
 
     def peaks_only(self, graphs, policy):
         return time_candidates(graphs, self.fetches, policy.batch, 0.0, self.peaks,
-                               runs=_rounds.first_runs)
+                               runs=_rounds.first_runs, policy=policy, sandbox=self.sandbox,
+                               clock=self.clock)
 
     def profile(self, graphs, policy):
-        return profile_candidates(graphs, self.fetches, policy.batch, policy.profile_runs)
+        return profile_candidates(graphs, self.fetches, policy.batch, policy.profile_runs,
+                                  policy, self.sandbox)

@@ -1,15 +1,12 @@
 """What a sandbox may run: the stateful ops whose state is the candidate's own, the bytes
-its copies may take, the time one run may take; NotTimed where it cannot run safely."""
+its copies may take, the time one run may take (policy.max_copy_bytes, run_timeout_ms);
+NotTimed where it cannot run safely."""
 
 from tensorflow.python.framework import op_def_registry as _op_def_registry
 
 from tf_mpt.rewrite import function_bodies as _function_library
 
 
-MAX_COPY_BYTES = 1 << 30  # the variables and inputs a sandbox may copy
-# one run (a warm-up includes Grappler's optimisation): a loop that made-up inputs never end
-# stops here, and the function is not timed
-RUN_TIMEOUT_MS = 30_000
 # Stateful ops whose state is the function's own (its variables, its random draws, state
 # made and dropped within one run): running them on copies changes nothing outside.
 _SAFE_STATEFUL = frozenset((

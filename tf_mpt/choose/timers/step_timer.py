@@ -60,16 +60,18 @@ class StepTimer(_protocol.Timer):
         runs = functools.partial(_rounds.rounds, policy=policy)
         if self.compiled:  # (no allocation records under XLA: no peaks)
             return _compiled.time_compiled(self.cf, self._apart(graphs), policy.batch, runs,
-                                           budget, self._sandbox)
+                                           budget, self._sandbox, policy)
         return _step_sandbox.time_versions(self.cf, self._apart(graphs), policy.batch, runs,
-                                           budget, self.peaks, sandbox=self._sandbox)
+                                           budget, self.peaks, sandbox=self._sandbox,
+                                           policy=policy)
 
     def profile(self, graphs, policy):
         self._check()
         if self.compiled:
             raise _safety.NotTimed("XLA fuses the nodes a profile would time one by one")
         return _step_sandbox.profile_versions(self.cf, self._apart(graphs), policy.batch,
-                                              policy.profile_runs, sandbox=self._sandbox)
+                                              policy.profile_runs, sandbox=self._sandbox,
+                                              policy=policy)
 
     def peaks_only(self, graphs, policy):
         self._check()
@@ -77,7 +79,7 @@ class StepTimer(_protocol.Timer):
             raise _safety.NotTimed("XLA runs it: its steps' allocations are not recorded")
         return _step_sandbox.time_versions(self.cf, self._apart(graphs), policy.batch,
                                            _rounds.first_runs, 0.0, self.peaks,
-                                           sandbox=self._sandbox)
+                                           sandbox=self._sandbox, policy=policy)
 
     def key_graph(self, graph_def):
         self._check()  # (a verdict is read only where the function could be timed)

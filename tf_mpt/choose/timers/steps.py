@@ -39,7 +39,7 @@ _log = logging.getLogger(__name__)
 
 
 def time_versions(concrete_function, graph_defs, batch, rounds, budget_seconds=None,
-                  peaks=None, sandbox=None):
+                  peaks=None, sandbox=None, policy=None):
     """Times each of {candidate: GraphDef} (`concrete_function`'s graph and its rewrites: the
     same inputs, outputs and captures; library functions named apart) in one sandbox
     Session, with `rounds` (timers.rounds.rounds, which reads this module's limits). Returns
@@ -47,9 +47,10 @@ def time_versions(concrete_function, graph_defs, batch, rounds, budget_seconds=N
     `peaks`, a dict: filled with {candidate: the step peak in bytes of one traced run after
     the rounds} (step_peak_bytes) and peaks[RESIDENT] (the copies' bytes). `sandbox`: a
     Sandbox of the function kept open across calls (None: one for this call only);
-    `budget_seconds` None: the default policy's step_budget."""
+    `budget_seconds` None: `policy`'s step_budget. `policy`: the sandbox's limits too
+    (max_copy_bytes, run_timeout_ms; None: the default Policy's)."""
     if budget_seconds is None:
-        budget_seconds = _policy.DEFAULT.step_budget
+        budget_seconds = (policy or _policy.DEFAULT).step_budget
 
     def use(runners, traced_run, resident, _):
         times = rounds(runners, budget_seconds)
@@ -58,7 +59,7 @@ def time_versions(concrete_function, graph_defs, batch, rounds, budget_seconds=N
                 peaks[name] = step_peak_bytes(traced_run(name))
             peaks[_ledger.RESIDENT] = resident
         return times
-    return _in_sandbox(concrete_function, graph_defs, batch, use, sandbox)
+    return _in_sandbox(concrete_function, graph_defs, batch, use, sandbox, policy)
 
 
 def traced_runs(concrete_function, graph_defs, batch, warmup=3):
@@ -94,7 +95,7 @@ def step_peak_bytes(metadata):
     return peak
 
 
-def profile_versions(concrete_function, graph_defs, batch, runs, sandbox=None):
+def profile_versions(concrete_function, graph_defs, batch, runs, sandbox=None, policy=None):
     """{candidate: {node name: seconds}}: per node of each of {candidate: GraphDef} (as
     time_versions), the fastest of `runs` traced runs after a warm-up run."""
     def profile(runners, traced_run, _, prefixes):
@@ -104,7 +105,7 @@ def profile_versions(concrete_function, graph_defs, batch, runs, sandbox=None):
             metadatas = [traced_run(name) for _ in range(runs)]
             found[name] = fastest_node_seconds(metadatas, prefixes[name])
         return found
-    return _in_sandbox(concrete_function, graph_defs, batch, profile, sandbox)
+    return _in_sandbox(concrete_function, graph_defs, batch, profile, sandbox, policy)
 
 
 def fastest_node_seconds(metadatas, prefix=""):
@@ -137,12 +138,13 @@ class Sandbox:
         self._graph = self._session = None
         self._imported = []  # [(GraphDef, fetches, name scope)]: the object itself is held
 
-    def runs(self, graph_defs, batch):
+    def runs(self, graph_defs, batch, policy):
         """({candidate: fetches}, {candidate: its name scope + '/'}, the Session, the copies'
-        bytes), importing the GraphDefs not yet imported."""
+        bytes), importing the GraphDefs not yet imported (the copies, where made here, within
+        `policy`'s limits)."""
         with tf.init_scope():  # values are read eagerly, also while an outer function traces
             if self._graph is None:
-                self._set_up(batch)
+                self._set_up(batch, policy)
             fetches, prefixes = {}, {}
             for name, graph_def in graph_defs.items():
                 found = next((entry for entry in self._imported if entry[0] is graph_def),
@@ -158,16 +160,17 @@ class Sandbox:
                 fetches[name], prefixes[name] = found[1], found[2] + "/"
         return fetches, prefixes, self._session, self._resident
 
-    def _set_up(self, batch):
+    def _set_up(self, batch, policy):
         began = time.perf_counter()
-        self._graph, self._input_map, (init, feeds), self._resident = _sandbox(self._cf, batch)
+        self._graph, self._input_map, (init, feeds), self._resident = _sandbox(
+            self._cf, batch, policy.max_copy_bytes)
         # bypass: the automatic path leaves this Session as TensorFlow makes it (its TF1
         # rewrite would otherwise convert the float32 version too)
         with _state.bypass():
             self._session = tf.compat.v1.Session(graph=self._graph)
             try:
                 self._session.run(init, feed_dict=feeds, options=tf.compat.v1.RunOptions(
-                    timeout_in_ms=_safety.RUN_TIMEOUT_MS))
+                    timeout_in_ms=policy.run_timeout_ms))
             except tf.errors.OpError as error:
                 self.close()  # (a later call starts again, not from half a set-up)
                 raise _safety.NotTimed(f"its copies could not be set up ({type(error).__name__})") \
@@ -182,19 +185,21 @@ class Sandbox:
         self._imported = []
 
 
-def _in_sandbox(cf, graph_defs, batch, use, sandbox=None):
+def _in_sandbox(cf, graph_defs, batch, use, sandbox=None, policy=None):
     """use({candidate: run()}, traced_run(candidate) -> RunMetadata of one FULL_TRACE run,
     resident bytes: the copies', {candidate: its name scope + '/'}) in the sandbox Session
     of `cf`'s {candidate: GraphDef} (`sandbox`, a Sandbox kept open, or one made and closed
-    here); NotTimed where that cannot be done safely."""
+    here); NotTimed where that cannot be done safely (`policy`'s max_copy_bytes,
+    run_timeout_ms; None: the default Policy's)."""
+    policy = policy or _policy.DEFAULT
     _safety.refuse_unsafe(graph_defs)
     own = sandbox is None
     sandbox = Sandbox(cf) if own else sandbox
     try:
-        fetches, prefixes, session, resident = sandbox.runs(graph_defs, batch)
+        fetches, prefixes, session, resident = sandbox.runs(graph_defs, batch, policy)
         with _state.bypass():
-            options = tf.compat.v1.RunOptions(timeout_in_ms=_safety.RUN_TIMEOUT_MS)
-            traced = tf.compat.v1.RunOptions(timeout_in_ms=_safety.RUN_TIMEOUT_MS,
+            options = tf.compat.v1.RunOptions(timeout_in_ms=policy.run_timeout_ms)
+            traced = tf.compat.v1.RunOptions(timeout_in_ms=policy.run_timeout_ms,
                                              trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
 
             def traced_run(name):
@@ -212,12 +217,12 @@ def _in_sandbox(cf, graph_defs, batch, use, sandbox=None):
             sandbox.close()
 
 
-def _sandbox(cf, batch):
+def _sandbox(cf, batch, max_bytes):
     """(graph, input map, (initializer, its feeds), bytes copied) of the sandbox: copies of
     `cf`'s variables (their current values) and of its other captures, and made-up inputs of
     its argument shapes, that each candidate imported (_import) reads and updates. Called
     eagerly: the captures' values are read before the graph is built."""
-    values, copied = copied_values(cf, batch)
+    values, copied = copied_values(cf, batch, max_bytes)
     graph = tf.Graph()
     made, input_map, feeds = [], {}, {}
     with graph.as_default():
@@ -236,10 +241,12 @@ def _sandbox(cf, batch):
     return graph, input_map, (init, feeds), copied
 
 
-def copied_values(cf, batch):
+def copied_values(cf, batch, max_bytes=None):
     """([(placeholder name, value, 'input' | 'copy' | 'constant')], bytes): made-up inputs of
     `cf`'s argument shapes, the current values of the variables it captures and of its other
-    captures (NotTimed where one cannot be copied)."""
+    captures (NotTimed where one cannot be copied, or where they would take over `max_bytes`;
+    None: the default Policy's max_copy_bytes)."""
+    max_bytes = _policy.DEFAULT.max_copy_bytes if max_bytes is None else max_bytes
     captured = list(cf.captured_inputs)
     n_args = len(cf.inputs) - len(captured)
     owners = {id(v.handle): v for v in cf.graph.variables}
@@ -257,9 +264,9 @@ def copied_values(cf, batch):
                 raise _safety.NotTimed(f"it captures variable {owner.name} of shape {owner.shape} "
                                        f"and dtype {owner.dtype.name}: no copy of known size")
             copied += elements * owner.dtype.size
-            if copied > _safety.MAX_COPY_BYTES:
+            if copied > max_bytes:
                 raise _safety.NotTimed(f"copies of its variables would take over "
-                                       f"{_safety.MAX_COPY_BYTES >> 20} MiB")
+                                       f"{max_bytes >> 20} MiB")
             try:
                 value = owner.numpy()
             except (tf.errors.OpError, ValueError) as error:

@@ -19,7 +19,7 @@ Nine changes, each leaving every op's dtype what the candidate decided except wh
                      never held in both dtypes; its inputs (activations, the incoming
                      gradient) are cast to float32 instead.
     saved in half    a float32 value that a late reader (one that waits for an input at least
-                     LATE_LEVELS ops deeper: the backward pass's reader of a forward
+                     late_levels ops deeper: the backward pass's reader of a forward
                      activation) keeps alive is held in half instead: each late reader reads a
                      Cast to float32 of the value's half copy, made once its deepest other
                      input is ready. The half copy is the value's own source where the value

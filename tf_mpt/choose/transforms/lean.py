@@ -16,7 +16,7 @@ FROM_COPIES = "saved in half from half copies"
 
 
 def lean(graph_def, products_in_float32=False, lists=None, shapes=None, ordered=True,
-         only_ordered=False, new_copies=True, half=None):
+         only_ordered=False, new_copies=True, half=None, policy=None):
     """The changes in order: ordered products (with `ordered`: for a candidate holding more
     than float32 because its weight gradients are held in both dtypes), float32 products
     (with `products_in_float32`: the leaner version, for where the first still holds too
@@ -26,8 +26,9 @@ def lean(graph_def, products_in_float32=False, lists=None, shapes=None, ordered=
     use, 10% of the MLP's step, where its weights' half copies cost no bytes at its peak).
     Without `new_copies`: saved in half only from the half copies the graph has (counted as
     FROM_COPIES, not "saved in half"). `half`: the copies' type in a graph with no half Casts
-    (float32's own; saved_in_half). Returns (GraphDef, {change: count}), a change not tried
-    absent."""
+    (float32's own; saved_in_half). `policy`: the Policy whose late_levels and
+    min_saved_elements saved in half and reduced first read (None: the default). Returns
+    (GraphDef, {change: count}), a change not tried absent."""
     changes = {}
     if only_ordered:
         graph_def, changes["ordered products"] = _ordering.ordered_products(graph_def)
@@ -39,8 +40,8 @@ def lean(graph_def, products_in_float32=False, lists=None, shapes=None, ordered=
     if products_in_float32:
         graph_def, changes["float32 products"] = _ordering.float32_products(graph_def)
     graph_def, changes["saved in half" if new_copies else FROM_COPIES] = _saving.saved_in_half(
-        graph_def, lists, shapes, new_copies, half)
-    graph_def, changes["reduced first"] = _reduce.reduced_first(graph_def, shapes)
+        graph_def, lists, shapes, new_copies, half, policy)
+    graph_def, changes["reduced first"] = _reduce.reduced_first(graph_def, shapes, policy)
     graph_def, changes["late casts"] = _late_casts.late_casts(graph_def)
     graph_def, changes["anchored waits"] = _ordering.anchored_waits(graph_def)
     graph_def, changes["weights' lists in float32"] = \

@@ -7,6 +7,7 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.core.framework import types_pb2
 
 from tf_mpt.choose.transforms import graph_order as _graph_order
+from tf_mpt.choose import policy as _policy
 from tf_mpt.choose.transforms import late_casts as _late_casts
 from tf_mpt.rewrite import casts as _casts
 from tf_mpt.rewrite import type_attrs as _ta
@@ -14,12 +15,6 @@ from tf_mpt.rewrite.graph_view import GraphView
 from tf_mpt.rewrite.paint import shapes as _shapes
 
 
-# saved in half: a reader is late where one of its inputs is this many ops (longest path from
-# the graph's sources) deeper than the value it reads; a forward reader is within a few.
-LATE_LEVELS = 16
-# saved in half: values of fewer elements than this (an unknown dimension counted as 1: a
-# reduction's [batch, 1] result, a bias) or of unknown rank are not worth their two Casts.
-MIN_SAVED_ELEMENTS = 1 << 14
 _HALF_LISTS = ("allow", "infer", "clear")
 
 
@@ -54,7 +49,8 @@ def _deepest_other(view, reader, value, level):
     return best
 
 
-def saved_in_half(graph_def, lists=None, shapes=None, new_copies=True, half=None):
+def saved_in_half(graph_def, lists=None, shapes=None, new_copies=True, half=None,
+                  policy=None):
     """graph_def with the float32 values its late readers keep alive held in half (see the
     module's docstring); `lists` (lists.OpLists) names the readers that may read a value
     rounded to half (None: only values that are Casts up from half are changed); `shapes`
@@ -66,7 +62,10 @@ def saved_in_half(graph_def, lists=None, shapes=None, new_copies=True, half=None
     where the values with new copies too reached 0.72x at 1-4% slower). `half` (a DataType)
     is the type of the copies where the graph has no half Casts of its own (float32's own
     lean version: its compute float32, what its backward pass reads saved in half; None:
-    such a graph is left alone). Returns (GraphDef, values changed)."""
+    such a graph is left alone). A reader is late, and a value worth saving, by `policy`'s
+    late_levels and min_saved_elements (None: the default Policy's). Returns (GraphDef,
+    values changed)."""
+    policy = policy or _policy.DEFAULT
     view = GraphView(graph_def)
     half = _half_type(view) or half
     level = _graph_order.levels(view) if half is not None else None
@@ -83,9 +82,9 @@ def saved_in_half(graph_def, lists=None, shapes=None, new_copies=True, half=None
         if _late_casts.held(view, i):
             continue
         for port, readers in sorted(view.fanout_of(i).items()):
-            if elements(shapes, view, i, port) < MIN_SAVED_ELEMENTS:
+            if elements(shapes, view, i, port) < policy.min_saved_elements:
                 continue
-            plan = _saving_plan(view, i, port, readers, half, level, lists)
+            plan = _saving_plan(view, i, port, readers, half, level, lists, policy.late_levels)
             if plan is None or (plan[0] is None and not new_copies):
                 continue
             source, late = plan
@@ -129,7 +128,7 @@ def elements(shapes, view, i, port):
     return count
 
 
-def _saving_plan(view, i, port, readers, half, level, lists):
+def _saving_plan(view, i, port, readers, half, level, lists, late_levels):
     """(the half copy's tensor name, or None for a new Cast; [(late reader, its input port,
     the node it waits for)]) for output `port` of node i, or None where it is not held in
     half: no late reader, or one that cannot be moved."""
@@ -148,11 +147,11 @@ def _saving_plan(view, i, port, readers, half, level, lists):
     late = []
     for reader, reader_port in readers:
         reader_node = view.nodes[reader]
-        if reader_node.name == source or level[reader] <= level[i] + LATE_LEVELS:
+        if reader_node.name == source or level[reader] <= level[i] + late_levels:
             continue
         trigger = _deepest_other(view, reader, i, level)
         if reader_node.op in _graph_order.NOT_MOVED or trigger is None or \
-                level[trigger] < level[i] + LATE_LEVELS:
+                level[trigger] < level[i] + late_levels:
             return None  # (late, but not for an input it could wait on: the value stays)
         if not exact and (lists is None or lists.list_of(reader_node.op) not in _HALF_LISTS):
             return None
