@@ -358,8 +358,8 @@ def test_a_verdict_is_measured_once_then_read_from_the_cache(timed):
     (cache,) = (tmp for tmp in (timed.cache_dir / name for name in os.listdir(
         timed.cache_dir)) if tmp.name.startswith("verdicts-"))
     records = json.loads(cache.read_text())
-    for record in records.values():
-        record["times"].pop("cost model", None)
+    for record in records.values():  # (its times are the ledger's first rounds)
+        record["ledger"] = [e for e in record["ledger"] if e["candidate"] != "cost model"]
     cache.write_text(json.dumps(records))
     runs = len(timed.runs)
     again = _rewrite(graph_def)
@@ -853,18 +853,26 @@ def test_an_untimed_verdict_reads_back_only_whole():
     it was not timed, float32's peak, a lean pick's changes) or with a pick the check never
     makes reads as None, so the graph is tried again."""
     mib = 2 ** 20
+    ledger = _ledger.Ledger()
+    first = ledger.record("peaks", {}, {_candidates.FLOAT32: 10 * mib, _candidates.COST: 12 * mib})
+    lean = ledger.record("peaks", {}, {_candidates.LEAN: 8 * mib})
     written = _verdict.Verdict(
-        {}, _candidates.LEAN, _candidates.COST, "one round takes 7.2 s",
-        peaks={_candidates.FLOAT32: 10 * mib, _candidates.COST: 12 * mib,
-               _candidates.LEAN: 8 * mib},
-        lean_from=_candidates.COST, lean_changes={"late casts": 3})
+        _candidates.LEAN, _candidates.COST, "one round takes 7.2 s", ledger=ledger.snapshot(),
+        peaks_at={_candidates.FLOAT32: (first, _candidates.FLOAT32),
+                  _candidates.COST: (first, _candidates.COST)},
+        lean_at=(lean, _candidates.LEAN), lean_from=_candidates.COST,
+        lean_changes={"late casts": 3})
+    assert written.peaks == {_candidates.FLOAT32: 10 * mib, _candidates.COST: 12 * mib,
+                             _candidates.LEAN: 8 * mib} and not written.times
     data = json.loads(json.dumps(written.to_dict()))
     read = _verdict.Verdict.from_dict(data, "cached")
     assert read == dataclasses.replace(written, source="cached")
     assert "cached here: its peaks measured instead" in read.describe(), read.describe()
     broken = [dict(data, why=""), dict(data, lean_changes={}), dict(data, pick="refined"),
-              dict(data, peaks={_candidates.COST: 12 * mib, _candidates.LEAN: 8 * mib}),
-              dict(data, peaks={_candidates.FLOAT32: 10 * mib})]
+              dict(data, peaks_at={_candidates.COST: [first, _candidates.COST]}),
+              dict(data, peaks_at={_candidates.FLOAT32: [first, _candidates.FLOAT32]},
+                   lean_at=[]),
+              dict(data, lean_at=[lean + 1, _candidates.LEAN])]  # (no such entry)
     for record in broken:
         assert _verdict.Verdict.from_dict(record, "cached") is None, record
     kept_float32 = dict(data, pick=_candidates.FLOAT32, lean_from="", lean_changes={})

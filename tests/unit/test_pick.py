@@ -114,7 +114,9 @@ def test_the_pick_is_the_policy_method_the_stages_use():
 
 @pytest.mark.parametrize("source", ["cached", "table"])
 def test_a_verdicts_reason_is_stored_and_read_back(source):
-    verdict = _verdict.Verdict({F32: (2.0,) * 3, COST: (1.0,) * 3}, COST, COST,
+    ledger = _ledger_of({F32: (2.0,) * 3, COST: (1.0,) * 3})
+    verdict = _verdict.Verdict(COST, COST, ledger=ledger.snapshot(),
                                reason="the prediction, the fastest")
     back = _verdict.Verdict.from_dict(verdict.to_dict(), source)
     assert back.reason == "the prediction, the fastest" and back.source == source
+    assert back.times == verdict.times == {F32: (2.0,) * 3, COST: (1.0,) * 3}

@@ -30,7 +30,7 @@ from tf_mpt._process import state as _state
 # a candidate's graph is (the painter's colouring, a transform) needs none: a record holds the
 # hash of the graph its pick runs (decision.GRAPH), and a pick made again as another graph is
 # refused and timed again.
-VERSION = 12
+VERSION = 13  # (13: a verdict holds its ledger and points into it)
 # The most verdicts a cache file keeps: a script whose graph grows (a TF1 graph with ops added
 # between runs, a function traced per shape) adds one per graph; past this the oldest stored
 # go, so the file read by every rewrite stays small (a verdict is 2-5 KB).

@@ -199,7 +199,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
                 _verdicts.store(config, dtype, key, {**choice.verdict.to_dict(),
                                                      **_made(choice)})
     except _safety.NotTimed as error:
-        choice.verdict = _verdict.Verdict({}, predicted_name, predicted_name, str(error),
+        choice.verdict = _verdict.Verdict(predicted_name, predicted_name, str(error),
                                           policy=policy)
         if isinstance(error, _safety.TooSlow) and policy.bounded:
             choice.verdict = _with_ledger(choice, _untimed.within_float32_untimed(choice))
@@ -211,7 +211,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
         _state.warn_once(("graph_timing", type(error).__name__),
                          "tf_mpt could not time a graph's candidate colourings (%s: %s); it "
                          "keeps the predicted one", type(error).__name__, error)
-        choice.verdict = _verdict.Verdict({}, predicted_name, predicted_name,
+        choice.verdict = _verdict.Verdict(predicted_name, predicted_name,
                                           f"timing failed: {type(error).__name__}: {error}",
                                           policy=policy)
     finally:
@@ -234,8 +234,7 @@ def decide(graph_def, predicted, rewrite, config, fetches, lists, target, timer=
 
 def _with_ledger(choice, verdict=None):
     """`verdict` (the choice's where None) with the choice's ledger, as the record keeps it."""
-    return dataclasses.replace(verdict or choice.verdict,
-                               ledger=tuple(choice.ledger.to_list()))
+    return dataclasses.replace(verdict or choice.verdict, ledger=choice.ledger.snapshot())
 
 
 def _run(stage, choice):

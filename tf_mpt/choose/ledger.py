@@ -1,10 +1,14 @@
 """The Ledger: every measurement of one decision, in the order made, append-only; the one place
-times and peaks live once measured (a Timer hands them over, measure() records them).
+times and peaks live once measured (a Timer hands them over, measure() records them). A
+verdict points into it (verdict.py: its times, peaks and the rounds each later version was
+timed beside are read from the entries it points at).
 
-    Entry         (stage, candidate, seconds per round, step peak bytes): one candidate
-                  timed (or, a graph too slow to time, its peak alone) in one stage's rounds
+    Entry         (stage, candidate, seconds per round, step peak bytes, round): one
+                  candidate timed (or, a graph too slow to time, its peak alone) in one call
+                  of a timer, `round` (0, 1, ...: the calls in order); a candidate is named
+                  as that call named it
     RESIDENT      the bytes every candidate holds alike (its variables, an optimizer's slots,
-                  its inputs), added to each step peak where compared (peaks()[RESIDENT]);
+                  its inputs), added to each step peak where compared (peaks[RESIDENT]);
                   recorded as an entry of its own, candidate RESIDENT, no seconds
     Budget        seconds of timed runs left of TF_MPT_TIMING_BUDGET, each stage's spent
 """
@@ -23,11 +27,20 @@ FIRST_ROUNDS = "first rounds"
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    """One measurement: `candidate` (its name in that stage's rounds) timed by `stage`."""
+    """One measurement: `candidate` (its name in that call) timed by `stage` in call `round`."""
     stage: str
     candidate: str
     seconds: tuple  # per round; () where only its peak was measured
     peak: typing.Optional[int] = None  # the step peak of one traced run, bytes
+    round: int = 0
+
+    @classmethod
+    def from_dict(cls, data):
+        """An entry as dataclasses.asdict wrote it (KeyError, TypeError, ValueError where it
+        does not read as one)."""
+        return cls(str(data["stage"]), str(data["candidate"]),
+                   tuple(float(t) for t in data["seconds"]),
+                   None if data["peak"] is None else int(data["peak"]), int(data["round"]))
 
 
 class Ledger:
@@ -35,21 +48,19 @@ class Ledger:
 
     def __init__(self, predicted=""):
         self.entries = []
+        self.rounds = 0  # the timer calls recorded
         self.predicted = predicted  # the candidate the prediction's graph is timed as
 
     def record(self, stage, times, peaks):
         """Appends what one call of a timer measured: {candidate: seconds per round} and
-        {candidate: peak bytes} (and RESIDENT) of the candidates it ran."""
+        {candidate: peak bytes} (and RESIDENT) of the candidates it ran, as a new round;
+        returns its number."""
+        at = self.rounds
+        self.rounds += 1
         for name in list(times) + [n for n in peaks if n not in times]:
             self.entries.append(Entry(stage, name, tuple(times.get(name, ())),
-                                      peaks.get(name)))
-
-    def relabel(self, stage, kept, name):
-        """Records stage's candidate `kept` again as `name` (a smaller version kept as the
-        lean one: the same measurement)."""
-        entry = next(e for e in reversed(self.entries) if e.stage == stage and
-                     e.candidate == kept)
-        self.entries.append(dataclasses.replace(entry, candidate=name))
+                                      peaks.get(name), at))
+        return at
 
     def times(self, stage):
         """{candidate: seconds per round} measured by `stage` (its latest where it measured
@@ -57,37 +68,45 @@ class Ledger:
         return {entry.candidate: entry.seconds for entry in self.entries
                 if entry.stage == stage and entry.seconds}
 
-    def peaks(self, names=None):
-        """{candidate: its latest measured peak} (of `names` only, where given) and
-        RESIDENT (the latest) where measured."""
-        found = {}
-        for entry in self.entries:
-            if entry.peak is not None and (names is None or entry.candidate in names or
-                                           entry.candidate == RESIDENT):
-                found[entry.candidate] = entry.peak
-        return found
+    def peaks(self, stage=None, at=None):
+        """{candidate: its measured peak} and RESIDENT, of `stage`'s entries (None: every
+        stage's) in round `at` (None: every round), the latest where measured more than
+        once."""
+        return peaks_of(self.entries, stage, at)
 
-    def to_list(self):
-        return [dataclasses.asdict(entry) for entry in self.entries]
+    def snapshot(self):
+        """The entries so far (a tuple: what a verdict holds)."""
+        return tuple(self.entries)
+
+
+def peaks_of(entries, stage=None, at=None):
+    """Ledger.peaks of `entries`."""
+    return {entry.candidate: entry.peak for entry in entries
+            if entry.peak is not None and (stage is None or entry.stage == stage) and
+            (at is None or entry.round == at)}
+
+
+def find(entries, at, candidate):
+    """The entry of `candidate` in round `at` of `entries`, or None."""
+    return next((entry for entry in entries
+                 if entry.round == at and entry.candidate == candidate), None)
 
 
 def measure(choice, stage, graphs, budget_seconds):
-    """{candidate: seconds per round} of `graphs` ({candidate: GraphDef}) timed by
-    `choice.timer` within `budget_seconds`, spent from `choice.budget` and recorded in
-    `choice.ledger` with their peaks, under `stage`."""
+    """({candidate: seconds per round}, its round in the ledger) of `graphs` ({candidate:
+    GraphDef}) timed by `choice.timer` within `budget_seconds`, spent from `choice.budget`
+    and recorded in `choice.ledger` with their peaks, under `stage`."""
     timer = choice.timer
     times = choice.budget.spend(timer.time(graphs, budget_seconds, choice.policy))
-    choice.ledger.record(stage, times, _measured_peaks(timer, graphs))
-    return times
+    return times, choice.ledger.record(stage, times, _measured_peaks(timer, graphs))
 
 
 def measure_peaks(choice, stage, graphs):
-    """The peaks of `graphs` measured alone (one first run and one traced run each: a graph
-    too slow to time), recorded in `choice.ledger` under `stage`; returns them."""
+    """({candidate: peak}, its round) of `graphs` measured alone (one first run and one
+    traced run each: a graph too slow to time), recorded in `choice.ledger` under `stage`."""
     choice.timer.peaks_only(graphs, choice.policy)
     peaks = _measured_peaks(choice.timer, graphs)
-    choice.ledger.record(stage, {}, peaks)
-    return peaks
+    return peaks, choice.ledger.record(stage, {}, peaks)
 
 
 def _measured_peaks(timer, graphs):
@@ -96,15 +115,15 @@ def _measured_peaks(timer, graphs):
             if name in graphs or name == RESIDENT}
 
 
-def peaks_after(choice, verdict, also=()):
-    """The peaks after a later stage's rounds: the verdict's stand (the pick was made with
-    them; a candidate timed again does not change them), the new version's (refined, lean:
-    the last measured) added; of the candidates the verdict timed, the lean and refined
-    ones, those named in `also` (a stage's versions), and RESIDENT."""
-    names = set(verdict.times) | {_candidates.LEAN, _candidates.REFINED} | set(also)
-    peaks = choice.ledger.peaks(names)
-    peaks.update((name, peak) for name, peak in verdict.peaks.items()
-                 if name not in (_candidates.LEAN, _candidates.REFINED))
+def peaks_after(choice, verdict, at, names=()):
+    """The peaks after a later stage's round `at`: the verdict's (the pick was made with
+    them; a candidate timed again in that round does not change them), with that round's
+    peaks of the new versions (LEAN, REFINED and `names`: a stage's versions) and
+    RESIDENT."""
+    peaks = dict(verdict.peaks)
+    new = set(names) | {_candidates.LEAN, _candidates.REFINED, RESIDENT}
+    peaks.update((name, peak) for name, peak in choice.ledger.peaks(at=at).items()
+                 if name in new)
     return peaks
 
 

@@ -242,7 +242,7 @@ def pick(ledger, policy):
     every peak measured and the candidate the prediction is timed as), bounded by the peaks
     where the memory is (Policy.bounded_peaks)."""
     return policy.choose(ledger.times(_ledger.FIRST_ROUNDS), ledger.predicted,
-                         policy.bounded_peaks(ledger.peaks()))
+                         policy.bounded_peaks(ledger.peaks(_ledger.FIRST_ROUNDS)))
 
 
 def total_peak(peaks, name):

@@ -1,10 +1,14 @@
-"""The verdict for one graph: every candidate's times and peaks, the pick, in one record.
+"""The verdict for one graph: the pick, why, and where in the ledger its measurements are.
 
 It is what the report holds (RewriteReport.verdict), what the cache stores (to_dict /
-from_dict) and what one INFO line prints (describe).
+from_dict) and what one INFO line prints (describe). Its times and peaks are read from the
+ledger it holds (ledger.py, the one place they live): the first rounds' entries, and the
+entries it points at for the versions later stages timed (`lean_at`, `refined_at`,
+`others_at`; `peaks_at` for a graph too slow to time).
 """
 
 import dataclasses
+import functools
 import statistics
 
 from tf_mpt.choose import candidates as _candidates
@@ -17,8 +21,6 @@ class Verdict:
     """What graph timing found for one graph.
 
     Attributes:
-        times: {candidate: (seconds per run, one per round)} of the candidates timed, in the
-            order they were timed; {} where nothing was timed.
         pick: the candidate the graph runs as.
         predicted: the candidate the prediction (the cost model, or the op lists) chose.
         why: '' where timed; else why the graph was not timed (it keeps the prediction).
@@ -26,99 +28,166 @@ class Verdict:
             because their graph was another's.
         source: 'timed' (here, now), 'cached' (here, by an earlier process: nothing timed)
             or 'table' (a cost table file's, `tf-mpt measure --model`: nothing timed).
+        ledger: every measurement made for it, in order (ledger.Entry each), whatever was
+            kept: what `times`, `peaks`, `beside`, `lean_beside` and `lean_others` read.
         refined: the node names the refinement kept float32 (() where none was tried);
             times[REFINED] its candidate's rounds, timed beside `refined_from`'s (`beside`).
         refined_from: the candidate refined (the pick of the first rounds).
         refined_ops: {op type: nodes kept float32}.
-        beside: `refined_from`'s times in the refinement's rounds.
-        peaks: {candidate: step peak bytes of a traced run} where measured ({} otherwise); a
-            candidate over policy.peak_slack above float32's is flagged where it is printed.
+        refined_at: (round, candidate) of the refined version's entry in the ledger; ().
         lean_from: the candidate made lean (LEAN; '' where none was); times[LEAN] its
             rounds, timed beside `lean_against`'s (`lean_beside`).
         lean_against: the candidate the lean one was timed beside (the fastest within
             float32's peak in the first rounds).
-        lean_beside: `lean_against`'s times in those rounds.
         lean_changes: {change: count} (lean.lean).
-        lean_others: {candidate: (median seconds, step peak bytes or None)} of the other
-            lean versions timed in the same rounds and not recorded as LEAN (decision.
-            make_smaller: those of candidates near the pick's time).
+        lean_at: (round, candidate) of the lean version's entry (its name in that round); ().
+        others_at: {label: (round, candidate)} of the other lean versions timed and not
+            recorded as LEAN (stages/smaller.py: those of candidates near the pick's time),
+            read as `lean_others`.
+        peaks_at: {candidate: (round, candidate)}: the peaks of a graph too slow to time
+            (stages/untimed.py), measured alone.
         memory_price: TF_MPT_MEMORY_PRICE where the lean pick was kept under it (0: none).
         compiled: the candidates were timed as XLA compiles them (a jit_compile step:
             timers.compiled.time_compiled; no step peaks, nor a refinement, are measured there).
         policy: the Policy it was decided by (policy.Policy; None: the default one), which
             its line reads (what counts as over float32's peak, as slower).
-        ledger: every measurement made for it, in order ({stage, candidate, seconds, peak}
-            each: ledger.Entry), whatever was kept.
         reason: why the pick was kept, in a few words (policy.pick's, or the stage's that
             changed it); '' where nothing was timed.
     """
-    times: dict
     pick: str
     predicted: str
     why: str = ""
     same_as: dict = dataclasses.field(default_factory=dict)
     source: str = "timed"
+    ledger: tuple = dataclasses.field(default=(), repr=False)
     refined: tuple = ()
     refined_from: str = ""
     refined_ops: dict = dataclasses.field(default_factory=dict)
-    beside: tuple = ()
-    peaks: dict = dataclasses.field(default_factory=dict)
+    refined_at: tuple = ()
     lean_from: str = ""
     lean_against: str = ""
-    lean_beside: tuple = ()
     lean_changes: dict = dataclasses.field(default_factory=dict)
-    lean_others: dict = dataclasses.field(default_factory=dict)
+    lean_at: tuple = ()
+    others_at: dict = dataclasses.field(default_factory=dict)
+    peaks_at: dict = dataclasses.field(default_factory=dict)
     memory_price: float = 0.0
     compiled: bool = False
     policy: object = dataclasses.field(default=None, compare=False, repr=False)
-    ledger: tuple = dataclasses.field(default=(), compare=False, repr=False)
     reason: str = ""
+
+    # --- what the ledger holds, where the verdict points ----------------------------------
+
+    def _seconds(self, at, name=None):
+        """The seconds of the entry `at` ((round, candidate)), or of `name` in that round."""
+        entry = _ledger.find(self.ledger, at[0], name or at[1])
+        return entry.seconds if entry is not None else ()
+
+    @functools.cached_property
+    def times(self):
+        """{candidate: (seconds per run, one per round)} of the candidates timed: the first
+        rounds' in the order timed, then the refined and lean versions'; {} where nothing
+        was timed."""
+        times = {entry.candidate: entry.seconds for entry in self.ledger
+                 if entry.stage == _ledger.FIRST_ROUNDS and entry.seconds}
+        for name, at in ((_candidates.REFINED, self.refined_at),
+                         (_candidates.LEAN, self.lean_at)):
+            if at and self._seconds(at):
+                times[name] = self._seconds(at)
+        return times
+
+    @functools.cached_property
+    def peaks(self):
+        """{candidate: step peak bytes of a traced run} where measured ({} otherwise), and
+        RESIDENT: the first rounds', the refined and lean versions' (or, a graph too slow to
+        time, those of `peaks_at` and the lean version's). A candidate over policy.peak_slack
+        above float32's is flagged where it is printed."""
+        if self.peaks_at:
+            peaks = {name: _ledger.find(self.ledger, *at).peak for name, at in
+                     self.peaks_at.items()}
+            rounds = {at[0] for at in self.peaks_at.values()}
+        else:
+            peaks = _ledger.peaks_of(self.ledger, _ledger.FIRST_ROUNDS)
+            peaks.pop(_ledger.RESIDENT, None)
+            rounds = {entry.round for entry in self.ledger
+                      if entry.stage == _ledger.FIRST_ROUNDS}
+        for name, at in ((_candidates.REFINED, self.refined_at),
+                         (_candidates.LEAN, self.lean_at)):
+            entry = _ledger.find(self.ledger, *at) if at else None
+            if entry is not None and entry.peak is not None:
+                peaks[name] = entry.peak
+        resident = [entry.peak for entry in self.ledger
+                    if entry.candidate == _ledger.RESIDENT and entry.round in rounds]
+        if peaks and resident:
+            peaks[_ledger.RESIDENT] = resident[0]
+        return {name: peak for name, peak in peaks.items() if peak is not None}
+
+    @property
+    def beside(self):
+        """`refined_from`'s seconds in the refinement's rounds."""
+        return self._seconds(self.refined_at, self.refined_from) if self.refined_at else ()
+
+    @property
+    def lean_beside(self):
+        """`lean_against`'s seconds in the rounds the lean version was timed in."""
+        return self._seconds(self.lean_at, self.lean_against) if self.lean_at else ()
+
+    @property
+    def lean_others(self):
+        """{label: (median seconds, step peak bytes or None)} of the other lean versions
+        timed and not recorded as LEAN (`others_at`)."""
+        found = {}
+        for label, at in self.others_at.items():
+            entry = _ledger.find(self.ledger, *at)
+            if entry is not None and entry.seconds:
+                found[label] = (statistics.median(entry.seconds), entry.peak)
+        return found
 
     @classmethod
     def from_dict(cls, data, source, policy=None):
         """A verdict as `to_dict` wrote it (None where it does not read as one)."""
         try:
-            times = {str(k): tuple(float(t) for t in v) for k, v in data["times"].items()}
+            ledger = tuple(_ledger.Entry.from_dict(e) for e in data["ledger"])
             pick, predicted = str(data["pick"]), str(data["predicted"])
-            refined = tuple(str(n) for n in data.get("refined", ()))
-            refined_from = str(data.get("refined_from", ""))
-            refined_ops = {str(k): int(v) for k, v in data.get("refined_ops", {}).items()}
-            beside = tuple(float(t) for t in data.get("beside", ()))
-            peaks = {str(k): int(v) for k, v in data.get("peaks", {}).items()}
-            lean_from = str(data.get("lean_from", ""))
-            lean_against = str(data.get("lean_against", ""))
-            lean_beside = tuple(float(t) for t in data.get("lean_beside", ()))
-            lean_changes = {str(k): int(v) for k, v in data.get("lean_changes", {}).items()}
-            lean_others = {str(k): (float(v[0]), None if v[1] is None else int(v[1]))
-                           for k, v in data.get("lean_others", {}).items()}
-            why = str(data.get("why", ""))
-            memory_price = float(data.get("memory_price", 0.0))
-            compiled = bool(data.get("compiled", False))
-            reason = str(data.get("reason", ""))
-            ledger = tuple({"stage": str(e["stage"]), "candidate": str(e["candidate"]),
-                            "seconds": [float(t) for t in e["seconds"]],
-                            "peak": None if e["peak"] is None else int(e["peak"])}
-                           for e in data.get("ledger", ()))
-        except (KeyError, TypeError, ValueError, AttributeError):
+
+            def at(value):
+                return () if not value else (int(value[0]), str(value[1]))
+            verdict = cls(
+                pick, predicted, str(data.get("why", "")), {}, source, ledger,
+                tuple(str(n) for n in data.get("refined", ())),
+                str(data.get("refined_from", "")),
+                {str(k): int(v) for k, v in data.get("refined_ops", {}).items()},
+                at(data.get("refined_at")), str(data.get("lean_from", "")),
+                str(data.get("lean_against", "")),
+                {str(k): int(v) for k, v in data.get("lean_changes", {}).items()},
+                at(data.get("lean_at")),
+                {str(k): at(v) for k, v in data.get("others_at", {}).items()},
+                {str(k): at(v) for k, v in data.get("peaks_at", {}).items()},
+                float(data.get("memory_price", 0.0)), bool(data.get("compiled", False)),
+                policy, str(data.get("reason", "")))
+            times, peaks = verdict.times, verdict.peaks
+            if any(_ledger.find(ledger, *a) is None for a in
+                   [verdict.refined_at, verdict.lean_at, *verdict.others_at.values(),
+                    *verdict.peaks_at.values()] if a):
+                return None
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError):
             return None
         if not times:  # (a graph too slow to time, its peaks measured instead: decision's
             # memory check; the prediction, float32 or a lean version of the prediction)
             float32, lean = _candidates.FLOAT32, _candidates.LEAN
-            if not why or float32 not in peaks or \
+            if not verdict.why or float32 not in peaks or \
                     not set(peaks) - {float32, _ledger.RESIDENT} or \
                     pick not in (predicted, float32, lean) or (
-                    pick == lean and not (lean_from and lean in peaks and lean_changes)):
+                    pick == lean and not (verdict.lean_from and lean in peaks and
+                                          verdict.lean_changes)):
                 return None
-            return cls({}, pick, predicted, why, {}, source, peaks=peaks, lean_from=lean_from,
-                       lean_changes=lean_changes, policy=policy, ledger=ledger, reason=reason)
+            return verdict
         if pick not in times or not all(times.values()) or (
                 pick == _candidates.REFINED and
-                not (refined and refined_from in times and beside)) or (
-                pick == _candidates.LEAN and not (lean_from in times and lean_beside)):
+                not (verdict.refined and verdict.refined_from in times and verdict.beside)) or (
+                pick == _candidates.LEAN and not (verdict.lean_from in times and
+                                                  verdict.lean_beside)):
             return None
-        return cls(times, pick, predicted, "", {}, source, refined, refined_from, refined_ops,
-                   beside, peaks, lean_from, lean_against, lean_beside, lean_changes,
-                   lean_others, memory_price, compiled, policy, ledger, reason)
+        return dataclasses.replace(verdict, why="")
 
     @property
     def rules(self):
@@ -234,13 +303,24 @@ class Verdict:
         return f" (peak {self.peaks[name] / 2**20:.1f} MiB{over})"
 
     def to_dict(self):
-        return {"times": {k: list(v) for k, v in self.times.items()}, "pick": self.pick,
-                "predicted": self.predicted, "why": self.why, "same_as": dict(self.same_as),
-                "source": self.source, "refined": list(self.refined),
-                "refined_from": self.refined_from, "refined_ops": dict(self.refined_ops),
-                "beside": list(self.beside), "peaks": dict(self.peaks),
+        """The record the cache stores: what from_dict reads (the ledger and where the
+        verdict points in it), and the times, peaks and other versions read from it (for a
+        reader of inspect --json)."""
+        def at(value):
+            return list(value) if value else []
+        return {"pick": self.pick, "predicted": self.predicted, "why": self.why,
+                "same_as": dict(self.same_as), "source": self.source,
+                "ledger": [dataclasses.asdict(entry) for entry in self.ledger],
+                "refined": list(self.refined), "refined_from": self.refined_from,
+                "refined_ops": dict(self.refined_ops), "refined_at": at(self.refined_at),
                 "lean_from": self.lean_from, "lean_against": self.lean_against,
-                "lean_beside": list(self.lean_beside), "lean_changes": dict(self.lean_changes),
-                "lean_others": {k: list(v) for k, v in self.lean_others.items()},
+                "lean_changes": dict(self.lean_changes), "lean_at": at(self.lean_at),
+                "others_at": {k: at(v) for k, v in self.others_at.items()},
+                "peaks_at": {k: at(v) for k, v in self.peaks_at.items()},
                 "memory_price": self.memory_price, "compiled": self.compiled,
-                "ledger": [dict(entry) for entry in self.ledger], "reason": self.reason}
+                "reason": self.reason,
+                # (read from the ledger: not read back)
+                "times": {k: list(v) for k, v in self.times.items()},
+                "peaks": dict(self.peaks), "beside": list(self.beside),
+                "lean_beside": list(self.lean_beside),
+                "lean_others": {k: list(v) for k, v in self.lean_others.items()}}

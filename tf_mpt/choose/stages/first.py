@@ -17,11 +17,11 @@ def first_rounds(choice):
     policy, timer = choice.policy, choice.timer
     choice.budget = _ledger.Budget(policy.budget)
     choice.ledger.predicted = choice.predicted_graph
-    times = _ledger.measure(choice, _ledger.FIRST_ROUNDS, choice.graphs,
+    _, at = _ledger.measure(choice, _ledger.FIRST_ROUNDS, choice.graphs,
                             policy.first_share * policy.budget)
-    measured = choice.ledger.peaks()
     chosen, reason = _policy.pick(choice.ledger, policy)
-    choice.bounded = bool(policy.bounded_peaks(measured)) and choice.budget.left() > 0
-    return _verdict.Verdict(times, chosen, choice.predicted_name, "", choice.same_as,
-                            peaks=measured, compiled=timer.compiled, policy=policy,
-                            reason=reason)
+    choice.bounded = bool(policy.bounded_peaks(choice.ledger.peaks(at=at))) and \
+        choice.budget.left() > 0
+    return _verdict.Verdict(chosen, choice.predicted_name, "", choice.same_as,
+                            ledger=choice.ledger.snapshot(), compiled=timer.compiled,
+                            policy=policy, reason=reason)

@@ -65,20 +65,20 @@ def make_lean(choice):
             left = budget.left()
             if left <= 0:
                 break
-            times = _ledger.measure(choice, "lean versions",
-                                    {against: graphs[against], _candidates.LEAN: graph}, left)
+            times, at = _ledger.measure(choice, "lean versions",
+                                        {against: graphs[against], _candidates.LEAN: graph},
+                                        left)
             result = _candidates.lean_result(results[source], graph)
             recipe = choice.recipes[source].made_lean(*options)
-            peaks = _ledger.peaks_after(choice, verdict)
+            peaks = _ledger.peaks_after(choice, verdict, at)
             within = not policy.over_float32(peaks, _candidates.LEAN)
             ratio = statistics.median(times[_candidates.LEAN]) / statistics.median(times[against])
             kept = within and ratio < 1.0 - policy.margin and (best is None or ratio < best[1])
             if kept or best is None:
                 recorded = dataclasses.replace(
-                    verdict, times={**verdict.times, _candidates.LEAN: times[_candidates.LEAN]},
+                    verdict, ledger=choice.ledger.snapshot(), lean_at=(at, _candidates.LEAN),
                     pick=_candidates.LEAN if kept else against, lean_from=source,
-                    lean_against=against, lean_beside=times[against],
-                    lean_changes=dict(changes), peaks=peaks,
+                    lean_against=against, lean_changes=dict(changes),
                     reason=(f"{source}'s lean version, within float32's peak and "
                             f"{1.0 - ratio:.0%} faster than {against}") if kept else
                     verdict.reason)

@@ -30,11 +30,11 @@ def refine(choice):
     refined = recipe.make(choice)
     if refined.graph_def == graphs[chosen]:
         return verdict
-    times = _ledger.measure(choice, "refinement", {chosen: graphs[chosen],
-                                                   _candidates.REFINED: refined.graph_def},
-                            budget.left())
+    times, at = _ledger.measure(choice, "refinement",
+                                {chosen: graphs[chosen], _candidates.REFINED: refined.graph_def},
+                                budget.left())
     choice.add(_candidates.Candidate.of(_candidates.REFINED, recipe, refined))
-    peaks = _ledger.peaks_after(choice, verdict)
+    peaks = _ledger.peaks_after(choice, verdict, at)
     faster = statistics.median(times[_candidates.REFINED]) < \
         statistics.median(times[chosen]) * (1.0 - policy.margin) and \
         not (policy.bounded_peaks(peaks) and
@@ -44,7 +44,6 @@ def refine(choice):
     return dataclasses.replace(
         verdict, reason=(f"{chosen} with {', '.join(sorted(slow))} float32, {gained:.0%} "
                          f"faster than {chosen}") if faster else verdict.reason,
-        times={**verdict.times, _candidates.REFINED: times[_candidates.REFINED]},
+        ledger=choice.ledger.snapshot(), refined_at=(at, _candidates.REFINED),
         pick=_candidates.REFINED if faster else chosen, refined=keep, refined_from=chosen,
-        refined_ops={op: len(nodes) for op, (_, _, nodes) in slow.items()},
-        beside=times[chosen], peaks=peaks)
+        refined_ops={op: len(nodes) for op, (_, _, nodes) in slow.items()})

@@ -96,8 +96,8 @@ def make_smaller(choice):
     # (float32's time bounds them: measured in the same rounds)
     if policy.least or price:
         timed[_candidates.FLOAT32] = float32_graph
-    times = _ledger.measure(choice, "smaller versions", timed, left)
-    measured = _ledger.peaks_after(choice, verdict, also=versions)
+    times, at = _ledger.measure(choice, "smaller versions", timed, left)
+    measured = _ledger.peaks_after(choice, verdict, at, names=versions)
     beside = statistics.median(times[chosen])
     # (float32's median in these rounds, with the price: least's bound, and the default's
     # for a version reaching the goal where a price is set)
@@ -132,17 +132,10 @@ def make_smaller(choice):
         _candidates.LEAN, choice.recipes[source].made_lean(False, False, False, copies[record]),
         _candidates.lean_result(
             _candidates.result_of(source, results, float32_graph, verdict.predicted), graph)))
-    peaks = {name: peak for name, peak in measured.items() if name not in versions}
-    if record in measured:
-        peaks[_candidates.LEAN] = measured[record]
-    if record in measured:  # (what a refinement's peaks_after reads as the lean one's)
-        choice.ledger.relabel("smaller versions", record, _candidates.LEAN)
-    others = {_lean_label(versions[key][0], versions[key][2]):
-              (statistics.median(times[key]), measured.get(key))
+    others = {_lean_label(versions[key][0], versions[key][2]): (at, key)
               for key in versions if key != record}
     if verdict.lean_from and _candidates.LEAN in verdict.times:  # (make_lean's, not kept)
-        others = {verdict.lean_from: (statistics.median(verdict.times[_candidates.LEAN]),
-                                      verdict.peaks.get(_candidates.LEAN)), **others}
+        others = {verdict.lean_from: verdict.lean_at, **others}
     reason = verdict.reason
     if kept and _candidates.FLOAT32 in measured:
         share = _policy.total_peak(measured, kept) / \
@@ -152,10 +145,10 @@ def make_smaller(choice):
                   + (f"{slower:.0%} slower than {chosen}" if slower > 0 else
                      f"as fast as {chosen}") + " (memory)")
     return dataclasses.replace(
-        verdict, times={**verdict.times, _candidates.LEAN: times[record]},
+        verdict, ledger=choice.ledger.snapshot(), lean_at=(at, record),
         pick=_candidates.LEAN if kept else chosen, lean_from=source, lean_against=chosen,
-        lean_beside=times[chosen], lean_changes=dict(changes), peaks=peaks,
-        lean_others=others, memory_price=price if kept else 0.0, reason=reason)
+        lean_changes=dict(changes), others_at=others, memory_price=price if kept else 0.0,
+        reason=reason)
 
 
 def _at_the_goal(policy, kept, versions, times, measured, beside, float32_here,

@@ -25,21 +25,26 @@ def within_float32_untimed(choice):
     source = choice.same_as.get(verdict.predicted, verdict.predicted)
     if source == _candidates.FLOAT32 or source not in graphs:
         return verdict
+    given = verdict
     try:
-        peaks = _ledger.measure_peaks(choice, "peaks", {
+        peaks, at = _ledger.measure_peaks(choice, "peaks", {
             _candidates.FLOAT32: graphs[_candidates.FLOAT32], source: graphs[source]})
         if _candidates.FLOAT32 not in peaks or source not in peaks:
             return verdict
+        verdict = dataclasses.replace(
+            verdict, ledger=choice.ledger.snapshot(),
+            peaks_at={_candidates.FLOAT32: (at, _candidates.FLOAT32), source: (at, source)})
         if not policy.over_float32(peaks, source):
             return dataclasses.replace(
-                verdict, peaks=peaks, reason="not timed: the prediction is within float32's peak")
+                verdict, reason="not timed: the prediction is within float32's peak")
         for graph, changes, options in _lean_stage.lean_versions(graphs[source], lean_inputs,
                                                                  [], policy):
-            measured = _ledger.measure_peaks(choice, "peaks", {_candidates.LEAN: graph})
+            measured, at = _ledger.measure_peaks(choice, "peaks", {_candidates.LEAN: graph})
             if _candidates.LEAN not in measured:
                 break
             peaks[_candidates.LEAN] = measured[_candidates.LEAN]
-            verdict = dataclasses.replace(verdict, peaks=dict(peaks), lean_from=source,
+            verdict = dataclasses.replace(verdict, ledger=choice.ledger.snapshot(),
+                                          lean_at=(at, _candidates.LEAN), lean_from=source,
                                           lean_changes=dict(changes))
             if not policy.over_float32(peaks, _candidates.LEAN):
                 choice.add(_candidates.Candidate.of(
@@ -49,10 +54,9 @@ def within_float32_untimed(choice):
                     verdict, pick=_candidates.LEAN,
                     reason=f"not timed: {source}'s lean version is within float32's peak")
         return dataclasses.replace(
-            verdict, pick=_candidates.FLOAT32, peaks=dict(peaks),
+            verdict, pick=_candidates.FLOAT32,
             reason=f"not timed: {source} and its lean versions are over float32's peak")
     except Exception as error:  # pylint: disable=broad-except
         _log.info("graph timing could not measure the peaks of a graph too slow to time "
                   "(%s: %s); it keeps the prediction", type(error).__name__, error)
-        return dataclasses.replace(verdict, pick=verdict.predicted, peaks={}, lean_from="",
-                                   lean_changes={})
+        return dataclasses.replace(given, pick=given.predicted)
