@@ -100,17 +100,19 @@ def _no_verdict_from_this_cpus_clock(request, monkeypatch):
         "with the test's sandbox and clock), or mark "
         "the test @pytest.mark.measures_this_cpu"))
     # nor a traced step's candidates in step timing's sandbox (its copies of the variables,
-    # one Session), nor rounds on the real clock: a test injects timers.rounds._clock, or
-    # timers.steps.time_versions / profile_versions, or carries the mark
+    # one Session), nor rounds on the real clock: a test times with the tests' step timer
+    # (fake_timing.install_step_timer), gives the rounds its clock, or carries the mark
 
     monkeypatch.setattr(_step_sandbox.Sandbox, "runs", _refusing(
         "this test ran candidates in step timing's sandbox on this machine: its verdict "
-        "would depend on this CPU's clock. Inject timers.steps.time_versions and "
-        "profile_versions, or mark the test @pytest.mark.measures_this_cpu"))
+        "would depend on this CPU's clock. Time with the tests' step timer "
+        "(tests/support/fake_timing.py: install_step_timer), or mark the test "
+        "@pytest.mark.measures_this_cpu"))
     monkeypatch.setattr(_compiled.CompiledSandbox, "runners", _refusing(
         "this test ran candidates XLA compiled in step timing's sandbox on this machine: "
-        "its verdict would depend on this CPU's clock. Inject timers.compiled.time_compiled, "
-        "or mark the test @pytest.mark.measures_this_cpu"))
+        "its verdict would depend on this CPU's clock. Time with the tests' step timer "
+        "(tests/support/fake_timing.py: install_step_timer), or mark the test "
+        "@pytest.mark.measures_this_cpu"))
     monkeypatch.setattr(_rounds, "_clock", _refusing(
         "this test read the real clock of graph timing's rounds: its verdict would "
         "depend on this CPU's clock. Give the rounds the test's clock (tests/support/"

@@ -69,3 +69,37 @@ def install(monkeypatch, check=None):
     fakes = Fakes()
     monkeypatch.setattr(_graph_sandbox, "GraphTimer", timer_type(fakes, check))
     return fakes
+
+
+class StepCalls:
+    """What a fake step timer was asked: `times` [(batch, budget, [candidate names],
+    compiled)] per timing call, `profiles` [[candidate names]] per profile."""
+
+    def __init__(self):
+        self.times, self.profiles = [], []
+
+
+def install_step_timer(monkeypatch, times, profile=None):
+    """Makes the Timer a traced step is timed with (timers.step_timer.StepTimer) one whose
+    measurements are the test's: `times({candidate: GraphDef})` -> {candidate: seconds per
+    round}; `profile({candidate: GraphDef})` -> {candidate: {node name: seconds}} (None: no
+    node timed, nothing to refine). Its rules (a step under a strategy is not timed, the
+    candidates' functions named apart, XLA's steps not profiled, the cache's key graph) are
+    the StepTimer's own. Returns the StepCalls it records."""
+    from tf_mpt.choose.timers import step_timer as _step_timer  # pylint: disable=C0415
+    calls = StepCalls()
+
+    class FakeStepTimer(_step_timer.StepTimer):
+        def measure_times(self, graphs, budget, policy):
+            calls.times.append((policy.batch, budget, list(graphs), self.compiled))
+            return times(graphs)
+
+        def measure_profiles(self, graphs, policy):
+            calls.profiles.append(list(graphs))
+            return profile(graphs) if profile is not None else {name: {} for name in graphs}
+
+        def measure_peaks(self, graphs, policy):
+            return {}
+
+    monkeypatch.setattr(_step_timer, "StepTimer", FakeStepTimer)
+    return calls

@@ -478,17 +478,10 @@ def test_tf_mpt_function_times_the_candidates_and_runs_the_fastest(monkeypatch, 
     rules'), contractions only; the injected timer decides, never this CPU's clock."""
     monkeypatch.setenv("TF_MPT_STEP_TIMING", "always")
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "20")
-    seen = []
-
-    def timed(cf, graphs, batch, rounds, budget, peaks=None, sandbox=None,
-              policy=None):
-        seen.append((batch, budget, list(graphs)))
-        return {name: (0.1,) * 3 if name == fastest else (0.2,) * 3 for name in graphs}
-    monkeypatch.setattr(_step_sandbox, "time_versions", timed)
     # (no per-node profile: nothing to refine; test_a_step_runs_its_refinement refines)
-    monkeypatch.setattr(_step_sandbox, "profile_versions",
-                        lambda cf, graphs, batch, runs, sandbox=None, policy=None: {
-                            name: {} for name in graphs})
+    calls = fake_timing.install_step_timer(monkeypatch, lambda graphs: {
+        name: (0.1,) * 3 if name == fastest else (0.2,) * 3 for name in graphs})
+    seen = calls.times
     step, _, acc = _step()
     mixed = tf_mpt.function(step.python_function, dtype="bfloat16",
                             input_signature=step.input_signature)
@@ -498,7 +491,7 @@ def test_tf_mpt_function_times_the_candidates_and_runs_the_fastest(monkeypatch, 
     # the batch of the call; the first rounds' share of the budget; every candidate whose
     # graph differs
     assert seen == [(64, _policy.DEFAULT.first_share * 20.0,
-                     ["float32", "cost model", "contractions only"])]
+                     ["float32", "cost model", "contractions only"], False)]
     assert out.dtype == tf.float32
     graph = mixed.get_concrete_function(tf.TensorSpec([None, WIDTH], tf.float32)).graph
     products = [op for op in graph.get_operations() if op.type == "MatMul"]
@@ -533,17 +526,9 @@ def test_a_steps_verdict_is_cached_for_the_same_step_traced_again(monkeypatch, t
     monkeypatch.setenv("TF_MPT_STEP_TIMING", "always")
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "20")
     monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
-    seen = []
-
-    def timed(cf, graphs, batch, rounds, budget, peaks=None, sandbox=None,
-              policy=None):
-        seen.append(list(graphs))
-        return {name: (0.1,) * 3 if name == "contractions only" else (0.2,) * 3
-                for name in graphs}
-    monkeypatch.setattr(_step_sandbox, "time_versions", timed)
-    monkeypatch.setattr(_step_sandbox, "profile_versions",
-                        lambda cf, graphs, batch, runs, sandbox=None, policy=None: {
-                            name: {} for name in graphs})
+    seen = fake_timing.install_step_timer(monkeypatch, lambda graphs: {
+        name: (0.1,) * 3 if name == "contractions only" else (0.2,) * 3
+        for name in graphs}).times
     step, _, _ = _step()
     spec = tf.TensorSpec([None, WIDTH], tf.float32)
 
@@ -639,16 +624,8 @@ def test_a_step_calling_a_compiled_function_is_timed_whatever_the_prediction(mon
     however large the cost model's predicted saving."""
     monkeypatch.setenv("TF_MPT_STEP_TIMING", "auto")
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "20")
-    timed = []
-
-    def time_versions(cf, graphs, batch, rounds, budget, peaks=None, sandbox=None,
-              policy=None):
-        timed.append(list(graphs))
-        return {name: (0.1,) * 3 for name in graphs}
-    monkeypatch.setattr(_step_sandbox, "time_versions", time_versions)
-    monkeypatch.setattr(_compiled, "time_compiled", lambda *a, **k: pytest.fail("compiled"))
-    monkeypatch.setattr(_step_sandbox, "profile_versions", lambda cf, graphs, batch, runs,
-                        sandbox=None, policy=None: {n: {} for n in graphs})
+    timed = fake_timing.install_step_timer(
+        monkeypatch, lambda graphs: {name: (0.1,) * 3 for name in graphs}).times
     monkeypatch.setattr(_when, "step_reason", _with_a_trusted_saving(_when.step_reason))
     step, _, _ = _step()
     inner = tf.function(step.python_function, jit_compile=True)
@@ -659,6 +636,7 @@ def test_a_step_calling_a_compiled_function_is_timed_whatever_the_prediction(mon
         with caplog.at_level(logging.INFO, logger="tf_mpt"):
             mixed(tf.ones((64, WIDTH)))
         assert len(timed) == expected, (jit_inside, timed)
+    assert not any(compiled for _, _, _, compiled in timed)  # (in the Session sandbox)
     assert any("XLA compiles it (jit_compile)" in r.getMessage() for r in caplog.records)
 
 
@@ -819,18 +797,16 @@ def test_a_step_runs_its_refinement_where_its_profile_finds_a_slower_half_op(mon
     monkeypatch.setenv("TF_MPT_TIMING_BUDGET", "20")
     bf16 = tf.bfloat16.as_datatype_enum
 
-    def timed(cf, graphs, batch, rounds, budget, peaks=None, sandbox=None,
-              policy=None):
+    def timed(graphs):
         return {name: (0.05,) * 3 if name == "refined" else
                 (0.1,) * 3 if name == "cost model" else (0.2,) * 3 for name in graphs}
 
-    def profiled(cf, graphs, batch, runs, sandbox=None, policy=None):
+    def profiled(graphs):
         return {name: {n.name: (3e-4 if n.attr["T"].type == bf16 else 1e-4)
                        if n.op == "Relu" else 1e-4
                        for n in graph.node if n.op in ("Relu", "MatMul")}
                 for name, graph in graphs.items()}
-    monkeypatch.setattr(_step_sandbox, "time_versions", timed)
-    monkeypatch.setattr(_step_sandbox, "profile_versions", profiled)
+    calls = fake_timing.install_step_timer(monkeypatch, timed, profiled)
     step, _, acc = _step()
     mixed = tf_mpt.function(step.python_function, dtype="bfloat16",
                             input_signature=step.input_signature)
@@ -844,6 +820,10 @@ def test_a_step_runs_its_refinement_where_its_profile_finds_a_slower_half_op(mon
     (message,) = [r.getMessage() for r in caplog.records if "timed tf.function" in r.getMessage()]
     assert "refined (Relu x1 float32) 50 ms beside cost model 100 ms; picked refined, 4.00x " \
         "float32 over the prediction (cost model)" in message, message
+    # (the pick's profile beside float32's, then the refined version timed beside the pick)
+    assert calls.profiles == [["float32", "cost model"]]
+    assert [names for _, _, names, _ in calls.times] == [
+        ["float32", "cost model", "contractions only"], ["cost model", "refined"]]
     np.testing.assert_array_equal(acc.numpy(), np.full((64, WIDTH), 0.25, np.float32))
 
 

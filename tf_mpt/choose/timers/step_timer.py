@@ -23,7 +23,12 @@ class StepTimer(_protocol.Timer):
     cf: the traced ConcreteFunction. build: what makes a candidate's jit_compile function
     (CompiledSandbox's). canonical(graph_def): the GraphDef a verdict is cached by (a trace
     names its functions with its process's counters). calls_compiled: the step calls a
-    function XLA compiles."""
+    function XLA compiles.
+
+    The protocol's methods hold its rules (a step under a strategy is not timed, the
+    graphs named apart, XLA's steps neither profiled nor traced); what runs the graphs is
+    `measure_times`, `measure_profiles` and `measure_peaks` (a test's fake timer is this one
+    with its own three: tests/support/fake_timing.py)."""
 
     def __init__(self, cf, compiled, rename, build, canonical, calls_compiled):
         super().__init__()
@@ -57,29 +62,43 @@ class StepTimer(_protocol.Timer):
 
     def time(self, graphs, budget, policy):
         self._check()
-        runs = functools.partial(_rounds.rounds, policy=policy)
-        if self.compiled:  # (no allocation records under XLA: no peaks)
-            return _compiled.time_compiled(self.cf, self._apart(graphs), policy.batch, runs,
-                                           budget, self._sandbox, policy)
-        return _step_sandbox.time_versions(self.cf, self._apart(graphs), policy.batch, runs,
-                                           budget, self.peaks, sandbox=self._sandbox,
-                                           policy=policy)
+        return self.measure_times(self._apart(graphs), budget, policy)
 
     def profile(self, graphs, policy):
         self._check()
         if self.compiled:
             raise _safety.NotTimed("XLA fuses the nodes a profile would time one by one")
-        return _step_sandbox.profile_versions(self.cf, self._apart(graphs), policy.batch,
-                                              policy.profile_runs, sandbox=self._sandbox,
-                                              policy=policy)
+        return self.measure_profiles(self._apart(graphs), policy)
 
     def peaks_only(self, graphs, policy):
         self._check()
         if self.compiled:
             raise _safety.NotTimed("XLA runs it: its steps' allocations are not recorded")
-        return _step_sandbox.time_versions(self.cf, self._apart(graphs), policy.batch,
-                                           _rounds.first_runs, 0.0, self.peaks,
-                                           sandbox=self._sandbox, policy=policy)
+        return self.measure_peaks(self._apart(graphs), policy)
+
+    def measure_times(self, graphs, budget, policy):
+        """`time`'s rounds of `graphs` (named apart), in the sandbox: as XLA compiles them
+        where `compiled` (no allocation records under XLA: no peaks), else on the copies,
+        their peaks into `peaks`."""
+        runs = functools.partial(_rounds.rounds, policy=policy)
+        if self.compiled:
+            return _compiled.time_compiled(self.cf, graphs, policy.batch, runs, budget,
+                                           self._sandbox, policy)
+        return _step_sandbox.time_versions(self.cf, graphs, policy.batch, runs, budget,
+                                           self.peaks, sandbox=self._sandbox, policy=policy)
+
+    def measure_profiles(self, graphs, policy):
+        """`profile`'s per-node times of `graphs` (named apart), in the sandbox."""
+        return _step_sandbox.profile_versions(self.cf, graphs, policy.batch,
+                                              policy.profile_runs, sandbox=self._sandbox,
+                                              policy=policy)
+
+    def measure_peaks(self, graphs, policy):
+        """`peaks_only`'s first and traced runs of `graphs` (named apart), their peaks into
+        `peaks`."""
+        return _step_sandbox.time_versions(self.cf, graphs, policy.batch, _rounds.first_runs,
+                                           0.0, self.peaks, sandbox=self._sandbox,
+                                           policy=policy)
 
     def key_graph(self, graph_def):
         self._check()  # (a verdict is read only where the function could be timed)
