@@ -29,10 +29,10 @@ from tf_mpt.choose import candidates as _candidates
 from tf_mpt.choose import ledger as _ledger
 from tf_mpt.choose import policy as _policy
 from tf_mpt.choose import verdict as _verdict
+from tf_mpt.choose.timers import measuring as _measuring
 from tf_mpt.choose.timers import graphs as _graph_sandbox
 from tf_mpt.choose.timers import rounds as _rounds
 from tf_mpt.choose.timers import safety as _safety
-from tf_mpt.choose.timers import steps as _step_sandbox
 from tf_mpt.choose.transforms import lean as _lean
 from support import fake_timing
 from support import policies as _policies
@@ -803,7 +803,7 @@ def test_the_step_peak_is_the_highest_sum_of_bytes_held_during_the_run():
         record = memory.allocation_records.add()
         record.alloc_micros, record.alloc_bytes = micros, size
     # at 3 us the 80 bytes count before the 100 are released: 100 + 50 + 80 (conservative)
-    assert _step_sandbox.step_peak_bytes(metadata) == 230
+    assert _measuring.step_peak_bytes(metadata) == 230
 
 
 def test_a_tie_in_time_goes_to_the_candidate_holding_least(timed, monkeypatch):

@@ -1471,10 +1471,10 @@ def test_anchored_waits_leave_graphs_with_tf1_control_flow_and_plain_waits_alone
 
 
 def _step_peak(graph_def, feeds):
-    """Bytes: the step peak of one traced training step (timers.steps.step_peak_bytes: the
+    """Bytes: the step peak of one traced training step (timers.measuring.step_peak_bytes: the
     allocation records TensorFlow's allocators kept), one op at a time (the order of the
     graph's dependencies alone decides what is held together)."""
-    from tf_mpt.choose.timers import steps as _step_sandbox  # pylint: disable=import-outside-toplevel
+    from tf_mpt.choose.timers import measuring as _measuring  # pylint: disable=C0415
     graph = tf.Graph()
     with graph.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")
@@ -1485,7 +1485,7 @@ def _step_peak(graph_def, feeds):
         metadata = tf1.RunMetadata()
         session.run("train", feeds, options=tf1.RunOptions(
             trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
-    return _step_sandbox.step_peak_bytes(metadata)
+    return _measuring.step_peak_bytes(metadata)
 
 
 @pytest.mark.measures_this_cpu  # (real allocations; no clock is read)

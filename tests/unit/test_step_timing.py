@@ -19,6 +19,7 @@ from tf_mpt import targets as _targets
 from tf_mpt.choose import ledger as _ledger
 from tf_mpt.choose import policy as _policy
 from tf_mpt.choose import when as _when
+from tf_mpt.choose.timers import measuring as _measuring
 from tf_mpt.choose.timers import compiled as _compiled
 from tf_mpt.choose.timers import rounds as _rounds
 from tf_mpt.choose.timers import safety as _safety
@@ -420,7 +421,7 @@ def test_each_versions_traced_run_carries_its_allocations_by_dtype():
     assert product_outputs(traced["float32"]) == [(f32, 64 * WIDTH * 4)] * 2
     assert (bf16, 64 * WIDTH * 2) in product_outputs(traced["mixed"]), \
         product_outputs(traced["mixed"])
-    assert all(_step_sandbox.step_peak_bytes(m) >= 64 * WIDTH * 2 for m in traced.values())
+    assert all(_measuring.step_peak_bytes(m) >= 64 * WIDTH * 2 for m in traced.values())
     np.testing.assert_array_equal(acc.numpy(), before)
 
 

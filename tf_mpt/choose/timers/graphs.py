@@ -5,7 +5,8 @@
                     the cost model's batch) held in variables; the graph's variables copies
                     of nothing (random values): the script's variables, inputs, iterators and
                     files are never touched
-    runs            timers/rounds.py: a warm-up run each, then rotating rounds
+    runs            timers/rounds.py: a warm-up run each, then rotating rounds; the times,
+                    peaks and profiles read as a traced step's are (timers/measuring.py)
 
 Only the part of the graph its fetches need is run. A graph whose fetches need an op with
 effects outside the sandbox (files, queues, iterators, tables, Python calls, printing,
@@ -20,12 +21,11 @@ import numpy as np
 from tensorflow.core.framework import types_pb2
 
 from tf_mpt._process import state as _state
-from tf_mpt.choose import ledger as _ledger
 from tf_mpt.choose import policy as _policy
+from tf_mpt.choose.timers import measuring as _measuring
 from tf_mpt.choose.timers import protocol as _protocol
 from tf_mpt.choose.timers import rounds as _rounds
 from tf_mpt.choose.timers import safety as _safety
-from tf_mpt.choose.timers import steps as _step_sandbox
 from tf_mpt.rewrite import function_bodies as _function_library
 from tf_mpt.rewrite import graph_view as _graph_view
 
@@ -194,7 +194,7 @@ class _Sandbox:
         self.session.run(self.targets, options=tf.compat.v1.RunOptions(
             trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
             timeout_in_ms=self.options.timeout_in_ms), run_metadata=metadata)
-        return _step_sandbox.step_peak_bytes(metadata)
+        return _measuring.step_peak_bytes(metadata)
 
     def profile(self, runs):
         """{node name: seconds}: the fastest of `runs` traced runs, per node."""
@@ -206,7 +206,7 @@ class _Sandbox:
         for _ in range(runs):
             metadatas.append(tf.compat.v1.RunMetadata())
             self.session.run(self.targets, options=options, run_metadata=metadatas[-1])
-        return _step_sandbox.fastest_node_seconds(metadatas)
+        return _measuring.fastest_node_seconds(metadatas)
 
     def close(self):
         self.session.close()
@@ -253,7 +253,8 @@ def time_candidates(graph_defs, fetches, batch, budget_seconds, peaks=None, runs
     """Times each of {candidate: GraphDef} (one graph's colourings: the same inputs and
     fetches) on this CPU. Returns {candidate: (seconds per run, ...)}; raises NotTimed where
     that cannot be done safely. `peaks`, a dict: filled with {candidate: the step peak in
-    bytes of one traced run after the rounds} (step_peak_bytes) and peaks[RESIDENT]. `runs`:
+    bytes of one traced run after the rounds} (measuring.step_peak_bytes) and peaks[RESIDENT].
+    `runs`:
     what runs them in place of `rounds` (first_runs: for their peaks alone). `policy`: the
     sandboxes' limits (max_copy_bytes, run_timeout_ms; None: the default Policy's).
     `sandbox`, `clock`: a candidate's sandbox type and the rounds' clock (None: _Sandbox,
@@ -262,11 +263,9 @@ def time_candidates(graph_defs, fetches, batch, budget_seconds, peaks=None, runs
     runs = runs or _rounds.rounds
 
     def use(boxes, resident):
-        times = runs({name: box.run for name, box in boxes.items()}, budget_seconds, clock)
-        if peaks is not None:
-            peaks.update((name, box.peak()) for name, box in boxes.items())
-            peaks[_ledger.RESIDENT] = resident
-        return times
+        return _measuring.time_each(
+            {name: box.run for name, box in boxes.items()}, lambda name: boxes[name].peak(),
+            resident, functools.partial(runs, clock=clock), budget_seconds, peaks)
     return _in_sandboxes(graph_defs, fetches, batch, use, policy, sandbox)
 
 
@@ -275,9 +274,8 @@ def profile_candidates(graph_defs, fetches, batch, runs, policy=None, sandbox=No
     fastest of `runs` traced runs after a warm-up run (the node names Grappler's graph
     runs: a fused kernel is named as the last node it fuses)."""
     def profile(boxes, _):
-        for box in boxes.values():
-            box.run()
-        return {name: box.profile(runs) for name, box in boxes.items()}
+        return _measuring.profile_each({name: box.run for name, box in boxes.items()},
+                                       lambda name, n: boxes[name].profile(n), runs)
     return _in_sandboxes(graph_defs, fetches, batch, profile, policy, sandbox)
 
 

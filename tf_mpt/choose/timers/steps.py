@@ -31,8 +31,8 @@ import numpy as np
 import tensorflow as tf
 
 from tf_mpt._process import state as _state
-from tf_mpt.choose import ledger as _ledger
 from tf_mpt.choose import policy as _policy
+from tf_mpt.choose.timers import measuring as _measuring
 from tf_mpt.choose.timers import safety as _safety
 
 _log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def time_versions(concrete_function, graph_defs, batch, rounds, budget_seconds=N
     Session, with `rounds` (timers.rounds.rounds, which reads this module's limits). Returns
     {candidate: (seconds per run, ...)}; raises NotTimed when that cannot be done safely.
     `peaks`, a dict: filled with {candidate: the step peak in bytes of one traced run after
-    the rounds} (step_peak_bytes) and peaks[RESIDENT] (the copies' bytes). `sandbox`: a
+    the rounds} (measuring.step_peak_bytes) and peaks[RESIDENT] (the copies' bytes). `sandbox`: a
     Sandbox of the function kept open across calls (None: one for this call only);
     `budget_seconds` None: `policy`'s step_budget. `policy`: the sandbox's limits too
     (max_copy_bytes, run_timeout_ms; None: the default Policy's)."""
@@ -53,12 +53,9 @@ def time_versions(concrete_function, graph_defs, batch, rounds, budget_seconds=N
         budget_seconds = (policy or _policy.DEFAULT).step_budget
 
     def use(runners, traced_run, resident, _):
-        times = rounds(runners, budget_seconds)
-        if peaks is not None:
-            for name in runners:
-                peaks[name] = step_peak_bytes(traced_run(name))
-            peaks[_ledger.RESIDENT] = resident
-        return times
+        return _measuring.time_each(
+            runners, lambda name: _measuring.step_peak_bytes(traced_run(name)), resident,
+            rounds, budget_seconds, peaks)
     return _in_sandbox(concrete_function, graph_defs, batch, use, sandbox, policy)
 
 
@@ -77,53 +74,14 @@ def traced_runs(concrete_function, graph_defs, batch, warmup=3):
     return _in_sandbox(concrete_function, graph_defs, batch, use)
 
 
-def step_peak_bytes(metadata):
-    """The highest sum of bytes TensorFlow's allocators handed out and had not yet taken
-    back during one traced run (RunMetadata with FULL_TRACE: its allocation records): what
-    a step adds on top of what lives across steps (variables, inputs held in variables)."""
-    events = []
-    for device in metadata.step_stats.dev_stats:
-        for stats in device.node_stats:
-            for memory in stats.memory:
-                events.extend((record.alloc_micros, record.alloc_bytes)
-                              for record in memory.allocation_records)
-    events.sort(key=lambda event: (event[0], -event[1]))  # at one instant, allocations first
-    total = peak = 0
-    for _, size in events:
-        total += size
-        peak = max(peak, total)
-    return peak
-
-
 def profile_versions(concrete_function, graph_defs, batch, runs, sandbox=None, policy=None):
     """{candidate: {node name: seconds}}: per node of each of {candidate: GraphDef} (as
     time_versions), the fastest of `runs` traced runs after a warm-up run."""
     def profile(runners, traced_run, _, prefixes):
-        found = {}
-        for name, run in runners.items():
-            run()
-            metadatas = [traced_run(name) for _ in range(runs)]
-            found[name] = fastest_node_seconds(metadatas, prefixes[name])
-        return found
+        return _measuring.profile_each(
+            runners, lambda name, n: _measuring.fastest_node_seconds(
+                [traced_run(name) for _ in range(n)], prefixes[name]), runs)
     return _in_sandbox(concrete_function, graph_defs, batch, profile, sandbox, policy)
-
-
-def fastest_node_seconds(metadatas, prefix=""):
-    """{node name: seconds}: per node whose name starts with `prefix` (taken off), the
-    fastest over the traced runs `metadatas` (RunMetadata) of its kernels' summed times."""
-    best = {}
-    for metadata in metadatas:
-        seconds = {}
-        for device in metadata.step_stats.dev_stats:
-            for stats in device.node_stats:
-                node = stats.node_name.partition(":")[0]
-                if node.startswith(prefix):
-                    node = node[len(prefix):]
-                    seconds[node] = seconds.get(node, 0.0) + 1e-6 * max(
-                        stats.op_end_rel_micros - stats.op_start_rel_micros, 0)
-        for node, value in seconds.items():
-            best[node] = min(best.get(node, value), value)
-    return best
 
 
 class Sandbox:
