@@ -7,7 +7,9 @@ TF_MPT_* variables still apply; an explicitly set sub-switch still wins).
 """
 
 import argparse
+import contextlib
 import dataclasses
+import json
 import os
 import runpy
 import subprocess
@@ -177,12 +179,15 @@ def _tolerance(options):
 
 
 def _convert_command(options):
+    """Converts options.src into options.dst; returns what --json prints: {"reports": {label:
+    the report as a dict, its verdict included}, "wrote": the destination, "validation":
+    {"samples", "passed"} where validated}."""
     from tf_mpt.models import sources as _sources  # pylint: disable=g-import-not-at-top
     from tf_mpt.models import validation as _validation  # pylint: disable=g-import-not-at-top
     from tf_mpt.models import model_io as _model_io  # pylint: disable=g-import-not-at-top
     if options.auto_deny and not (options.validate or options.inputs):
-        raise _model_io.ModelError("--auto-deny needs sample inputs to validate with: pass "
-                                   "--validate N (random inputs) or --inputs file.npz.")
+        raise _model_io.UsageError("--auto-deny needs sample inputs to validate with: pass "
+                                   "--validate (random inputs) or --inputs file.npz.")
     model = _sources.open_model(options.src)
     _model_io.check_destination(options.dst)
     if options.dtype == "float32" or (model.is_converted() and not options.force):
@@ -193,7 +198,7 @@ def _convert_command(options):
         if options.dtype == "float32":
             model.write(model.as_conversion(), options.dst)
             print(f"wrote {options.dst}")
-            return
+            return {"reports": {}, "wrote": options.dst}
     lists = _lists(options)
     keep = _split(options.keep_fp32)
     if options.keep_io_types:
@@ -202,20 +207,25 @@ def _convert_command(options):
         conversion = model.convert(options.dtype, lists, keep, keep_io_types=False,
                                    config=options.config)
     else:
-        raise _model_io.ModelError(
+        raise _model_io.UsageError(
             "--no-keep-io-types works on frozen graphs only: a SavedModel's signatures keep "
             "their input and output dtypes (callers and serving configs rely on them).")
     for label, report in conversion.reports.items():
         print(f"{label}: {report.summary()}")
     feeds = None  # sample inputs, drawn once for every validation below
     if options.validate or options.inputs:
-        feeds = _validation.sample_feeds(model.input_specs(), options.validate or 1,
-                                      seed=options.seed, inputs_file=options.inputs)
+        feeds = _validation.sample_feeds(model.input_specs(), options.samples,
+                                         seed=options.seed, inputs_file=options.inputs)
         conversion = _validate_and_fix(model, conversion, lists, keep, feeds, options)
     if options.variables == "half":
         conversion = _store_variables_in_half(model, conversion, feeds, options)
     model.write(conversion, options.dst)
     print(f"wrote {options.dst}")
+    found = {"reports": {label: report.to_dict() for label, report in
+                         conversion.reports.items()}, "wrote": options.dst}
+    if feeds is not None:  # (a validation that failed raised: nothing is written)
+        found["validation"] = {"samples": len(feeds), "passed": True}
+    return found
 
 
 def _validation_errors(model, conversion, feeds, options):
@@ -242,7 +252,8 @@ def _store_variables_in_half(model, conversion, feeds, options):
         errors = _validation_errors(model, conversion, feeds, options)
         if not all(e.ok(tolerance) for e in errors):
             from tf_mpt.models import model_io as _model_io  # pylint: disable=g-import-not-at-top
-            raise _model_io.ModelError("validation failed with the variables stored in half; "
+            raise _model_io.ValidationFailed("validation failed with the variables stored in "
+                                             "half; "
                                        "nothing was written. Keep them float32 (--variables "
                                        "float32, the default).")
     return conversion
@@ -260,12 +271,13 @@ def _validate_and_fix(model, conversion, lists, keep, feeds, options):
     reasons = "; ".join(f"{e.output}: {', '.join(e.failures(tolerance))}" for e in errors
                         if not e.ok(tolerance))
     if not options.auto_deny:
-        raise _model_io.ModelError(
+        raise _model_io.ValidationFailed(
             f"validation failed: {failing} differ(s) from float32 ({reasons}). Nothing was "
             "written. Keep ops in float32 with --deny/--keep-fp32, let --auto-deny find them, "
             "or set the elementwise bound with --rtol/--atol.")
     if not options.keep_io_types:
-        raise _model_io.ModelError("--auto-deny works with --keep-io-types (the default).")
+        raise _model_io.UsageError("--auto-deny works with inputs and outputs keeping their "
+                                   "dtypes (the default): drop --no-keep-io-types.")
     print(f"validation failed ({failing}); searching for the nodes to keep in float32 ...")
     found = _auto_deny.auto_deny(model, options.dtype, lists, keep, feeds, tolerance,
                                  blame_first=not options.bisect, config=options.config)
@@ -301,13 +313,12 @@ def _blame_lines(blamed, dtype):
 
 
 def _inspect_command(options):
-    import json  # pylint: disable=g-import-not-at-top
     from tf_mpt.models import sources as _sources  # pylint: disable=g-import-not-at-top
     from tf_mpt.models import validation as _validation  # pylint: disable=g-import-not-at-top
     from tf_mpt.models import inspection as _inspect  # pylint: disable=g-import-not-at-top
     if options.blame and not options.numerics:
         from tf_mpt.models import model_io as _model_io  # pylint: disable=g-import-not-at-top
-        raise _model_io.ModelError("--blame runs on --numerics' samples: pass --numerics "
+        raise _model_io.UsageError("--blame runs on --numerics' samples: pass --numerics "
                                    "--blame.")
     model = _sources.open_model(options.src)
     lists = _lists(options)
@@ -319,13 +330,13 @@ def _inspect_command(options):
     variables = None  # what `convert --variables half` would store in half
     if isinstance(model, _sources.SavedModelDir) and len(model.proto.meta_graphs) == 1:
         variables = model.store_variables_in_half(conversion, options.dtype).variables
-    if options.json:
+    data = None
+    if options.json:  # (main prints it)
         data = {label: report.to_dict() for label, report in conversion.reports.items()}
         data["half_flop_share"] = {label: share for label, (share, _) in shares.items()}
         if variables is not None:
             data["variables_half_with_convert_variables"] = {
                 "converted": sorted(variables.converted.values()), "kept_float32": variables.kept}
-        print(json.dumps(data, indent=1))
     else:
         for label, report in conversion.reports.items():
             print(f"== {label}: {report.summary()}")
@@ -371,31 +382,87 @@ def _inspect_command(options):
                 print(f"one-pass blame: no node's own {options.dtype} error jumps (relative "
                       f"L2 > {_blame.FLOOR[options.dtype]:g} and > {_blame.JUMP:g}x its "
                       "inputs') on these samples")
+    return data
 
 
-def main(argv=None):
-    """Entry point of the `tf-mpt` console command."""
-    parser = argparse.ArgumentParser(prog="tf-mpt", description="tf_mpt: mixed precision for "
-                                     "TensorFlow graphs.")
+# tf-mpt's exit codes (docs/cli.md's table is made from these: exit_code_table)
+EXIT_OK = 0
+EXIT_VALIDATION_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 3
+EXIT_BAD_INPUT = 4
+EXIT_CODES = {
+    EXIT_OK: "done",
+    EXIT_VALIDATION_FAILED: "validation failed: the converted model's outputs differ from "
+    "float32's beyond the check (`--validate`; with `--auto-deny`: no conversion found that "
+    "passes); nothing was written",
+    EXIT_USAGE: "usage: the command line cannot be done as asked (an unknown or missing "
+    "option, options that do not go together or do not apply to this kind of model, a node "
+    "the model does not have, a destination that exists)",
+    EXIT_INTERNAL: "internal error: the rewrite failed inside tf_mpt; nothing was written "
+    "(please report it with the model)",
+    EXIT_BAD_INPUT: "bad input: the model, the sample inputs, a target table or a TF_MPT_* "
+    "setting cannot be used; the message says why",
+}
+# Older spellings still accepted, each with one line to stderr naming the one to use
+_OLD_SPELLINGS = {
+    "--convert-variables": "--variables half",
+    "--keep-variables": "--variables float32",
+    "--keep-io-types": "no flag: inputs and outputs keep their dtypes by default",
+}
+
+
+def _version():
+    """'tf-mpt X (TensorFlow Y)', TensorFlow's version read from its installed metadata (no
+    TensorFlow import)."""
+    import importlib.metadata as metadata  # pylint: disable=g-import-not-at-top
+    from tf_mpt import __version__  # pylint: disable=g-import-not-at-top
+    found = "not installed"
+    for name in ("tensorflow-cpu", "tensorflow", "tensorflow-intel", "tf-nightly"):
+        try:
+            found = metadata.version(name)
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    return f"tf-mpt {__version__} (TensorFlow {found})"
+
+
+class _Version(argparse.Action):
+    """--version: prints _version() and exits 0 (argparse's own would need the text up
+    front)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print tf-mpt's and TensorFlow's versions and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(_version())
+        parser.exit(EXIT_OK)
+
+
+def build_parser():
+    """tf-mpt's argument parser (docs/cli.md's flag table is made from it: flag_table)."""
+    parser = argparse.ArgumentParser(
+        prog="tf-mpt", description="tf_mpt: mixed precision for TensorFlow graphs.",
+        epilog="exit codes: " + "; ".join(f"{code} {text.split(':')[0]}"
+                                          for code, text in EXIT_CODES.items()))
+    parser.add_argument("--version", action=_Version)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run an unmodified script in mixed precision")
-    run.add_argument("script")
-    run.add_argument("args", nargs=argparse.REMAINDER)
+    run.add_argument("script", help="the Python script, run as __main__ with TF_MPT_ENABLE=1")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     convert = commands.add_parser("convert", help="convert a frozen graph or a SavedModel")
-    convert.add_argument("src")
-    convert.add_argument("dst")
+    convert.add_argument("src", help="a SavedModel directory or a frozen GraphDef file (.pb)")
+    convert.add_argument("dst", help="where the converted model goes (must not exist)")
     commands.add_parser("cpu", help="this machine's half-precision facts and what "
                         "TF_MPT_DTYPE=auto picks here")
     inspect_ = commands.add_parser("inspect", help="what a conversion would do, per op type")
-    inspect_.add_argument("src")
-    inspect_.add_argument("--json", action="store_true", help="the full report as JSON")
+    inspect_.add_argument("src", help="a SavedModel directory or a frozen GraphDef file (.pb)")
     inspect_.add_argument("--tensorboard", metavar="LOGDIR",
                           help="write the converted graph, nodes annotated, for TensorBoard")
     inspect_.add_argument("--numerics", action="store_true",
                           help="run sample inputs through the float32 model and report "
                           "tensors outside the half type's range")
-    inspect_.add_argument("--samples", type=int, default=8, metavar="N",
-                          help="random samples for --numerics (default 8)")
     inspect_.add_argument("--blame", action="store_true",
                           help="with --numerics: run the float32 and the converted model once "
                           "and name the nodes whose own half error jumps beyond their "
@@ -404,58 +471,134 @@ def main(argv=None):
                                   "and write a cost table for --target FILE on any machine")
     measure.add_argument("--out", required=True, metavar="FILE", help="the table to write")
     measure.add_argument("--dtype", choices=("both", "bfloat16", "float16"), default="both",
-                         help="the half type(s) to time (default both)")
+                         help="the half type(s) to time")
     measure.add_argument("--model", metavar="SAVED_MODEL|GRAPH.pb",
                          help="also time every matrix product and convolution of this model at "
                          "its own shapes (as `convert` would ask this machine)")
     convert.add_argument("--dtype", choices=("float16", "bfloat16", "float32"),
                          default="float16", help="the half type to convert to; a model tf_mpt "
                          "converted goes back to float32 first (float32: only that)")
-    inspect_.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
+    inspect_.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16",
+                          help="the half type the conversion would use")
     for sub in (convert, inspect_):
+        sub.add_argument("--json", action="store_true",
+                         help="print the report(s), each with its verdict, as one JSON "
+                         "document on stdout (the other lines go to stderr)")
         sub.add_argument("--target", metavar="here|rules|auto|FILE",
                          help="the machine the decisions are for: rules (the op lists: a GPU "
                          "or any machine nobody measured), here (this CPU, measured), FILE (a "
                          "table from `tf-mpt measure` on the target machine); default "
                          "TF_MPT_TARGET, else auto (here for bfloat16 on a CPU with native "
                          "bfloat16, else rules)")
-        sub.add_argument("--deny", default="", help="comma-separated op types kept float32")
+        sub.add_argument("--deny", default="", metavar="OP,...",
+                         help="comma-separated op types kept float32")
         sub.add_argument("--no-timing", action="store_true",
                          help="with target here: decide by the prediction alone, without "
                          "timing the graph's candidate colourings on this CPU "
                          "(TF_MPT_TIMING_BUDGET=0)")
+        sub.add_argument("--samples", type=int, default=8, metavar="N",
+                         help="random sample inputs for --validate and --numerics")
         sub.add_argument("--inputs", metavar="FILE.npz",
-                         help="sample inputs: one array per input name, fed as they are")
-        sub.add_argument("--seed", type=int, default=0, help="seed of random sample inputs")
-    convert.add_argument("--keep-fp32", default="", help="comma-separated node names kept float32")
+                         help="sample inputs: one array per input name, fed as they are (in "
+                         "place of random ones)")
+        sub.add_argument("--seed", type=int, default=0,
+                         help="seed of the random sample inputs")
+    convert.add_argument("--keep-fp32", default="", metavar="NODE,...",
+                         help="comma-separated node names kept float32")
     convert.add_argument("--keep-io-types", dest="keep_io_types", action="store_true",
-                         default=True, help="inputs and outputs keep their dtypes (default)")
+                         default=True, help=argparse.SUPPRESS)
     convert.add_argument("--no-keep-io-types", dest="keep_io_types", action="store_false",
                          help="frozen graphs: inputs and outputs may be half precision")
     convert.add_argument("--variables", choices=("float32", "half"), default="float32",
-                         help="SavedModels: keep variables float32 (default) or store those "
-                         "only half ops read in the --dtype (checkpoint rewritten)")
+                         help="SavedModels: keep variables float32, or store those only half "
+                         "ops read in the --dtype (checkpoint rewritten)")
     convert.add_argument("--convert-variables", dest="variables", action="store_const",
-                         const="half", help="same as --variables half")
+                         const="half", help=argparse.SUPPRESS)
     convert.add_argument("--keep-variables", dest="variables", action="store_const",
-                         const="float32", help="same as --variables float32 (the default)")
+                         const="float32", help=argparse.SUPPRESS)
     convert.add_argument("--force", action="store_true",
                          help="convert a model tf_mpt already converted as it is, on top of its "
                          "conversion (default: undo that conversion first)")
-    convert.add_argument("--validate", type=int, default=0, metavar="N",
-                         help="compare N random samples (or --inputs) with float32: each "
-                         "output's relative L2 error (float16 1e-2, bfloat16 8e-2) and, for "
-                         "class scores, top-1 agreement (90%%)")
+    convert.add_argument("--validate", nargs="?", type=int, const=0, default=None, metavar="N",
+                         help="compare --samples random samples (or --inputs) with float32: "
+                         "each output's relative L2 error (float16 1e-2, bfloat16 8e-2) and, "
+                         "for class scores, top-1 agreement (90%%); a failure exits 1 and "
+                         "writes nothing. (`--validate N`, the older spelling: N samples)")
     convert.add_argument("--rtol", type=float, help="also require every element within atol + "
-                         "rtol * |float32| (default rtol: float16 1e-2, bfloat16 5e-2)")
+                         "rtol * |float32| (float16 1e-2, bfloat16 5e-2 where only --atol is "
+                         "given)")
     convert.add_argument("--atol", type=float, help="also require every element within atol + "
-                         "rtol * |float32| (default atol: float16 1e-2, bfloat16 5e-2)")
+                         "rtol * |float32| (float16 1e-2, bfloat16 5e-2 where only --rtol is "
+                         "given)")
     convert.add_argument("--auto-deny", action="store_true",
                          help="if validation fails, find the nodes to keep float32 (one-pass "
                          "blame, validated once; bisection if that does not pass)")
     convert.add_argument("--bisect", action="store_true",
                          help="with --auto-deny: bisection only (no one-pass blame)")
-    options = parser.parse_args(argv)
+    return parser
+
+
+def _old_spellings(argv, command):
+    """One line to stderr per older spelling in `argv` (still accepted)."""
+    for arg in argv:
+        name = str(arg).split("=")[0]
+        if name in _OLD_SPELLINGS:
+            sys.stderr.write(f"tf-mpt {command}: {name} is an older spelling ("
+                             f"{_OLD_SPELLINGS[name]}); it still works\n")
+
+
+def flag_table(parser=None):
+    """docs/cli.md's flag table, as markdown lines: per command, each flag or argument, its
+    default and what it does, from the parser itself (a test holds the docs to it)."""
+    parser = parser or build_parser()
+
+    def cell(text):
+        return " ".join(str(text).replace("%%", "%").split()).replace("|", "\\|")
+
+    lines = ["| command | flag | default | what it does |", "|---|---|---|---|"]
+    rows = [("", None, action) for action in parser._actions  # pylint: disable=W0212
+            if action.option_strings and action.help != argparse.SUPPRESS]
+    commands = next(a for a in parser._actions  # pylint: disable=protected-access
+                    if isinstance(a, argparse._SubParsersAction))  # pylint: disable=W0212
+    helps = {choice.dest: choice.help
+             for choice in commands._choices_actions}  # pylint: disable=W0212
+    for name, sub in commands.choices.items():
+        rows.append((name, helps.get(name, ""), None))
+        rows += [(name, None, action) for action in sub._actions  # pylint: disable=W0212
+                 if action.help != argparse.SUPPRESS and
+                 not isinstance(action, argparse._HelpAction)]  # pylint: disable=W0212
+    for name, command_help, action in rows:
+        if action is None:  # (the command itself)
+            lines.append(f"| {name} | | | {cell(command_help)} |")
+            continue
+        value = action.metavar or ("/".join(action.choices) if action.choices else
+                                   action.dest.upper())
+        if action.option_strings:
+            flag = ", ".join(action.option_strings)
+            if action.nargs == "?":
+                flag += f" [{value}]"
+            elif action.nargs != 0:
+                flag += f" {value}"
+        else:
+            flag = value + (" ..." if action.nargs == argparse.REMAINDER else "")
+        takes_value = action.option_strings and action.nargs not in (0, "?")
+        shown = f"`{action.default}`" if takes_value and action.default not in (
+            None, "", argparse.SUPPRESS) else ""
+        lines.append(f"| {name or '(any)'} | `{cell(flag)}` | {shown} | {cell(action.help)} |")
+    return lines
+
+
+def exit_code_table():
+    """docs/cli.md's exit code table, as markdown lines (EXIT_CODES)."""
+    return ["| exit code | meaning |", "|---|---|"] + [
+        f"| {code} | {text} |" for code, text in EXIT_CODES.items()]
+
+
+def main(argv=None):
+    """Entry point of the `tf-mpt` console command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    options = build_parser().parse_args(argv)
+    _old_spellings(argv, options.command)
     if options.command == "run":
         _run(options.script, options.args)
         return
@@ -465,21 +608,37 @@ def main(argv=None):
     from tf_mpt.models import model_io as _model_io  # pylint: disable=g-import-not-at-top
     from tf_mpt import rewrite  # pylint: disable=g-import-not-at-top
     from tf_mpt.rewrite.graph_view import GraphDefError  # pylint: disable=g-import-not-at-top
+    if options.command == "convert" and options.validate not in (None, 0):
+        options.samples = options.validate  # (the older spelling: --validate N)
+        sys.stderr.write("tf-mpt convert: --validate N is an older spelling (--validate "
+                         "--samples N); it still works\n")
+    if options.command == "convert":
+        options.validate = options.validate is not None
     try:
         if options.command == "measure":
             _measure_command(options)
+            return
+        if getattr(options, "json", False):  # (stdout holds the JSON document alone)
+            with contextlib.redirect_stdout(sys.stderr):
+                options.config = _config_of(options)
+                found = (_convert_command if options.command == "convert" else
+                         _inspect_command)(options)
+            print(json.dumps(found, indent=1))
             return
         options.config = _config_of(options)
         (_convert_command if options.command == "convert" else _inspect_command)(options)
     except _model_io.ModelError as error:
         sys.stderr.write(f"tf-mpt {options.command}: {error}\n")
-        raise SystemExit(2) from None
+        code = (EXIT_USAGE if isinstance(error, _model_io.UsageError) else
+                EXIT_VALIDATION_FAILED if isinstance(error, _model_io.ValidationFailed) else
+                EXIT_BAD_INPUT)
+        raise SystemExit(code) from None
     except GraphDefError as error:
         sys.stderr.write(f"tf-mpt {options.command}: {options.src!r} holds a malformed graph: "
                          f"{error}\n")
-        raise SystemExit(2) from None
+        raise SystemExit(EXIT_BAD_INPUT) from None
     except rewrite.RewriteError as error:
         sys.stderr.write(f"tf-mpt {options.command}: the rewrite failed inside tf_mpt ({error});"
                          " nothing was written. Please report it with the model; --deny or "
                          "--keep-fp32 on the op named may work around it.\n")
-        raise SystemExit(3) from None
+        raise SystemExit(EXIT_INTERNAL) from None

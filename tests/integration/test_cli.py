@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tf_mpt import cli
 from support.tolerances import TOLERANCES
 from support.helpers import cli_main, run, write_frozen
 
@@ -127,7 +128,7 @@ def test_bad_sources_get_a_clear_error_and_nothing_is_written(models, tmp_path, 
     root = models
     dst = tmp_path / "out.pb"
     code, _, err = cli_main(capsys, "convert", root / source, dst)  # in-process: no start-up
-    assert code == 2
+    assert code == cli.EXIT_BAD_INPUT == 4
     assert re.search(message, err), err[-2000:]
     assert not dst.exists() and os.listdir(tmp_path) == []
 
@@ -137,7 +138,7 @@ def test_existing_destination_is_never_overwritten(models, tmp_path, capsys):
     dst = tmp_path / "exists.pb"
     dst.write_bytes(b"keep me")
     code, _, err = cli_main(capsys, "convert", root / "frozen.pb", dst)
-    assert code == 2 and "already exists" in err
+    assert code == cli.EXIT_USAGE == 2 and "already exists" in err
     assert dst.read_bytes() == b"keep me"
 
 
@@ -153,3 +154,25 @@ def test_inspect_prints_a_table_and_json(models, source, no_cost_model):
     data = json.loads(_cli("inspect", str(root / source), "--json").stdout)
     report = next(iter(data.values()))
     assert any(d["op"] == "MatMul" and d["colour"] == "allow" for d in report["nodes"].values())
+
+
+def test_convert_json_is_one_document_of_the_reports_and_what_was_written(models, tmp_path,
+                                                                          capsys):
+    """convert --json: stdout holds one JSON document (each report with its verdict, the
+    destination); the lines convert prints otherwise go to stderr."""
+    import json
+    dst = tmp_path / "half.pb"
+    code, out, err = cli_main(capsys, "convert", models / "frozen.pb", dst, "--json",
+                              "--target", "rules", "--dtype", "bfloat16")
+    assert code == 0, err
+    found = json.loads(out)
+    assert found["wrote"] == str(dst) and dst.exists()
+    (report,) = found["reports"].values()
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.ParseFromString(dst.read_bytes())
+    half = [n for n in graph_def.node if n.op == "MatMul" and
+            n.attr["T"].type == tf.bfloat16.as_datatype_enum]
+    assert report["converted_nodes"] >= len(half) > 0 and report["dtype"] == "bfloat16"
+    assert report["target"] == "rules" and "verdict" in report  # (rules: nothing timed)
+    assert report["verdict"] is None
+    assert f"wrote {dst}" in err

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tf_mpt import cli
 from support.tolerances import TOLERANCES
 from support.helpers import cli_main, write_frozen
 
@@ -122,7 +123,7 @@ def test_validate_reports_errors_and_fails_past_the_tolerance(saved, tmp_path, c
     assert 0 < max_abs < TOLERANCES["float16"]["atol"]  # half really ran, and within tolerance
     code, out, err = cli_main(capsys, "convert", saved / "dense", tmp_path / "strict",
                            "--validate", "4", "--rtol", "0", "--atol", "1e-9")
-    assert code == 2
+    assert code == cli.EXIT_VALIDATION_FAILED == 1
     assert "validation failed: y differ(s) from float32" in err and "FAIL" in out
     assert not (tmp_path / "strict").exists()
 
@@ -136,14 +137,15 @@ def test_inputs_file_feeds_the_given_arrays(saved, tmp_path, capsys):
     np.savez(tmp_path / "wrong.npz", z=np.zeros((2, 8), np.float32))
     code, _, err = cli_main(capsys, "convert", saved / "dense", tmp_path / "no",
                          "--inputs", tmp_path / "wrong.npz")
-    assert code == 2 and "has no array for input 'x'" in err and "keys: z" in err
+    assert code == cli.EXIT_BAD_INPUT and "has no array for input 'x'" in err and \
+        "keys: z" in err
 
 
 def test_auto_deny_finds_the_overflowing_op(saved, tmp_path, capsys):
     dst = tmp_path / "fixed"
     code, out, err = cli_main(capsys, "convert", saved / "overflows", tmp_path / "plain",
                            "--validate", "4")
-    assert code == 2 and "validation failed" in err  # float16 overflows: inf != 1e5
+    assert code == cli.EXIT_VALIDATION_FAILED and "validation failed" in err  # (inf != 1e5)
     code, out, err = cli_main(capsys, "convert", saved / "overflows", dst, "--validate", "4",
                            "--auto-deny")
     assert code == 0, err
@@ -240,7 +242,7 @@ def test_malformed_graph_gets_a_clear_error_and_nothing_is_written(tmp_path, cap
     node.attr["T"].type = tf.float32.as_datatype_enum
     (tmp_path / "bad.pb").write_bytes(graph_def.SerializeToString())
     code, _, err = cli_main(capsys, "convert", tmp_path / "bad.pb", tmp_path / "out.pb")
-    assert code == 2 and "holds a malformed graph" in err and "missing" in err
+    assert code == cli.EXIT_BAD_INPUT and "holds a malformed graph" in err and "missing" in err
     assert not (tmp_path / "out.pb").exists()
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tf_mpt import cli
 from support.helpers import cli_main, executed_function_graphs
 from support.helpers import child_env
 
@@ -177,7 +178,7 @@ def op_costs_table(dtype):
 def test_a_bad_target_stops_the_command_with_the_fix(saved_model, tmp_path, capsys):
     code, _, err = cli_main(capsys, "convert", saved_model, tmp_path / "out", "--dtype",
                             "bfloat16", "--target", "zen4")
-    assert code == 2 and "no such file" in err and "tf-mpt measure --out FILE" in err
+    assert code == cli.EXIT_BAD_INPUT and "no such file" in err and "tf-mpt measure --out FILE" in err
     assert not (tmp_path / "out").exists()
 
 

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
+from tf_mpt import cli
 from support.helpers import cli_main, write_frozen
 from support.tolerances import TOLERANCES
 
@@ -156,14 +157,14 @@ def test_variables_stored_in_half_come_back_in_float32(models, tmp_path, capsys)
                                _serve(models / "sm")["y"].numpy(), **TOLERANCES["bfloat16"])
     code, _, err = cli_main(capsys, "convert", stored, tmp_path / "again", "--dtype",
                             "float16", "--variables", "half", *RULES)
-    assert code == 2 and "write it in float32 first" in err
+    assert code == cli.EXIT_BAD_INPUT and "write it in float32 first" in err
 
 
 def test_what_tf_mpt_cannot_undo_is_refused_saying_why(models, tmp_path, capsys):
     # a float32 model: nothing to undo
     code, _, err = cli_main(capsys, "convert", models / "sm", tmp_path / "b", "--dtype",
                             "float32")
-    assert code == 2 and "computes in float32 already" in err
+    assert code == cli.EXIT_BAD_INPUT and "computes in float32 already" in err
     # a model made half by a Keras mixed policy, not by tf_mpt
     import keras
     keras.mixed_precision.set_global_policy("mixed_float16")
@@ -176,14 +177,15 @@ def test_what_tf_mpt_cannot_undo_is_refused_saying_why(models, tmp_path, capsys)
         keras.mixed_precision.set_global_policy("float32")
     code, _, err = cli_main(capsys, "convert", tmp_path / "keras_mixed", tmp_path / "c",
                             "--dtype", "float32")
-    assert code == 2 and "tf_mpt did not convert it" in err and "float16" in err
+    assert code == cli.EXIT_BAD_INPUT and "tf_mpt did not convert it" in err and "float16" in err
     # ... and converted by tf_mpt on top: its Casts are marked 'mixed'
     code, _, err = cli_main(capsys, "convert", tmp_path / "keras_mixed", tmp_path / "mixed",
                             "--dtype", "float16", *RULES)
     assert code == 0, err
     code, _, err = cli_main(capsys, "convert", tmp_path / "mixed", tmp_path / "d", "--dtype",
                             "float32")
-    assert code == 2 and "computed in half in places before tf_mpt converted it" in err, err
+    assert code == cli.EXIT_BAD_INPUT and \
+        "computed in half in places before tf_mpt converted it" in err, err
     # a graph rewritten by the API, not by `tf-mpt convert`: its Casts carry no mark
     import tf_mpt
     rewritten = tf_mpt.rewrite_graph_def(_graph_def(models / "frozen.pb"), dtype="float16",
@@ -191,7 +193,7 @@ def test_what_tf_mpt_cannot_undo_is_refused_saying_why(models, tmp_path, capsys)
     (tmp_path / "api.pb").write_bytes(rewritten.SerializeToString())
     code, _, err = cli_main(capsys, "convert", tmp_path / "api.pb", tmp_path / "e.pb",
                             "--dtype", "float32")
-    assert code == 2 and "without the mark `tf-mpt convert` now writes" in err, err
+    assert code == cli.EXIT_BAD_INPUT and "without the mark `tf-mpt convert` now writes" in err, err
     for name in ("b", "c", "d", "e.pb"):
         assert not os.path.exists(tmp_path / name)
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tf_mpt import cli
 from support.helpers import cli_main, write_frozen
 from support.helpers import child_env
 
@@ -255,7 +256,7 @@ def test_checkpoint_that_fails_validation_is_not_written(
     monkeypatch.setattr(_variables, "write_checkpoint", tripled)
     code, _, err = cli_main(capsys, "convert", saved / "mixed", tmp_path / "half", "--dtype",
                             "bfloat16", "--variables", "half", "--validate", "2")
-    assert code == 2
+    assert code == cli.EXIT_VALIDATION_FAILED
     assert "validation failed with the variables stored in half; nothing was written" in err
     assert not (tmp_path / "half").exists()
 
@@ -276,7 +277,7 @@ def test_several_metagraphs_get_a_clear_error(saved, tmp_path, capsys):
     (two / "saved_model.pb").write_bytes(proto.SerializeToString())
     code, _, err = cli_main(capsys, "convert", two, tmp_path / "half", "--dtype", "bfloat16",
                             "--variables", "half")
-    assert code == 2
+    assert code == cli.EXIT_BAD_INPUT
     assert "has 2 MetaGraphs sharing one checkpoint" in err
     assert not (tmp_path / "half").exists()
     code, _, err = cli_main(capsys, "convert", two, tmp_path / "kept", "--dtype", "bfloat16")

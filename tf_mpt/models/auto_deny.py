@@ -7,7 +7,7 @@ import time
 
 from tf_mpt.models import blame as _blame
 from tf_mpt.models import progress as _progress
-from tf_mpt.models.model_io import ModelError
+from tf_mpt.models.model_io import ValidationFailed
 from tf_mpt.models.validation import validate
 
 _log = logging.getLogger("tf_mpt")
@@ -102,7 +102,7 @@ def _bisect(model, dtype, lists, keep, feeds, tolerance, base, max_trials, confi
             key = frozenset(extra)
             if key not in trials:
                 if len(trials) >= max_trials:
-                    raise ModelError(f"--auto-deny gave up after {max_trials} trials; keep "
+                    raise ValidationFailed(f"--auto-deny gave up after {max_trials} trials; keep "
                                      "op types float32 with --deny, or check the sample inputs.")
                 conversion = model.convert(dtype, lists, set(keep) | set(_names(extra)),
                                            config=config)
@@ -112,7 +112,7 @@ def _bisect(model, dtype, lists, keep, feeds, tolerance, base, max_trials, confi
             return trials[key]
 
         if not passes(candidates):
-            raise ModelError("--auto-deny: the model fails validation even with every converted "
+            raise ValidationFailed("--auto-deny: the model fails validation even with every converted "
                              "node in float32 (the float32 model does not reproduce itself "
                              "within the check: loosen --rtol/--atol if you gave them, or check "
                              "the sample inputs).")

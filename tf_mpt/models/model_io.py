@@ -19,7 +19,21 @@ from tf_mpt.rewrite import function_bodies as _function_bodies
 
 
 class ModelError(Exception):
-    """A model path cannot be used: the message says why and what to do."""
+    """A model path (or another input: sample inputs, a target table, a setting) cannot be
+    used: the message says why and what to do. `tf-mpt` exits with 4 (bad input)."""
+
+
+class UsageError(ModelError):
+    """The command line asks for what cannot be done as asked (options that do not go
+    together, one that does not apply to this kind of model, a node the model does not
+    have, a destination that exists): the message says what to pass. Exit code 2, as
+    argparse's own usage errors."""
+
+
+class ValidationFailed(ModelError):
+    """The converted model's outputs differ from float32's beyond the check's tolerance
+    (and --auto-deny, where asked, found no conversion that passes): nothing was written.
+    Exit code 1."""
 
 
 def kind_of(path):
@@ -87,11 +101,11 @@ def is_converted(graph_def):
 
 def check_destination(path):
     if os.path.exists(path):
-        raise ModelError(f"destination {path!r} already exists; remove it or pick another path "
+        raise UsageError(f"destination {path!r} already exists; remove it or pick another path "
                          "(tf-mpt convert never overwrites).")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
-        raise ModelError(f"the directory of the destination, {parent!r}, does not exist.")
+        raise UsageError(f"the directory of the destination, {parent!r}, does not exist.")
 
 
 def write_atomically(path, write):

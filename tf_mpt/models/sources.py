@@ -98,7 +98,7 @@ def _mark_keep_fp32(graph_def, names, found):
 def _check_all_found(names, found):
     missing = sorted(set(names) - found)
     if missing:
-        raise ModelError(f"--keep-fp32 names node(s) not in the model: {', '.join(missing)}. "
+        raise _model_io.UsageError(f"--keep-fp32 names node(s) not in the model: {', '.join(missing)}. "
                          "Use the node names `tf-mpt inspect --json` lists.")
 
 

@@ -1,0 +1,97 @@
+"""tf-mpt's command-line conventions: --version, one spelling per choice (older ones still
+accepted, said on stderr), documented exit codes, and docs/cli.md's flag and exit-code tables
+made from the parser itself. Nothing here converts a model (test_cli*.py do)."""
+
+import importlib.metadata
+import os
+import re
+
+import pytest
+
+from tf_mpt import __version__
+from tf_mpt import cli
+
+CLI_DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "cli.md")
+
+
+def _section(marker):
+    with open(CLI_DOC) as f:
+        text = f.read()
+    found = re.search(rf"<!-- {marker}:[^\n]*-->\n(.*?)\n<!-- /{marker} -->", text, re.S)
+    assert found, f"docs/cli.md lost its {marker} markers"
+    return found.group(1).splitlines()
+
+
+def test_the_docs_flag_table_is_the_parsers():
+    """Regenerate with: python -c "from tf_mpt import cli; print('\\n'.join(cli.flag_table()))"."""
+    assert _section("flag-table") == cli.flag_table()
+
+
+def test_the_docs_exit_codes_are_the_clis():
+    assert _section("exit-codes") == cli.exit_code_table()
+    assert sorted(cli.EXIT_CODES) == [0, 1, 2, 3, 4]
+    assert len(set(cli.EXIT_CODES.values())) == len(cli.EXIT_CODES)
+
+
+def test_every_flag_shown_has_help_and_one_spelling_per_choice():
+    """Of the flags a command shows, none lacks help and no two set the same option (an
+    older spelling is accepted, not shown)."""
+    table = cli.flag_table()
+    assert all(not row.endswith("|  |") for row in table[2:]), table
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if hasattr(a, "choices") and  # pylint: disable=W0212
+                    isinstance(a.choices, dict))
+    for name, sub in commands.choices.items():
+        shown = [a.dest for a in sub._actions  # pylint: disable=protected-access
+                 if a.option_strings and a.help != "==SUPPRESS==" and a.dest != "help"]
+        assert len(shown) == len(set(shown)), (name, shown)
+    for old in cli._OLD_SPELLINGS:  # pylint: disable=protected-access
+        assert f"`{old}" not in "\n".join(table), old
+
+
+def test_version_names_tf_mpt_and_tensorflow(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--version"])
+    assert exited.value.code == cli.EXIT_OK
+    out = capsys.readouterr().out.strip()
+    tf_version = next(v for v in (_installed(n) for n in ("tensorflow-cpu", "tensorflow",
+                                                         "tensorflow-intel", "tf-nightly"))
+                      if v is not None)
+    assert out == f"tf-mpt {__version__} (TensorFlow {tf_version})", out
+
+
+def _installed(name):
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["convert", "a", "b", "--convert-variables"], {"variables": "half"}),
+    (["convert", "a", "b", "--keep-variables"], {"variables": "float32"}),
+    (["convert", "a", "b", "--keep-io-types"], {"keep_io_types": True}),
+    (["convert", "a", "b", "--validate", "4"], {"validate": 4}),
+    (["convert", "a", "b", "--validate"], {"validate": 0, "samples": 8}),
+    (["convert", "a", "b", "--validate", "--samples", "16"], {"validate": 0, "samples": 16}),
+    (["inspect", "a", "--samples", "3", "--json"], {"samples": 3, "json": True}),
+])
+def test_older_spellings_parse_as_the_one_shown(argv, expected, capsys):
+    options = cli.build_parser().parse_args(argv)
+    assert {key: getattr(options, key) for key in expected} == expected
+    cli._old_spellings(argv, argv[0])  # pylint: disable=protected-access
+    err = capsys.readouterr().err
+    old = [a for a in argv if a in cli._OLD_SPELLINGS]  # pylint: disable=protected-access
+    assert (f"{old[0]} is an older spelling" in err) if old else err == "", err
+
+
+def test_usage_errors_exit_2_and_a_missing_model_4(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["convert", "--no-such-flag"])
+    assert exited.value.code == cli.EXIT_USAGE
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["convert", str(tmp_path / "missing.pb"), str(tmp_path / "out.pb"),
+                  "--target", "rules"])
+    assert exited.value.code == cli.EXIT_BAD_INPUT
+    assert "does not exist" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
