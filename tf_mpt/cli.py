@@ -63,6 +63,71 @@ def _cpu_command():
         print("\n".join(_dispatch.described(config, dtype)))
 
 
+def _environment_config(command):
+    """The environment's Config; a bad TF_MPT_* value ends the command (bad input, 4)."""
+    from tf_mpt import config as _config  # pylint: disable=g-import-not-at-top
+    try:
+        return _config.Config.from_env(os.environ)
+    except ValueError as error:
+        sys.stderr.write(f"tf-mpt {command}: {error}\n")
+        raise SystemExit(EXIT_BAD_INPUT) from None
+
+
+def _cache_command(options):
+    """What tf_mpt's cache directory holds, by kind; --clear removes tf_mpt's files."""
+    from tf_mpt._process import cache_files  # pylint: disable=g-import-not-at-top
+    directory = _environment_config("cache").cache_directory
+    if options.clear:
+        removed, left = cache_files.clear(directory)
+        print(f"removed {len(removed)} file(s) from {directory}" +
+              (f"; left {len(left)} that are not tf_mpt's: {', '.join(left)}" if left else ""))
+        return
+    print("\n".join(cache_files.lines(directory)))
+
+
+def _doctor_command():
+    """Whether `TF_MPT_ENABLE=1 python script.py` works in this environment and what it
+    would do: the versions, the start-up hook, the settings set, the half type and target
+    picked here, the cache."""
+    import platform  # pylint: disable=g-import-not-at-top
+    from tf_mpt import _cpu  # pylint: disable=g-import-not-at-top
+    from tf_mpt._process import cache_files  # pylint: disable=g-import-not-at-top
+    from tf_mpt._process import hook_check  # pylint: disable=g-import-not-at-top
+    print(f"{_version()}; Python {platform.python_version()} on {platform.system()} "
+          f"{platform.machine()}")
+    hook = hook_check.hook_path()
+    print("start-up hook: " + (
+        f"installed ({hook}): TF_MPT_ENABLE=1 python script.py runs the script with tf_mpt"
+        if hook else
+        f"not installed (no {hook_check.PTH} in {', '.join(hook_check.site_directories())}; "
+        "an editable install, pip install -e, has none): TF_MPT_ENABLE=1 python script.py "
+        "converts nothing here. Install with `pip install .`, or run scripts with `tf-mpt "
+        "run script.py`"))
+    config = _environment_config("doctor")
+    set_here = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("TF_MPT_"))
+    print("TF_MPT_* set here: " + (", ".join(set_here) if set_here else "none (the defaults)"))
+    try:
+        import tensorflow as tf  # pylint: disable=g-import-not-at-top
+        gpu_visible = bool(tf.config.list_physical_devices("GPU"))
+    except Exception as error:  # pylint: disable=broad-except
+        print(f"TensorFlow: cannot be imported ({type(error).__name__}: {error}); install "
+              "tensorflow-cpu==2.21.* (or tensorflow[and-cuda]==2.21.* for a GPU)")
+        return
+    from tf_mpt import targets as _targets  # pylint: disable=g-import-not-at-top
+    dtype = config.dtype if config.dtype != "auto" else _cpu.auto_dtype(
+        gpu_visible, _cpu.cpu_flags(config))
+    if dtype is None:
+        print("TF_MPT_ENABLE=1 here: the script stays float32 (TF_MPT_DTYPE=auto: no GPU and "
+              "no native bfloat16 on this CPU; half would be slower). `tf-mpt cpu` says why")
+    else:
+        target = _targets.resolve(config, dtype, gpu_visible)
+        why = f" ({target.why})" if target.why else ""
+        scaled = dataclasses.replace(config, enable=True).loss_scaling_for(dtype)
+        print(f"TF_MPT_ENABLE=1 here: {dtype} (TF_MPT_DTYPE={config.dtype}), decisions for "
+              f"target {target.label}{why}; loss scaling {'on' if scaled else 'off'}")
+    print(cache_files.lines(config.cache_directory)[0] + " (`tf-mpt cache` lists it)")
+
+
 def _measure_command(options):
     """Times the probe ops on this CPU in float32 and each half type (and, with --model, every
     matrix product and convolution of that model at its shapes); writes the cost table that
@@ -456,6 +521,13 @@ def build_parser():
     convert.add_argument("dst", help="where the converted model goes (must not exist)")
     commands.add_parser("cpu", help="this machine's half-precision facts and what "
                         "TF_MPT_DTYPE=auto picks here")
+    commands.add_parser("doctor", help="whether TF_MPT_ENABLE=1 works in this environment "
+                        "(the start-up hook) and what it would do here")
+    cache = commands.add_parser("cache", help="what tf_mpt's cache directory holds "
+                                "(TF_MPT_CACHE_DIR)")
+    cache.add_argument("--clear", action="store_true",
+                       help="remove tf_mpt's files from it (its kernel times, graph verdicts, "
+                       "compiled optimizer: made again when next needed)")
     inspect_ = commands.add_parser("inspect", help="what a conversion would do, per op type")
     inspect_.add_argument("src", help="a SavedModel directory or a frozen GraphDef file (.pb)")
     inspect_.add_argument("--tensorboard", metavar="LOGDIR",
@@ -595,15 +667,38 @@ def exit_code_table():
 
 
 def main(argv=None):
-    """Entry point of the `tf-mpt` console command."""
+    """Entry point of the `tf-mpt` console command. `tf-mpt run` exits as the script does;
+    every other command with one of EXIT_CODES (an unexpected error: EXIT_INTERNAL, after
+    its traceback)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     options = build_parser().parse_args(argv)
     _old_spellings(argv, options.command)
     if options.command == "run":
         _run(options.script, options.args)
         return
+    try:
+        _command(options)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except Exception as error:  # pylint: disable=broad-except
+        import traceback  # pylint: disable=g-import-not-at-top
+        traceback.print_exc()
+        sys.stderr.write(f"tf-mpt {options.command}: internal error ({type(error).__name__}: "
+                         f"{error}); nothing was written. Please report it with the "
+                         "traceback above.\n")
+        raise SystemExit(EXIT_INTERNAL) from None
+
+
+def _command(options):
+    """Runs every command but `run` (main's)."""
     if options.command == "cpu":
         _cpu_command()
+        return
+    if options.command == "doctor":
+        _doctor_command()
+        return
+    if options.command == "cache":
+        _cache_command(options)
         return
     from tf_mpt.models import model_io as _model_io  # pylint: disable=g-import-not-at-top
     from tf_mpt import rewrite  # pylint: disable=g-import-not-at-top

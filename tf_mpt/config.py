@@ -191,12 +191,13 @@ ENV_VARS = (
      "14x: TF_ENABLE_ONEDNN_OPTS=1). 0: neither check, every op the lists allow goes half. "
      "A table standing in for this CPU (TF_MPT_OP_COSTS) supplies the ratios instead (its "
      "\"dispatch\" and \"numerics\" entries)."),
-    (TF_MPT_CACHE_DIR, "(~/.cache/tf_mpt)", "Directory for the compiled Grappler optimizer "
-     "(one file per TensorFlow version, compiler and environment, with its SHA-256 beside "
-     "it; a new build removes those neither written nor read for 30 days; "
-     "$XDG_CACHE_HOME/tf_mpt when that is set). Used only if it is yours and not writable by "
-     "others; otherwise, or if it cannot be written, the optimizer is built in a private "
-     "temporary directory for the process, with one warning."),
+    (TF_MPT_CACHE_DIR, "(~/.cache/tf_mpt)", "Directory of what tf_mpt measures and builds "
+     "once per machine: this CPU's kernel times, graph timing's verdicts, the dispatch and "
+     "numerics checks, the compiled Grappler optimizer ($XDG_CACHE_HOME/tf_mpt when that is "
+     "set). `tf-mpt cache` lists it; `tf-mpt cache --clear` empties it (all made again when "
+     "next needed). The optimizer is kept there only if the directory is yours and not "
+     "writable by others; otherwise it is built in a private temporary directory for the "
+     "process, with one warning."),
     (TF_MPT_DUMP_DIR, "", "Directory; every rewrite writes the graph before and after "
      "(.pb and .pbtxt), the effective op lists and the report (JSON) there."),
 )

@@ -95,3 +95,67 @@ def test_usage_errors_exit_2_and_a_missing_model_4(tmp_path, capsys):
     assert exited.value.code == cli.EXIT_BAD_INPUT
     assert "does not exist" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
+
+
+def test_cache_lists_by_kind_and_clear_removes_only_tf_mpts_files(tmp_path, monkeypatch,
+                                                                  capsys):
+    monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
+    cli.main(["cache"])
+    assert capsys.readouterr().out.strip() == f"tf_mpt's cache {tmp_path}: empty"
+    ours = ["verdicts-bfloat16-ab.json", "op_costs-bfloat16-ab.json",
+            "dispatch-float16-ab-v3-onednn-on.json", "session_rewrite-2.21.0-ab.so"]
+    for name in ours + ["notes.txt"]:
+        (tmp_path / name).write_bytes(b"x" * 2048)
+    cli.main(["cache"])
+    out = capsys.readouterr().out
+    assert out.startswith(f"tf_mpt's cache {tmp_path}: 5 file(s)"), out
+    assert "graph timing's verdicts" in out and "dispatch and numerics checks" in out
+    assert "not tf_mpt's (left as they are): notes.txt" in out
+    cli.main(["cache", "--clear"])
+    assert capsys.readouterr().out.strip() == (
+        f"removed 4 file(s) from {tmp_path}; left 1 that are not tf_mpt's: notes.txt")
+    assert os.listdir(tmp_path) == ["notes.txt"]
+
+
+def test_a_bad_setting_stops_cache_and_doctor_with_bad_input(monkeypatch, capsys):
+    monkeypatch.setenv("TF_MPT_DTYPE", "half")
+    for command in ("cache", "doctor"):
+        with pytest.raises(SystemExit) as exited:
+            cli.main([command])
+        assert exited.value.code == cli.EXIT_BAD_INPUT
+        assert "TF_MPT_DTYPE must be one of" in capsys.readouterr().err
+
+
+def test_the_hook_check_names_a_missing_hook_only_where_a_switch_is_on(monkeypatch, tmp_path):
+    from tf_mpt._process import hook_check
+    monkeypatch.setattr(hook_check, "site_directories", lambda: [str(tmp_path)])
+    assert hook_check.hook_path() is None
+    assert hook_check.missing_hook_warning({"TF_MPT_ENABLE": "0"}) is None
+    assert hook_check.missing_hook_warning({}) is None
+    warning = hook_check.missing_hook_warning({"TF_MPT_ENABLE": "1"})
+    assert warning.startswith("TF_MPT_ENABLE is set, but tf_mpt's start-up hook") and \
+        "tf-mpt run script.py" in warning and "pip install ." in warning
+    (tmp_path / hook_check.PTH).write_text("import os\n")
+    assert hook_check.hook_path() == str(tmp_path / hook_check.PTH)
+    assert hook_check.missing_hook_warning({"TF_MPT_ENABLE": "1"}) is None
+
+
+def test_doctor_says_whether_the_hook_is_there_and_what_enable_would_do(monkeypatch, tmp_path,
+                                                                       capsys):
+    """With the CPU's flags injected (Zen 4's: native bfloat16) and no GPU in this process."""
+    from tf_mpt._process import hook_check
+    monkeypatch.setenv("TF_MPT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TF_MPT_CPU_FLAGS", "avx2 avx512f avx512bw avx512_bf16")
+    monkeypatch.setattr(hook_check, "site_directories", lambda: [str(tmp_path)])
+    cli.main(["doctor"])
+    out = capsys.readouterr().out
+    assert out.startswith(cli._version()), out  # pylint: disable=protected-access
+    assert "start-up hook: not installed" in out and "tf-mpt run script.py" in out
+    assert "TF_MPT_ENABLE=1 here: bfloat16 (TF_MPT_DTYPE=auto)" in out
+    assert f"tf_mpt's cache {tmp_path}: empty" in out
+    monkeypatch.setenv("TF_MPT_CPU_FLAGS", "avx2 fma")  # (Zen 3: no native bfloat16)
+    (tmp_path / hook_check.PTH).write_text("import os\n")
+    cli.main(["doctor"])
+    out = capsys.readouterr().out
+    assert f"start-up hook: installed ({tmp_path / hook_check.PTH})" in out
+    assert "TF_MPT_ENABLE=1 here: the script stays float32" in out
