@@ -159,3 +159,14 @@ def test_doctor_says_whether_the_hook_is_there_and_what_enable_would_do(monkeypa
     out = capsys.readouterr().out
     assert f"start-up hook: installed ({tmp_path / hook_check.PTH})" in out
     assert "TF_MPT_ENABLE=1 here: the script stays float32" in out
+
+
+def test_the_readme_names_the_exit_codes_and_commands_as_the_cli_has_them():
+    with open(os.path.join(os.path.dirname(CLI_DOC), "..", "README.md")) as f:
+        text = " ".join(f.read().split())
+    listed = ", ".join(f"{code} {meaning.split(':')[0]}" for code, meaning in
+                       cli.EXIT_CODES.items())
+    assert f"({listed})" in text, listed
+    commands = cli.build_parser()._actions[-1].choices  # pylint: disable=protected-access
+    for command in ("doctor", "cache", "convert", "inspect", "measure", "cpu", "run"):
+        assert command in commands and f"tf-mpt {command}" in text, command
