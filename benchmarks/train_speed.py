@@ -106,7 +106,7 @@ tf1 = tf.compat.v1
 
 MODELS = ("conv", "mlp", "transformer", "lstm", "small")
 VARIANTS = ("fp32", "tf_mpt", "grappler")
-# Timing also runs tf_mpt with its cost model off (TF_MPT_COST_MODEL=0): where the model
+# Timing also runs tf_mpt with its cost model off (TF_MPT_TARGET=rules): where the model
 # changes nothing the two graphs are the same and the column shows the noise.
 TIMING_VARIANTS = ("fp32", "tf_mpt", "tf_mpt_no_cost", "grappler")
 SECTIONS = ("timing", "memory", "accuracy")
@@ -132,7 +132,7 @@ PROC_CLEAR_REFS = "/proc/self/clear_refs"
 RESET_PEAK_RSS = "5"  # what clear_refs takes to reset the peak RSS mark
 MIB = 2 ** 20
 DIGITS_TASKS = ("mlp", "conv")  # the kinds of digits.build
-COST_MODEL_VAR = "TF_MPT_COST_MODEL"
+COST_MODEL_VAR = "TF_MPT_TARGET"  # (the cost model off: rules)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -443,7 +443,8 @@ def interleaved_timing(runners, settings):
 def rewrite_with_tf_mpt(model, dtype, cost_model=None):
     """Returns (rewritten tf.Graph, RewriteReport) for the model's training graph.
 
-    cost_model: a TF_MPT_COST_MODEL value for this rewrite, or None for the environment's.
+    cost_model: a TF_MPT_TARGET value for this rewrite ('rules': the cost model off), or None
+    for the environment's.
     """
     fetches = [LOSS, TRAIN, INIT]
     saved = os.environ.get(COST_MODEL_VAR)
@@ -478,7 +479,7 @@ def grappler_half_flop_share(model, dtype):
 def measure(model, dtype, settings, intra_threads):
     """Times fp32, tf_mpt and Grappler on `model`; returns a row dict for the table."""
     mixed_graph, report = rewrite_with_tf_mpt(model, dtype)
-    no_cost_graph, no_cost_report = rewrite_with_tf_mpt(model, dtype, cost_model="0")
+    no_cost_graph, no_cost_report = rewrite_with_tf_mpt(model, dtype, cost_model="rules")
     plain = session_config(intra_threads, grappler_amp=False)
     runners = [Runner("fp32", model.graph, model.feeds, plain),
                Runner("tf_mpt", mixed_graph, model.feeds, plain),

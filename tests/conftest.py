@@ -145,11 +145,11 @@ def half_dtype(request):
 
 @pytest.fixture
 def no_cost_model(monkeypatch):
-    """The cost model off (TF_MPT_COST_MODEL=0) for a test of other machinery (passes, loops,
+    """The cost model off (TF_MPT_TARGET=rules) for a test of other machinery (passes, loops,
     gathers, conversion) on a model of a few narrow layers, which the model keeps float32 in
     bfloat16 on a CPU (bfloat16 would not be faster: tests/unit/test_cost_model.py): the op
     lists decide, so the machinery has half ops."""
-    monkeypatch.setenv("TF_MPT_COST_MODEL", "0")
+    monkeypatch.setenv("TF_MPT_TARGET", "rules")
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -77,9 +77,10 @@ ENV_VARS = (
      "file: a cost table written by `tf-mpt measure --out FILE` on the target machine "
      "(nothing measured); auto: here for bfloat16 on a CPU with native bfloat16 and no GPU, "
      "otherwise rules (float16's speed target is the GPU)."),
-    (TF_MPT_COST_MODEL, "auto", "Older name, kept as an alias of TF_MPT_TARGET: 0 is "
-     "TF_MPT_TARGET=rules, 1 is TF_MPT_TARGET=here (for float16 too), auto is auto. Setting "
-     "both to different targets is an error."),
+    (TF_MPT_COST_MODEL, "auto", "Older name of TF_MPT_TARGET, still accepted with one "
+     "WARNING naming the TF_MPT_TARGET to set: 0 is TF_MPT_TARGET=rules, 1 is "
+     "TF_MPT_TARGET=here (for float16 too), auto is auto. Setting both to different targets "
+     "is an error."),
     (TF_MPT_OP_COSTS, "(measured)", "A cost table (JSON, written by `tf-mpt measure --out "
      "FILE`) standing in for this CPU's measurements: `auto` uses it for bfloat16 and `here` "
      "reads it instead of measuring; tests inject one so their decisions do not depend on "
@@ -252,13 +253,20 @@ def _parse_choice(environ, variable, choices, default):
 
 
 def _parse_cost_model(environ):
+    """TF_MPT_COST_MODEL, the older name of TF_MPT_TARGET: 'auto', '1' (here) or '0' (rules).
+    Still accepted; set, it is said once (a WARNING naming the TF_MPT_TARGET to use)."""
     value = environ.get(TF_MPT_COST_MODEL, "").strip().lower()
     if not value or value == "auto":
         return "auto"
-    if value in _TRUE:
-        return "1"
-    if value in _FALSE:
-        return "0"
+    parsed = "1" if value in _TRUE else "0" if value in _FALSE else None
+    if parsed is not None:
+        from tf_mpt._process import state as _state  # pylint: disable=C0415
+        _state.warn_once(("deprecated", TF_MPT_COST_MODEL),
+                         "%s=%s is the older name of %s=%s; it still works. Set %s instead",
+                         TF_MPT_COST_MODEL,
+                         environ.get(TF_MPT_COST_MODEL).strip(), TF_MPT_TARGET,
+                         {"1": _targets.HERE, "0": _targets.RULES}[parsed], TF_MPT_TARGET)
+        return parsed
     raise ValueError(f"{TF_MPT_COST_MODEL} must be auto, or one of "
                      f"{', '.join(_TRUE + _FALSE)}. Received: {TF_MPT_COST_MODEL}="
                      f"{environ.get(TF_MPT_COST_MODEL)!r}")

@@ -136,7 +136,7 @@ def test_unmodified_script_runs_in_mixed_precision(name, launch, tmp_path, float
     # an explicit half type: runs on every CPU (what `auto` picks is tested below)
     # the cost model off: the path is under test, and at these scripts' sizes the model keeps
     # the MLP float32 on a CPU (test_cost_model.py), by this machine's measurements
-    env = {"TF_MPT_DUMP_DIR": dump, "TF_MPT_DTYPE": "bfloat16", "TF_MPT_COST_MODEL": "0"}
+    env = {"TF_MPT_DUMP_DIR": dump, "TF_MPT_DTYPE": "bfloat16", "TF_MPT_TARGET": "rules"}
     if launch == "env":
         env["TF_MPT_ENABLE"] = "1"
         args = [f"examples/{name}.py", *EXAMPLES[name]]
@@ -190,7 +190,7 @@ def test_keras_fit_script_runs_its_traced_steps_in_mixed_precision(launch):
     float32 = _metrics(float32_run)
     # whether this CPU's kernels make the digits MLP's small steps pay in bfloat16 is the
     # cost model's call (test_cost_model.py); here: that the traced steps are rewritten
-    mixed_env = {"TF_MPT_DTYPE": "bfloat16", "TF_MPT_COST_MODEL": "0"}
+    mixed_env = {"TF_MPT_DTYPE": "bfloat16", "TF_MPT_TARGET": "rules"}
     if launch in ("env", "env-gpu-default"):
         proc = _run(args, {"TF_MPT_ENABLE": "1", **mixed_env}, keras_as_on_a_gpu=gpu_default)
     elif launch == "policy":
@@ -261,7 +261,7 @@ def test_auto_dtype_follows_the_cpu_flags(kind, flags, expected, launch, tmp_pat
     script = tmp_path / "tiny.py"
     script.write_text(_TINY_TF1_SCRIPT)
     # the cost model would keep this tiny MatMul float32; here only the dtype decision counts
-    env = {"TF_MPT_CPU_FLAGS": flags, "TF_MPT_COST_MODEL": "0"}
+    env = {"TF_MPT_CPU_FLAGS": flags, "TF_MPT_TARGET": "rules"}
     if launch == "env":
         proc = _run([str(script)], dict(env, TF_MPT_ENABLE="1"))
     else:  # with TF_MPT_ENABLE set too: the start-up hook and the module both install
@@ -276,7 +276,7 @@ def test_auto_dtype_on_this_cpu(tmp_path):
     script.write_text(_TINY_TF1_SCRIPT)
     env = child_env()
     env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_ENABLE="1",
-               TF_MPT_COST_MODEL="0")
+               TF_MPT_TARGET="rules")
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                           timeout=TIMEOUT_S, cwd=ROOT)
     expected = _cpu.auto_dtype(bool(tf.config.list_physical_devices("GPU")),

@@ -215,7 +215,7 @@ def test_the_native_optimizer_is_built_at_the_first_session_only(with_session, t
     full_env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", TF_MPT_ENABLE="1",
                     TF_MPT_DTYPE="bfloat16", CXX=str(tmp_path / "no-such-compiler"),
                     TF_MPT_CACHE_DIR=str(tmp_path / "cache"),
-                    TF_MPT_COST_MODEL="0")  # an empty cache: no op-cost table to measure
+                    TF_MPT_TARGET="rules")  # an empty cache: no op-cost table to measure
     done = subprocess.run([sys.executable, "-c", _EAGER_THEN_SESSION,
                            "session" if with_session else "eager"], env=full_env,
                           capture_output=True, text=True, timeout=TIMEOUT_S)

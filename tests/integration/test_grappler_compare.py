@@ -216,7 +216,7 @@ def _comparison(case_name, dtype):
     # the rules and Cast placement against Grappler's: the cost model, which keeps ops
     # float32 where half is slower on this CPU (trading Casts for time), is off here and
     # tested in tests/unit/test_cost_model.py and benchmarks/real_models.py
-    config = tf_mpt.Config.from_env({"TF_MPT_COST_MODEL": "0"})
+    config = tf_mpt.Config.from_env({"TF_MPT_TARGET": "rules"})
     result = tf_mpt.rewrite_graph_def(case.graph_def, dtype=dtype, fetches=case.fetches,
                                       strict=True, config=config)
     return Comparison(case, dtype, grappler_graph_def, info, result), None

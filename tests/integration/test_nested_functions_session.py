@@ -48,7 +48,7 @@ def test_tf_function_calling_a_tf_function_runs_half_in_a_tf1_session(dtype, ses
     env = child_env()
     # the cost model off: it would keep these tiny MatMuls float32 (test_cost_model.py)
     env.update(TF_MPT_ENABLE="1", TF_MPT_DTYPE=dtype, TF_MPT_SESSION_REWRITE=session_rewrite,
-               TF_MPT_COST_MODEL="0", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+               TF_MPT_TARGET="rules", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]  # was: NotFoundError ... is not defined
@@ -84,7 +84,7 @@ def test_a_ref_variable_passed_to_a_tf_function_runs_as_without_tf_mpt(dtype, tm
     losses = {}
     for label, extra in (("float32", {}), ("mixed", dict(  # the lists decide (cost model off)
             TF_MPT_ENABLE="1", TF_MPT_DTYPE=dtype, TF_MPT_LOSS_SCALING="0",
-            TF_MPT_COST_MODEL="0"))):
+            TF_MPT_TARGET="rules"))):
         env = child_env()
         env.update(extra, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
         proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,

@@ -71,7 +71,7 @@ def _mixed_env(dtype, **extra):
     # These patterns' models are small: on a CPU the cost model keeps most of them float32
     # in bfloat16 (tests/unit/test_cost_model.py tests that); here the Session patterns are
     # under test, so every op the lists convert runs half.
-    return dict(TF_MPT_ENABLE="1", TF_MPT_DTYPE=dtype, TF_MPT_COST_MODEL="0", **extra)
+    return dict(TF_MPT_ENABLE="1", TF_MPT_DTYPE=dtype, TF_MPT_TARGET="rules", **extra)
 
 
 def _assert_losses_close(mixed, reference, dtype):

@@ -186,7 +186,7 @@ def test_unstacked_inputs_with_static_shapes_and_the_cost_model(half_dtype, monk
     """Regression: with static shapes (rewrite_graph) the cost model put the cluster of an
     array's scatter back to float32 after the array had gone half (the Cast of the 4x64x512
     inputs costs more than the model's noise floor, so it acted)."""
-    monkeypatch.setenv("TF_MPT_COST_MODEL", "1")
+    monkeypatch.setenv("TF_MPT_TARGET", "here")
     tf1.disable_control_flow_v2()
     try:
         graph = tf.Graph()

@@ -63,7 +63,7 @@ def test_v1_layers_script_trains_in_mixed_precision_with_float32_variables(
     # the cost model off: at this script's sizes it keeps fc1 float32 on a CPU, by this
     # machine's measurements; the layers' path is under test
     proc, metrics = _run({"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": dtype, "TF_MPT_DUMP_DIR": dump,
-                          "TF_MPT_COST_MODEL": "0"}, "--checkpoint", prefix)
+                          "TF_MPT_TARGET": "rules"}, "--checkpoint", prefix)
     assert f"tf_mpt: enabled: dtype={dtype}" in proc.stderr
     assert metrics["accuracy"] >= float32_metrics["accuracy"] - ACCURACY_POINTS, (
         metrics, float32_metrics)

@@ -235,7 +235,7 @@ def test_keras_fit_and_a_custom_loop_compiled_by_xla_run_mixed_under_tf_mpt_enab
         dtype, launch, tmp_path):
     plain, _ = _run({})
     # the cost model off: these layers are small (the rewrite under XLA is under test here)
-    env = {"TF_MPT_DTYPE": dtype, "TF_MPT_COST_MODEL": "0"}
+    env = {"TF_MPT_DTYPE": dtype, "TF_MPT_TARGET": "rules"}
     if launch == "env":
         mixed, log = _run(dict(env, TF_MPT_ENABLE="1"))
     else:
@@ -291,7 +291,7 @@ print(json.dumps({"losses": losses}))
 def test_a_tf1_script_with_a_jit_scope_and_auto_clustering_runs_mixed(dtype):
     xla = {"TF_XLA_FLAGS": "--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit"}
     plain, _ = _run(xla, _TF1_SCRIPT)
-    mixed, log = _run(dict(xla, TF_MPT_ENABLE="1", TF_MPT_DTYPE=dtype, TF_MPT_COST_MODEL="0"),
+    mixed, log = _run(dict(xla, TF_MPT_ENABLE="1", TF_MPT_DTYPE=dtype, TF_MPT_TARGET="rules"),
                       _TF1_SCRIPT)
     assert re.search(rf"tf_mpt: Converted [1-9]\d*/\d+ nodes to {dtype}", log), log[-3000:]
     np.testing.assert_allclose(mixed["losses"], plain["losses"], rtol=FINAL_LOSS_RTOL[dtype])

@@ -35,7 +35,7 @@ def enabled(request, path):
     # here the Session paths are under test, so the lists' ops run half
     config = tf_mpt.Config.from_env({"TF_MPT_ENABLE": "1", "TF_MPT_DTYPE": dtype,
                                      "TF_MPT_SESSION_REWRITE": path,
-                                     "TF_MPT_COST_MODEL": "0"})
+                                     "TF_MPT_TARGET": "rules"})
     settings = _autoenable.enable(config, gpu_visible=False, native_bfloat16=True)
     assert settings.session_rewrite == path  # the native optimizer builds on CI machines
     yield settings
@@ -334,7 +334,7 @@ def test_the_cost_model_weighs_a_session_graph_at_the_batch_its_first_run_feeds(
     assert not small and len(large) == depth  # the batch decides (Zen 4 costs, conftest)
     _autoenable.disable()
     # the injected Zen 4 table, as _converted_matmuls uses (not this machine's probes)
-    config = dataclasses.replace(enabled.config, cost_model="auto",
+    config = dataclasses.replace(enabled.config, target="auto", cost_model="auto",
                                  op_costs=os.environ["TF_MPT_OP_COSTS"])
     _autoenable.enable(config, gpu_visible=False, native_bfloat16=True)
     for batch, expected in ((16, small), (4096, large)):

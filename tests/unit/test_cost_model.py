@@ -3,6 +3,7 @@ gives the measured times, and the model acts only with static shapes, above its 
 and where it is switched on. The kernel times are the injected Zen 4 table (conftest)."""
 
 import json
+import logging
 import os
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import tf_mpt
+import tf_mpt.targets
 from tf_mpt import rewrite as _rewrite
 from tf_mpt.costs import op_costs as _op_costs
 from tf_mpt.rewrite.paint import shapes as _shapes
@@ -38,11 +40,11 @@ def _matmul_dtypes(graph):
 
 @pytest.fixture
 def cost_model(monkeypatch):
-    def set_to(value):
+    def set_to(value):  # (the cost model on, "1": target here; off, "0": target rules)
         if value is None:
-            monkeypatch.delenv(_config.TF_MPT_COST_MODEL, raising=False)
+            monkeypatch.delenv(_config.TF_MPT_TARGET, raising=False)
         else:
-            monkeypatch.setenv(_config.TF_MPT_COST_MODEL, value)
+            monkeypatch.setenv(_config.TF_MPT_TARGET, {"0": "rules", "1": "here"}[value])
     return set_to
 
 
@@ -384,6 +386,22 @@ def test_bad_value_is_refused():
     with pytest.raises(ValueError, match="TF_MPT_COST_MODEL must be auto.*'maybe'"):
         _config.Config.from_env({"TF_MPT_COST_MODEL": "maybe"})
     assert _config.Config.from_env({"TF_MPT_COST_MODEL": "off"}).cost_model == "0"
+
+
+def test_the_older_name_is_said_once_with_the_target_to_use(caplog):
+    """TF_MPT_COST_MODEL still works (its target is TF_MPT_TARGET's rules or here), and one
+    WARNING names the TF_MPT_TARGET to set instead; unset, nothing is said."""
+    from tf_mpt._process import state
+    state.STATE.warned.discard(("deprecated", "TF_MPT_COST_MODEL"))
+    with caplog.at_level(logging.WARNING, logger="tf_mpt"):
+        _config.Config.from_env({})
+        assert not caplog.records
+        for _ in range(2):
+            config = _config.Config.from_env({"TF_MPT_COST_MODEL": "0"})
+    assert tf_mpt.targets.resolve(config, "bfloat16", False).kind == "rules"
+    assert [r.getMessage() for r in caplog.records] == [
+        "TF_MPT_COST_MODEL=0 is the older name of TF_MPT_TARGET=rules; it still works. Set "
+        "TF_MPT_TARGET instead"]
     assert _config.Config.from_env({}).cost_model == "auto"
 
 

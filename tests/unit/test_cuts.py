@@ -11,7 +11,7 @@ from support.helpers import added_casts, half_tag, node_map, run, tf1
 from support.tolerances import TOLERANCES
 
 HALF = "bfloat16"
-_NO_COST_MODEL = tf_mpt.Config.from_env({"TF_MPT_COST_MODEL": "0"})
+_NO_COST_MODEL = tf_mpt.Config.from_env({"TF_MPT_TARGET": "rules"})
 
 
 def _graph(build):

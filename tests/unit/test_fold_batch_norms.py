@@ -78,7 +78,7 @@ def test_the_bfloat16_rewrite_folds_and_says_so():
     assert result.report.summary().endswith("; 1 batch norm(s) folded into their convolutions")
     assert node_map(result.graph_def)["bn"].op == "BiasAdd"
     off = tf_mpt.rewrite_graph_def(_graph(), dtype="bfloat16", fetches=["out"],
-                                   config=tf_mpt.Config.from_env({"TF_MPT_COST_MODEL": "0"}))
+                                   config=tf_mpt.Config.from_env({"TF_MPT_TARGET": "rules"}))
     assert node_map(off.graph_def)["bn"].op == "FusedBatchNormV3"  # only with the cost model
 
 

@@ -263,7 +263,7 @@ def test_explicit_config_reaches_rewrite_function(monkeypatch):
     deny = tf_mpt.Config.from_env({"TF_MPT_DENYLIST_ADD": "MatMul"})
     assert tf_mpt.rewrite_function(cf, dtype="bfloat16", config=deny) is cf  # nothing to do
     half = tf_mpt.rewrite_function(  # the cost model would keep this tiny graph float32
-        cf, dtype="bfloat16", config=tf_mpt.Config.from_env({"TF_MPT_COST_MODEL": "0"}))
+        cf, dtype="bfloat16", config=tf_mpt.Config.from_env({"TF_MPT_TARGET": "rules"}))
     assert half is not cf
     ops = {op.type: op for op in half.graph.get_operations()}
     assert ops["MatMul"].get_attr("T") == tf.bfloat16
