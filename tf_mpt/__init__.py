@@ -73,14 +73,10 @@ def _warn_without_hook():
     """One WARNING where TF_MPT_ENABLE (or another switch) is set and the start-up hook that
     acts on it is not installed (an editable install): the script imports tf_mpt, yet
     nothing converted its graphs automatically."""
-    import os  # pylint: disable=import-outside-toplevel
-    if not any(os.environ.get(name, "").strip() for name in (
-            "TF_MPT_ENABLE", "TF_MPT_GRAPH_REWRITE", "TF_MPT_LOSS_SCALING")):
-        return  # (the common case: two lookups)
     from tf_mpt._process import hook_check  # pylint: disable=import-outside-toplevel
-    from tf_mpt._process import state  # pylint: disable=import-outside-toplevel
-    message = hook_check.missing_hook_warning()
+    message = hook_check.missing_hook_warning()  # (no switch set: three lookups)
     if message is not None:
+        from tf_mpt._process import state  # pylint: disable=import-outside-toplevel
         state.warn_once("startup hook missing", "%s", message)
 
 

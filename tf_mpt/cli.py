@@ -40,12 +40,7 @@ def run_script_main(argv=None):
 
 def _cpu_command():
     from tf_mpt import _cpu  # pylint: disable=g-import-not-at-top
-    from tf_mpt import config as _config  # pylint: disable=g-import-not-at-top
-    try:
-        config = _config.Config.from_env(os.environ)
-    except ValueError as error:
-        sys.stderr.write(f"tf-mpt cpu: {error}\n")
-        raise SystemExit(2) from None
+    config = _environment_config("cpu")
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from tf_mpt import targets as _targets  # pylint: disable=g-import-not-at-top
     from tf_mpt.costs import dispatch as _dispatch  # pylint: disable=g-import-not-at-top
@@ -132,8 +127,7 @@ def _measure_command(options):
     """Times the probe ops on this CPU in float32 and each half type (and, with --model, every
     matrix product and convolution of that model at its shapes); writes the cost table that
     `--target FILE` / TF_MPT_TARGET=FILE read on any machine."""
-    import json  # pylint: disable=g-import-not-at-top
-    from tf_mpt import config as _config  # pylint: disable=g-import-not-at-top
+    environment = _environment_config("measure")  # (a bad setting stops it before measuring)
     from tf_mpt.models import sources as _sources  # pylint: disable=g-import-not-at-top
     from tf_mpt.costs import op_costs as _op_costs  # pylint: disable=g-import-not-at-top
     from tf_mpt.costs import probes as _probes  # pylint: disable=g-import-not-at-top
@@ -151,7 +145,7 @@ def _measure_command(options):
         except OSError as error:
             sys.stderr.write(f"tf-mpt measure: cannot write {options.out!r} ({error}); pass a "
                              "writable path with --out.\n")
-            raise SystemExit(2) from None
+            raise SystemExit(EXIT_USAGE) from None
 
     tables = {}
     for dtype in dtypes:
@@ -173,7 +167,7 @@ def _measure_command(options):
     nodes, timed = 0, None
     for dtype in dtypes if model is not None else ():
         # the shapes the model's conversion asks times for, decided with the table just written
-        config = rewrite.with_target(_config.Config.from_env(os.environ), options.out)
+        config = rewrite.with_target(environment, options.out)
         with _op_costs.recording_node_specs() as specs:
             model.convert(dtype, config.lists_for(dtype), config=config)
         sys.stderr.write(f"tf-mpt measure: timing {len(specs)} matrix product / convolution "

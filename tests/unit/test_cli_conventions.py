@@ -117,13 +117,18 @@ def test_cache_lists_by_kind_and_clear_removes_only_tf_mpts_files(tmp_path, monk
     assert os.listdir(tmp_path) == ["notes.txt"]
 
 
-def test_a_bad_setting_stops_cache_and_doctor_with_bad_input(monkeypatch, capsys):
+def test_a_bad_setting_stops_each_command_with_bad_input(monkeypatch, tmp_path, capsys):
+    """A bad TF_MPT_* value is bad input (4) for every command that reads the environment,
+    said before anything is measured or written."""
     monkeypatch.setenv("TF_MPT_DTYPE", "half")
-    for command in ("cache", "doctor"):
+    table = tmp_path / "t.json"
+    for argv in (["cache"], ["doctor"], ["cpu"], ["measure", "--out", str(table)]):
         with pytest.raises(SystemExit) as exited:
-            cli.main([command])
-        assert exited.value.code == cli.EXIT_BAD_INPUT
-        assert "TF_MPT_DTYPE must be one of" in capsys.readouterr().err
+            cli.main(argv)
+        assert exited.value.code == cli.EXIT_BAD_INPUT, argv
+        assert re.match(rf"tf-mpt {argv[0]}: TF_MPT_DTYPE must be one of float16, bfloat16, "
+                        r"auto\. Received: TF_MPT_DTYPE='half'", capsys.readouterr().err)
+    assert not table.exists()
 
 
 def test_the_hook_check_names_a_missing_hook_only_where_a_switch_is_on(monkeypatch, tmp_path):

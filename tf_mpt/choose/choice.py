@@ -6,7 +6,7 @@ paint passes pass a Paint): what the stages read and what they add.
                   lean transforms' inputs (the lists, the values' shapes)
     candidates    `candidates` {name: candidates.Candidate} (its recipe, its graph and
                   the graph's hash), added as made (add); read as `results` {name:
-                  RewriteResult} (float32's: None), `recipes` and `hashes`; `graphs`
+                  RewriteResult} (float32's: None); `graphs`
                   {name: GraphDef} one per distinct graph (what the first rounds time),
                   `same_as` {name: the one it equals}
     so far        the ledger of what was measured, the budget left (a ledger.Budget, set by
@@ -48,16 +48,6 @@ class Choice:
     def results(self):
         """{name: RewriteResult} of the candidates made (float32's: None)."""
         return {name: c.result for name, c in self.candidates.items()}
-
-    @property
-    def recipes(self):
-        """{name: recipes.Recipe} of the candidates made."""
-        return {name: c.recipe for name, c in self.candidates.items()}
-
-    @property
-    def hashes(self):
-        """{name: the hash of its graph} of the candidates made."""
-        return {name: c.hash for name, c in self.candidates.items()}
 
     @property
     def predicted_graph(self):

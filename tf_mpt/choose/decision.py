@@ -79,7 +79,7 @@ def _made(choice):
     """{RECIPE: how the verdict's pick is made, GRAPH: the hash of its graph}: what a stored
     record holds beside the verdict, for a replay to make and check."""
     pick = choice.verdict.pick
-    return {RECIPE: choice.recipes[pick].to_dict(), GRAPH: _hash_of(choice, pick)}
+    return {RECIPE: choice.candidates[pick].recipe.to_dict(), GRAPH: _hash_of(choice, pick)}
 
 
 def _hash_of(choice, pick):

@@ -65,8 +65,7 @@ class Ledger:
     def times(self, stage):
         """{candidate: seconds per round} measured by `stage` (its latest where it measured
         one more than once), in the order measured."""
-        return {entry.candidate: entry.seconds for entry in self.entries
-                if entry.stage == stage and entry.seconds}
+        return times_of(self.entries, stage)
 
     def peaks(self, stage=None, at=None):
         """{candidate: its measured peak} and RESIDENT, of `stage`'s entries (None: every
@@ -77,6 +76,12 @@ class Ledger:
     def snapshot(self):
         """The entries so far (a tuple: what a verdict holds)."""
         return tuple(self.entries)
+
+
+def times_of(entries, stage):
+    """Ledger.times of `entries`."""
+    return {entry.candidate: entry.seconds for entry in entries
+            if entry.stage == stage and entry.seconds}
 
 
 def peaks_of(entries, stage=None, at=None):

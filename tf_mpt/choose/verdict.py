@@ -87,12 +87,12 @@ class Verdict:
         """{candidate: (seconds per run, one per round)} of the candidates timed: the first
         rounds' in the order timed, then the refined and lean versions'; {} where nothing
         was timed."""
-        times = {entry.candidate: entry.seconds for entry in self.ledger
-                 if entry.stage == _ledger.FIRST_ROUNDS and entry.seconds}
+        times = _ledger.times_of(self.ledger, _ledger.FIRST_ROUNDS)
         for name, at in ((_candidates.REFINED, self.refined_at),
                          (_candidates.LEAN, self.lean_at)):
-            if at and self._seconds(at):
-                times[name] = self._seconds(at)
+            seconds = self._seconds(at) if at else ()
+            if seconds:
+                times[name] = seconds
         return times
 
     @functools.cached_property

@@ -69,7 +69,7 @@ def make_lean(choice):
                                         {against: graphs[against], _candidates.LEAN: graph},
                                         left)
             result = _candidates.lean_result(results[source], graph)
-            recipe = choice.recipes[source].made_lean(*options)
+            recipe = choice.candidates[source].recipe.made_lean(*options)
             peaks = _ledger.peaks_after(choice, verdict, at)
             within = not policy.over_float32(peaks, _candidates.LEAN)
             ratio = statistics.median(times[_candidates.LEAN]) / statistics.median(times[against])

@@ -26,7 +26,7 @@ def refine(choice):
     if not slow:
         return verdict
     keep = tuple(sorted(n for _, _, nodes in slow.values() for n in nodes))
-    recipe = dataclasses.replace(choice.recipes[chosen], float32_nodes=keep)
+    recipe = dataclasses.replace(choice.candidates[chosen].recipe, float32_nodes=keep)
     refined = recipe.make(choice)
     if refined.graph_def == graphs[chosen]:
         return verdict

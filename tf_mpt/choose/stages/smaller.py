@@ -23,10 +23,9 @@ def make_smaller(choice):
     Cast down, lean.FROM_COPIES: a Keras Transformer's fit step on Sapphire Rapids, whose
     lean version cost a Cast down and up per Gelu intermediate), timed beside the pick in
     the same rounds within what is left of `budget` (a Budget). Of those holding over
-    policy.peak_slack less than the pick and not over policy.margin slower, nor slower than float32
-    (its
-    time scaled by the pick's in the first rounds; least: not slower than `float32_graph`,
-    timed in the same rounds), the one holding least (within policy.peak_slack:
+    policy.peak_slack less than the pick and not over policy.margin slower, nor slower than
+    float32 (its time scaled by the pick's in the first rounds; least: not slower than
+    `float32_graph`, timed in the same rounds), the one holding least (within policy.peak_slack:
     the fastest) is kept: a tie in time goes to memory, whichever colouring it was made from
     (a Keras Transformer's fit step: the op lists' colouring, 2-10% slower than the cost
     model's, made lean has run as fast as the pick, holding 0.57x-0.60x of float32's step
@@ -38,9 +37,8 @@ def make_smaller(choice):
     timed and did not keep where it tried one (ResNet50's fit step: contractions only's lean
     version was slower than the op lists' pick, whose own lean version then was not tried);
     `choice` gets the lean candidate. With TF_MPT_MEMORY_PRICE (policy.memory_price): in a
-    graph that
-    computes gradients a float32 pick too (prices_float32); the candidates within the price
-    of float32's time are sources too, and so is float32's own lean version (its compute
+    graph that computes gradients a float32 pick too (prices_float32); the candidates within
+    the price of float32's time are sources too, and so is float32's own lean version (its compute
     float32, the values its backward pass reads saved in half: MobileNetV2's fit step on
     Sapphire Rapids, where every half colouring ran slower than float32, held 0.51x
     float32's peak at 6% slower); float32 is timed in the same rounds, and a version within
@@ -128,9 +126,9 @@ def make_smaller(choice):
     record = kept or next((key for key, (source, _, _) in versions.items()
                            if source == chosen), next(iter(versions)))
     source, graph, changes = versions[record]
+    recipe = choice.candidates[source].recipe.made_lean(False, False, False, copies[record])
     choice.add(_candidates.Candidate.of(
-        _candidates.LEAN, choice.recipes[source].made_lean(False, False, False, copies[record]),
-        _candidates.lean_result(
+        _candidates.LEAN, recipe, _candidates.lean_result(
             _candidates.result_of(source, results, float32_graph, verdict.predicted), graph)))
     others = {_lean_label(versions[key][0], versions[key][2]): (at, key)
               for key in versions if key != record}

@@ -48,7 +48,7 @@ def within_float32_untimed(choice):
                                           lean_changes=dict(changes))
             if not policy.over_float32(peaks, _candidates.LEAN):
                 choice.add(_candidates.Candidate.of(
-                    _candidates.LEAN, choice.recipes[source].made_lean(*options),
+                    _candidates.LEAN, choice.candidates[source].recipe.made_lean(*options),
                     _candidates.lean_result(results[source], graph)))
                 return dataclasses.replace(
                     verdict, pick=_candidates.LEAN,

@@ -254,8 +254,7 @@ def time_candidates(graph_defs, fetches, batch, budget_seconds, peaks=None, runs
     fetches) on this CPU. Returns {candidate: (seconds per run, ...)}; raises NotTimed where
     that cannot be done safely. `peaks`, a dict: filled with {candidate: the step peak in
     bytes of one traced run after the rounds} (measuring.step_peak_bytes) and peaks[RESIDENT].
-    `runs`:
-    what runs them in place of `rounds` (first_runs: for their peaks alone). `policy`: the
+    `runs`: what runs them in place of `rounds` (first_runs: for their peaks alone). `policy`: the
     sandboxes' limits (max_copy_bytes, run_timeout_ms; None: the default Policy's).
     `sandbox`, `clock`: a candidate's sandbox type and the rounds' clock (None: _Sandbox,
     rounds' perf_counter)."""
